@@ -1,0 +1,74 @@
+"""Configs the embodied runner owns (the root config composes them with the other layers')."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from m2flow.embodied.ppo import PPOConfig
+from m2flow.envs import EnvConfig
+from m2flow.pipelines import ClusterConfig, PlacementConfig
+from m2flow.policies import PolicyConfig
+
+
+@dataclass
+class RunnerConfig:
+    """The training loop: how long, how often to evaluate, log and checkpoint."""
+
+    num_iterations: int = 100
+    """Iterations (collect -> advantages -> update -> sync) at most."""
+    rollout_steps: int = 50
+    """Env steps per env per iteration (T)."""
+    reset_every_iteration: bool = True
+    """Reset every env from a per-iteration seed at the start of each iteration; makes each
+    iteration reproducible on its own (exact resume) and aligns episodes with iterations."""
+    eval_interval: int = 5
+    """Evaluate every N iterations (and after the last); 0: only after the last."""
+    eval_episodes: int = 16
+    """Episodes per evaluation (rounded up to whole batches of envs)."""
+    stop_at_success: Optional[float] = None
+    """Stop once an evaluation's success rate reaches this (None: run all iterations)."""
+    checkpoint_interval: int = 10
+    """Save a checkpoint every N iterations (and after the last); 0: only after the last."""
+    log_dir: str = "runs"
+    """Runs are written under <log_dir>/<config name>/<timestamp>/."""
+    channel_timeout_s: float = 600.0
+    """A channel get/put waiting longer than this fails the run (a stuck or dead worker)."""
+    progress_bar: bool = True
+    """Show a tqdm bar (the per-iteration log line is written either way)."""
+
+
+@dataclass
+class ClusterGroupConfig(ClusterConfig):
+    """The ``cluster`` group: how to reach the machines and where each component goes."""
+
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    """Per-component resources; see m2flow.pipelines.placement."""
+
+
+@dataclass
+class EvalConfig:
+    """``m2flow-eval``: which checkpoint and how many episodes."""
+
+    checkpoint: Optional[str] = None
+    """Path of a checkpoint written by m2flow-train (its config is used for env and policy)."""
+    episodes: int = 0
+    """Episodes to run; 0: the checkpoint's runner.eval_episodes."""
+
+
+@dataclass
+class TrainConfig:
+    """The root config of an embodied run."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    algorithm: PPOConfig = field(default_factory=PPOConfig)
+    cluster: ClusterGroupConfig = field(default_factory=ClusterGroupConfig)
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    seed: int = 0
+    """Seed of weights, env resets and sampling."""
+    resume: Optional[str] = None
+    """Checkpoint path to continue training from."""
+    run_name: str = "run"
+    """Name of the run directory's parent (entry configs set it to their own name)."""

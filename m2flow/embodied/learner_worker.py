@@ -1,0 +1,96 @@
+"""The learner worker: advantages and PPO updates on trajectories from a channel. Nothing else."""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+
+from m2flow import keys
+from m2flow.embodied import seeding
+from m2flow.embodied.advantages import gae
+from m2flow.embodied.ppo import PPOConfig, ppo_loss, total_loss
+from m2flow.pipelines import Channel, Worker
+from m2flow.policies import PolicyConfig, make_policy
+
+
+class LearnerWorker(Worker):
+    """Owns the trained policy and its optimiser."""
+
+    def __init__(
+        self, info, policy_cfg: PolicyConfig, algo: PPOConfig, env_spec, seed: int,
+        channel_timeout: float = 600.0,
+    ):
+        super().__init__(info)
+        torch.manual_seed(seed)  # the initial weights: the same in every run with this seed
+        self.policy = make_policy(policy_cfg, env_spec).to(self.device)
+        self.algo = algo
+        self.seed = seed
+        self.timeout = channel_timeout
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=algo.learning_rate, eps=1e-5)
+
+    def get_weights(self) -> dict:
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.policy.state_dict().items()}
+
+    def state_dict(self) -> dict:
+        return {"policy": self.get_weights(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def update(self, traj_ch: Channel, env_ranks: list[int], iteration: int) -> dict:
+        """One PPO update on the trajectories of ``env_ranks`` (one (N, T) batch from each)."""
+        with self.timer("wait"):
+            parts = [traj_ch.get(key=r, timeout=self.timeout) for r in env_ranks]
+        with self.timer("learn"):
+            traj = torch.cat(parts, dim=0).to(self.device)  # (N, T)
+            self._add_advantages(traj)
+            return self._ppo_epochs(traj.reshape(-1), iteration)  # b_: (N*T,)
+
+    @torch.no_grad()
+    def _add_advantages(self, traj: TensorDict) -> None:
+        next_obs = traj[keys.NEXT_OBS]
+        traj[keys.NEXT_VALUE] = self.policy.value(next_obs.reshape(-1)).reshape(traj.shape)
+        adv, ret = gae(
+            traj[keys.REWARD], traj[keys.VALUE], traj[keys.NEXT_VALUE],
+            traj[keys.TERMINATED], traj[keys.DONE],
+            gamma=self.algo.gamma, gae_lambda=self.algo.gae_lambda,
+        )
+        traj[keys.ADVANTAGE], traj[keys.RETURN] = adv, ret
+
+    def _ppo_epochs(self, b: TensorDict, iteration: int) -> dict:
+        a = self.algo
+        gen = torch.Generator().manual_seed(seeding.derive(self.seed, seeding.LEARN, iteration, 0)[0])
+        mb_size = max(1, b.shape[0] // a.num_minibatches)
+        sums: dict[str, float] = {}
+        count, stopped_early = 0, False
+        for _ in range(a.update_epochs):
+            perm = torch.randperm(b.shape[0], generator=gen)
+            for start in range(0, b.shape[0], mb_size):
+                mb = b[perm[start : start + mb_size].to(self.device)]
+                terms = ppo_loss(
+                    self.policy, mb, clip_coef=a.clip_coef, vf_coef=a.vf_coef,
+                    ent_coef=a.ent_coef, clip_vloss=a.clip_vloss, norm_adv=a.norm_adv,
+                )
+                loss = total_loss(terms)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), a.max_grad_norm)
+                self.optimizer.step()
+                for k, v in terms.items():
+                    sums[k] = sums.get(k, 0.0) + float(v.detach())
+                sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(grad_norm)
+                count += 1
+            if a.target_kl is not None and float(terms["approx_kl"]) > a.target_kl:
+                stopped_early = True
+                break
+        metrics = {f"loss/{k}": v / count for k, v in sums.items()}
+        metrics["loss/total"] = sum(v for k, v in metrics.items() if "/loss_" in k)
+        metrics["loss/early_stop"] = float(stopped_early)
+        metrics["loss/explained_variance"] = _explained_variance(b[keys.VALUE], b[keys.RETURN])
+        return metrics
+
+
+def _explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:
+    var = target.var()
+    return float("nan") if var == 0 else float(1 - (target - pred).var() / var)

@@ -1,0 +1,66 @@
+"""The one batched env interface every simulator adapter implements.
+
+Auto-reset semantics: ``step`` steps all envs; an env whose episode ends in that step
+(terminated or truncated) is reset at once. Its final observation is returned under
+``("next", "obs")`` and the first observation of its new episode under the root ``"obs"``,
+so the caller always acts on ``out["obs"]`` and learns from ``out["next"]``. See
+:mod:`m2flow.keys` for every key.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+from tensordict import TensorDict
+
+
+class EnvError(ValueError):
+    """Bad env input: an unknown name, an obs mode the simulator can't render, missing assets."""
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """What a policy needs to know about an env to be built for it."""
+
+    obs_shapes: dict[str, tuple[int, ...]]
+    """Per obs key (e.g. 'state', 'rgb'), the shape of one env's entry."""
+    action_dim: int
+    action_low: tuple[float, ...]
+    action_high: tuple[float, ...]
+    max_episode_steps: Optional[int]
+
+
+class BatchedEnv(ABC):
+    """``num_envs`` environments stepped together, talking in TensorDicts of batch [num_envs].
+
+    >>> env = make_env(EnvConfig(name="gym/Pendulum-v1", num_envs=2))  # doctest: +SKIP
+    >>> env.reset(seed=0)["obs", "state"].shape
+    torch.Size([2, 3])
+    """
+
+    num_envs: int
+    spec: EnvSpec
+    device: torch.device = torch.device("cpu")
+
+    @abstractmethod
+    def reset(self, seed: Optional[Sequence[int]] = None) -> TensorDict:
+        """Resets every env (env i with ``seed[i]`` if given); returns ``{"obs": ...}``."""
+
+    @abstractmethod
+    def step(self, action: torch.Tensor) -> TensorDict:
+        """Steps with ``action`` (num_envs, action_dim), clipped to the action bounds.
+
+        Returns ``"obs"`` (to act on next) and ``"next"`` with obs, reward, terminated,
+        truncated, done, success.
+        """
+
+    def close(self) -> None:
+        """Frees the simulator (processes, renderer)."""
+
+    def clip_action(self, action: torch.Tensor) -> torch.Tensor:
+        low = torch.as_tensor(self.spec.action_low, dtype=action.dtype, device=action.device)
+        high = torch.as_tensor(self.spec.action_high, dtype=action.dtype, device=action.device)
+        return torch.clamp(action, low, high)

@@ -1,0 +1,36 @@
+"""The env config: one dataclass shared by every simulator adapter."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from omegaconf import MISSING
+
+
+@dataclass
+class EnvConfig:
+    """Which simulator, how many envs, and how they observe and act."""
+
+    name: str = MISSING
+    """Registered env id, e.g. 'ManiSkill/PushCube-v1' or 'gym/Pendulum-v1'."""
+    num_envs: int = 8
+    """Envs stepped together by one env worker (CPU simulators: one process each)."""
+    obs_mode: str = "state"
+    """'state' (vector) or 'rgb' (camera image + state), if the simulator can render it."""
+    control_mode: Optional[str] = None
+    """Simulator controller, e.g. ManiSkill's 'pd_ee_delta_pos'; None: the simulator's default."""
+    reward_mode: Optional[str] = None
+    """E.g. ManiSkill's 'normalized_dense' or 'sparse'; None: the simulator's default."""
+    max_episode_steps: Optional[int] = None
+    """Time limit (truncation); None: the simulator's registered limit."""
+    sim_backend: str = "auto"
+    """'cpu', 'gpu', or 'auto' (gpu when the worker was placed on a GPU, else cpu)."""
+    render_backend: str = "auto"
+    """'none', 'cpu' or 'gpu'; 'auto': none for state obs, else gpu if present, else cpu."""
+    image_size: int = 64
+    """Camera width and height for image obs modes."""
+    seed: int = 0
+    """Base seed; env i of worker r at iteration k is reset with a seed derived from all three."""
+    kwargs: Dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for the simulator's constructor."""

@@ -1,0 +1,51 @@
+"""Any gymnasium env id with a flat Box observation, as ``gym/<id>`` (e.g. ``gym/Pendulum-v1``).
+
+Task: whatever the gymnasium env defines. Observations: ``("obs", "state")`` (D,) float32.
+Actions: the env's Box action space, flattened. Success: the env's ``info["success"]`` if it
+reports one, else never.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import gymnasium as gym
+
+from m2flow.envs.base import EnvError
+from m2flow.envs.config import EnvConfig
+from m2flow.envs.registry import suggest
+from m2flow.envs.vector import GymVectorEnv
+
+
+def _make_one(env_id: str, max_episode_steps, kwargs: dict) -> gym.Env:
+    return gym.make(env_id, max_episode_steps=max_episode_steps, **kwargs)
+
+
+class GymnasiumEnv(GymVectorEnv):
+    """Adapter for ``gym/<id>``; envs run in this process (``kwargs`` go to ``gym.make``)."""
+
+    def __init__(self, cfg: EnvConfig, device: str = "cpu"):
+        env_id = cfg.name.split("/", 1)[1]
+        if env_id not in gym.registry:
+            raise EnvError(
+                f"env.name={cfg.name!r}: gymnasium has no env {env_id!r}."
+                f"{suggest(env_id, list(gym.registry))}"
+            )
+        if cfg.obs_mode != "state":
+            raise EnvError(
+                f"env.obs_mode={cfg.obs_mode!r}: the gymnasium adapter only passes 'state' "
+                "observations; set env.obs_mode=state."
+            )
+        make = functools.partial(_make_one, env_id, cfg.max_episode_steps, dict(cfg.kwargs))
+        probe = make()
+        if not isinstance(probe.observation_space, gym.spaces.Box) or not isinstance(
+            probe.action_space, gym.spaces.Box
+        ):
+            probe.close()
+            raise EnvError(
+                f"env.name={cfg.name!r}: the gymnasium adapter needs Box observation and action "
+                f"spaces, got {probe.observation_space} and {probe.action_space}."
+            )
+        limit = probe.spec.max_episode_steps if probe.spec else None
+        probe.close()
+        super().__init__([make] * cfg.num_envs, processes=False, max_episode_steps=limit)

@@ -1,0 +1,213 @@
+"""ManiSkill3 tasks as ``ManiSkill/<task id>``, e.g. ``ManiSkill/PushCube-v1``.
+
+Task: any registered ManiSkill3 task whose assets are on this machine (PushCube, PickCube,
+StackCube, PullCube, PegInsertionSide, ... need none).
+Observations: ``("obs", "state")`` (D,) float32; with ``obs_mode=rgb`` also ``("obs", "rgb")``
+(H, W, 3) uint8 from the task's camera (``image_size`` square) and ``state`` without the
+privileged object poses ManiSkill keeps out of image modes.
+Actions: the controller's normalised Box (``control_mode``; e.g. 4 for pd_ee_delta_pos).
+Success: the task's own ``evaluate()["success"]``; an episode terminates on success.
+
+Backends: on CPU (``sim_backend=cpu``) each env is one SAPIEN process (ManiSkill allows one
+CPU env per process); on GPU (``sim_backend=gpu``) all envs are one native GPU batch.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional, Sequence
+
+import gymnasium as gym
+import torch
+from tensordict import TensorDict
+
+from m2flow.envs.base import BatchedEnv, EnvError, EnvSpec
+from m2flow.envs.config import EnvConfig
+from m2flow.envs.registry import suggest
+from m2flow.envs.vector import GymVectorEnv
+
+OBS_MODES = {"state": "state", "rgb": "rgb"}  # m2flow obs_mode -> ManiSkill obs_mode
+
+
+class ManiSkillEnv(BatchedEnv):
+    """Adapter for ``ManiSkill/<task>``; picks the CPU or GPU backend from ``cfg`` and device."""
+
+    @staticmethod
+    def check_config(cfg: EnvConfig):
+        """Raises EnvError for an unknown task, missing assets or an unsupported obs mode."""
+        spec = _registered_task(cfg.name.split("/", 1)[1], cfg.name)
+        if cfg.obs_mode not in OBS_MODES:
+            raise EnvError(
+                f"env.obs_mode={cfg.obs_mode!r}: the ManiSkill adapter renders "
+                f"{sorted(OBS_MODES)}; pick one of those."
+            )
+        return spec
+
+    def __init__(self, cfg: EnvConfig, device: str = "cpu"):
+        task = cfg.name.split("/", 1)[1]
+        spec = self.check_config(cfg)
+        backend = _sim_backend(cfg.sim_backend, device)
+        limit = cfg.max_episode_steps or spec.max_episode_steps
+        kw = dict(
+            obs_mode=OBS_MODES[cfg.obs_mode],
+            render_backend=_render_backend(cfg, backend),
+            max_episode_steps=limit,
+            **({"control_mode": cfg.control_mode} if cfg.control_mode else {}),
+            **({"reward_mode": cfg.reward_mode} if cfg.reward_mode else {}),
+            **(
+                {"sensor_configs": dict(width=cfg.image_size, height=cfg.image_size)}
+                if cfg.obs_mode != "state"
+                else {}
+            ),
+            **dict(cfg.kwargs),
+        )
+        if backend == "cpu":
+            make = functools.partial(_make_cpu_env, task, cfg.obs_mode, kw)
+            self._impl: BatchedEnv = GymVectorEnv(
+                [make] * cfg.num_envs, processes=True, max_episode_steps=limit
+            )
+        else:
+            self._impl = _ManiSkillGPU(task, cfg.obs_mode, kw, cfg.num_envs, device, limit)
+        self.num_envs, self.spec, self.device = cfg.num_envs, self._impl.spec, self._impl.device
+
+    def reset(self, seed: Optional[Sequence[int]] = None) -> TensorDict:
+        return self._impl.reset(seed)
+
+    def step(self, action: torch.Tensor) -> TensorDict:
+        return self._impl.step(action)
+
+    def close(self) -> None:
+        self._impl.close()
+
+
+def _registered_task(task: str, name: str):
+    import mani_skill.envs  # noqa: F401  (registers the tasks)
+    from mani_skill.utils import assets
+    from mani_skill.utils.registration import REGISTERED_ENVS
+
+    if task not in REGISTERED_ENVS:
+        raise EnvError(
+            f"env.name={name!r}: ManiSkill has no task {task!r}."
+            f"{suggest(task, sorted(REGISTERED_ENVS))}"
+        )
+    spec = REGISTERED_ENVS[task]
+    missing = []
+    for asset_id in spec.asset_download_ids or []:
+        ids = (
+            assets.expand_data_group_into_individual_data_source_ids(asset_id)
+            if asset_id in assets.DATA_GROUPS
+            else [asset_id]
+        )
+        missing += [i for i in ids if not assets.is_data_source_downloaded(i)]
+    if missing:
+        raise EnvError(
+            f"env.name={name!r}: ManiSkill task {task!r} needs assets that are not on this "
+            f"machine ({', '.join(sorted(set(missing)))}). Download them first with "
+            f"`python -m mani_skill.utils.download_asset {task}`, or pick a task without "
+            "assets such as ManiSkill/PushCube-v1."
+        )
+    return spec
+
+
+def _sim_backend(requested: str, device: str) -> str:
+    if requested == "auto":
+        return "gpu" if device.startswith("cuda") else "cpu"
+    if requested not in ("cpu", "gpu"):
+        raise EnvError(f"env.sim_backend={requested!r}: use 'cpu', 'gpu' or 'auto'.")
+    if requested == "gpu" and not torch.cuda.is_available():
+        raise EnvError(
+            "env.sim_backend='gpu' but this machine has no CUDA device; set env.sim_backend=cpu "
+            "(or auto)."
+        )
+    return requested
+
+
+def _render_backend(cfg: EnvConfig, sim_backend: str) -> str:
+    if cfg.render_backend != "auto":
+        return cfg.render_backend
+    if cfg.obs_mode == "state":
+        return "none"  # nothing to render: no Vulkan device needed
+    return "gpu" if sim_backend == "gpu" else "cpu"
+
+
+def _make_cpu_env(task: str, obs_mode: str, kw: dict) -> gym.Env:
+    """Runs in a subprocess: one single-env ManiSkill task with numpy, unbatched I/O."""
+    import mani_skill.envs  # noqa: F401
+    from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
+
+    torch.set_num_threads(1)  # one core per env process; the placement counts them
+    env = gym.make(task, num_envs=1, sim_backend="physx_cpu", **kw)
+    return CPUGymWrapper(_flatten(env, obs_mode))
+
+
+def _flatten(env: gym.Env, obs_mode: str) -> gym.Env:
+    if obs_mode == "state":
+        return env
+    from mani_skill.utils.wrappers.flatten import FlattenRGBDObservationWrapper
+
+    return FlattenRGBDObservationWrapper(env, rgb=True, depth=False, state=True)
+
+
+class _ManiSkillGPU(BatchedEnv):
+    """All envs in one GPU-simulated ManiSkill batch (needs CUDA)."""
+
+    def __init__(self, task: str, obs_mode: str, kw: dict, num_envs: int, device: str, limit):
+        import mani_skill.envs  # noqa: F401
+        from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
+
+        env = gym.make(task, num_envs=num_envs, sim_backend="physx_cuda", **kw)
+        self.vec = ManiSkillVectorEnv(
+            _flatten(env, obs_mode), auto_reset=True, ignore_terminations=False
+        )
+        self.num_envs = num_envs
+        self.device = self.vec.device
+        obs_space = self.vec.single_observation_space
+        shapes = (
+            {k: tuple(s.shape) for k, s in obs_space.spaces.items()}
+            if isinstance(obs_space, gym.spaces.Dict)
+            else {"state": tuple(obs_space.shape)}
+        )
+        act = self.vec.single_action_space
+        self.spec = EnvSpec(
+            obs_shapes=shapes,
+            action_dim=int(act.shape[0]),
+            action_low=tuple(float(x) for x in act.low),
+            action_high=tuple(float(x) for x in act.high),
+            max_episode_steps=limit,
+        )
+
+    def reset(self, seed: Optional[Sequence[int]] = None) -> TensorDict:
+        obs, _ = self.vec.reset(seed=None if seed is None else [int(s) for s in seed])
+        return TensorDict({"obs": self._obs(obs)}, batch_size=[self.num_envs])
+
+    def step(self, action: torch.Tensor) -> TensorDict:
+        obs, reward, terminated, truncated, info = self.vec.step(
+            self.clip_action(action.to(self.device))
+        )
+        done = terminated | truncated
+        final_obs = info.get("final_observation", obs)
+        final_info = info.get("final_info", info)
+        success = final_info.get("success", torch.zeros_like(done))
+        return TensorDict(
+            {
+                "obs": self._obs(obs),
+                "next": {
+                    "obs": self._obs(final_obs),
+                    "reward": reward.float(),
+                    "terminated": terminated.bool(),
+                    "truncated": truncated.bool(),
+                    "done": done.bool(),
+                    "success": success.bool(),
+                },
+            },
+            batch_size=[self.num_envs],
+            device=self.device,
+        )
+
+    def close(self) -> None:
+        self.vec.close()
+
+    def _obs(self, obs) -> TensorDict:
+        if isinstance(obs, dict):
+            return TensorDict(dict(obs), batch_size=[self.num_envs])
+        return TensorDict({"state": obs.float()}, batch_size=[self.num_envs])

@@ -1,0 +1,36 @@
+"""The engine: cluster, placement, worker groups, channels and timers.
+
+Knows nothing about RL maths or simulators (nothing here imports ``m2flow.embodied``,
+``m2flow.reasoning``, ``m2flow.envs`` or ``m2flow.policies``).
+"""
+
+from m2flow.pipelines.channel import Channel, ChannelTimeout
+from m2flow.pipelines.cluster import Cluster, ClusterConfig, NodeInfo
+from m2flow.pipelines.errors import PlacementError, WorkerError
+from m2flow.pipelines.placement import (
+    ComponentPlacement,
+    Placement,
+    PlacementConfig,
+    RankResources,
+)
+from m2flow.pipelines.timer import Timer
+from m2flow.pipelines.worker import Futures, Worker, WorkerGroup, WorkerInfo
+
+__all__ = [
+    "Channel",
+    "ChannelTimeout",
+    "Cluster",
+    "ClusterConfig",
+    "ComponentPlacement",
+    "Futures",
+    "NodeInfo",
+    "Placement",
+    "PlacementConfig",
+    "PlacementError",
+    "RankResources",
+    "Timer",
+    "Worker",
+    "WorkerError",
+    "WorkerGroup",
+    "WorkerInfo",
+]

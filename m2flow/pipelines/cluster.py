@@ -1,0 +1,116 @@
+"""The cluster: a local Ray by default, an existing Ray cluster with ``address``, or no Ray.
+
+>>> cluster = Cluster(ClusterConfig(backend="local"))
+>>> cluster.nodes[0].num_cpus > 0
+True
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+BACKENDS = ("ray", "local")
+
+
+@dataclass
+class ClusterConfig:
+    """How to reach the machines. Placement of components lives in ``PlacementConfig``."""
+
+    backend: str = "ray"
+    """'ray': components are Ray actors; 'local': components live in this process (threads)."""
+    address: Optional[str] = None
+    """None starts a local Ray; 'auto' or 'host:port' joins an existing Ray cluster."""
+    num_cpus: Optional[int] = None
+    """CPUs a local Ray may use (None: all of this machine's)."""
+    num_gpus: Optional[int] = None
+    """GPUs a local Ray may use (None: all visible ones)."""
+    object_store_memory_mb: int = 512
+    """Size of a local Ray's object store; bounded so Ray does not take a third of RAM."""
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    node_id: str
+    address: str
+    num_cpus: int
+    num_gpus: int
+
+
+class Cluster:
+    """Starts or joins the machines the components will be placed on."""
+
+    def __init__(self, cfg: ClusterConfig):
+        if cfg.backend not in BACKENDS:
+            raise ValueError(
+                f"cluster.backend={cfg.backend!r} is not a backend; use one of {list(BACKENDS)}."
+            )
+        self.cfg = cfg
+        self.backend = cfg.backend
+        self._started_ray = False
+        if cfg.backend == "ray":
+            self.nodes = self._start_ray(cfg)
+        else:
+            if cfg.address is not None:
+                raise ValueError(
+                    "cluster.address is set but cluster.backend='local' runs everything in this "
+                    "process; set cluster.backend=ray to join a Ray cluster."
+                )
+            self.nodes = [_this_machine(cfg)]
+
+    def _start_ray(self, cfg: ClusterConfig) -> list[NodeInfo]:
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+        import ray
+
+        if not ray.is_initialized():
+            if cfg.address is None:
+                ray.init(
+                    num_cpus=cfg.num_cpus,
+                    num_gpus=cfg.num_gpus,
+                    object_store_memory=cfg.object_store_memory_mb * 2**20,
+                    include_dashboard=False,
+                    configure_logging=False,
+                )
+            else:
+                ray.init(address=cfg.address, configure_logging=False)
+            self._started_ray = True
+        alive = [n for n in ray.nodes() if n["Alive"]]
+        alive.sort(key=lambda n: (not n["Resources"].get("node:__internal_head__"), n["NodeID"]))
+        return [
+            NodeInfo(
+                node_id=n["NodeID"],
+                address=n["NodeManagerAddress"],
+                num_cpus=int(n["Resources"].get("CPU", 0)),
+                num_gpus=int(n["Resources"].get("GPU", 0)),
+            )
+            for n in alive
+        ]
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(n.num_gpus for n in self.nodes)
+
+    def shutdown(self) -> None:
+        if self._started_ray:
+            import ray
+
+            ray.shutdown()
+            self._started_ray = False
+
+    def __enter__(self) -> "Cluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+def _this_machine(cfg: ClusterConfig) -> NodeInfo:
+    cpus = cfg.num_cpus or len(os.sched_getaffinity(0))
+    gpus = cfg.num_gpus
+    if gpus is None:
+        import torch
+
+        gpus = torch.cuda.device_count()
+    return NodeInfo(node_id="local", address="127.0.0.1", num_cpus=cpus, num_gpus=gpus)

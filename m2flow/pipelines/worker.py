@@ -1,0 +1,268 @@
+"""Workers and worker groups: N ranks of one worker class, as Ray actors or in this process.
+
+A worker class subclasses :class:`Worker` and takes a :class:`WorkerInfo` first::
+
+    class Echo(Worker):
+        def __init__(self, info, prefix):
+            super().__init__(info)
+            self.prefix = prefix
+
+        def hello(self, x):
+            return f"{self.prefix}{self.rank}:{x}"
+
+    group = WorkerGroup(cluster, "echo", Echo, placement.ranks("echo"), "r")
+    group.call("hello", 1).wait()   # ['r0:1', 'r1:1']
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from m2flow.pipelines import channel as _channel
+from m2flow.pipelines.cluster import Cluster
+from m2flow.pipelines.errors import WorkerError
+from m2flow.pipelines.placement import RankResources
+from m2flow.pipelines.timer import Timer
+
+MAX_CONCURRENT_CALLS = 16  # a worker serves channel puts while its own loop runs
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    group: str
+    rank: int
+    world_size: int
+    resources: RankResources
+    backend: str
+    """'ray' (own process) or 'local' (threads in the driver's process)."""
+
+
+class Worker:
+    """Base class of every worker: knows its group, rank and resources; records timings."""
+
+    def __init__(self, info: WorkerInfo):
+        self.info = info
+        self.rank = info.rank
+        self.world_size = info.world_size
+        self.timer = Timer()
+        if info.backend == "ray":
+            import torch
+
+            torch.set_num_threads(max(1, int(info.resources.cpus)))
+
+    @property
+    def device(self) -> str:
+        """'cpu', or the first GPU this rank was given (as seen inside its process)."""
+        if not self.info.resources.gpu_ids:
+            return "cpu"
+        if self.info.backend == "ray":
+            return "cuda:0"  # CUDA_VISIBLE_DEVICES holds exactly this rank's GPUs
+        return f"cuda:{self.info.resources.gpu_ids[0]}"
+
+    def pop_timings(self) -> dict[str, float]:
+        """Seconds per phase since the last call (the runner gathers these every iteration)."""
+        return self.timer.pop()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    # Channel plumbing: the receiving end of a channel lives in the worker that reads it.
+    def _m2flow_open_channel(self, uid: str, capacity: int) -> None:
+        _channel.open_endpoint(uid, self.rank, capacity)
+
+    def _m2flow_channel_put(self, uid: str, key, item, timeout: Optional[float]) -> None:
+        _channel.local_endpoint(uid, self.rank).put(key, item, timeout)
+
+    def _m2flow_close_channel(self, uid: str) -> None:
+        _channel.close_endpoint(uid, self.rank)
+
+
+class WorkerGroup:
+    """Launches one worker per entry of ``ranks`` and calls methods on all or some of them."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        name: str,
+        worker_cls: type,
+        ranks: Sequence[RankResources],
+        *args: Any,
+        **kwargs: Any,
+    ):
+        self.name = name
+        self.backend = cluster.backend
+        self.world_size = len(ranks)
+        self._executor: Optional[cf.ThreadPoolExecutor] = None
+        if self.backend == "ray":
+            self.handles = [
+                _launch_ray_actor(cluster, worker_cls, self._info(r, res), args, kwargs)
+                for r, res in enumerate(ranks)
+            ]
+            self.call("pid").wait()  # surfaces constructor errors here, with the rank
+        else:
+            self._executor = cf.ThreadPoolExecutor(
+                max_workers=MAX_CONCURRENT_CALLS * self.world_size,
+                thread_name_prefix=f"m2flow-{name}",
+            )
+            self.handles = [
+                _construct_local(worker_cls, self._info(r, res), args, kwargs)
+                for r, res in enumerate(ranks)
+            ]
+
+    def _info(self, rank: int, res: RankResources) -> WorkerInfo:
+        return WorkerInfo(self.name, rank, self.world_size, res, self.backend)
+
+    def call(self, method: str, *args: Any, ranks: Optional[Sequence[int]] = None, **kwargs: Any):
+        """Calls ``method`` on the given ranks (default: all); returns :class:`Futures`."""
+        ranks = list(range(self.world_size)) if ranks is None else list(ranks)
+        items = []
+        for r in ranks:
+            h = self.handles[r]
+            if self.backend == "ray":
+                items.append((r, getattr(h, method).remote(*args, **kwargs)))
+            else:
+                items.append((r, self._executor.submit(getattr(h, method), *args, **kwargs)))
+        return Futures(self.name, method, items, self.backend)
+
+    def kill(self, rank: int) -> None:
+        """Kills one rank's process (Ray only): for tests of dead-worker handling."""
+        import ray
+
+        ray.kill(self.handles[rank], no_restart=True)
+
+    def shutdown(self) -> None:
+        if self.backend == "ray":
+            import ray
+
+            for h in self.handles:
+                try:
+                    ray.kill(h, no_restart=True)
+                except Exception:  # already dead: nothing left to stop
+                    pass
+        else:
+            for h in self.handles:
+                close = getattr(h, "close", None)
+                if close is not None:
+                    close()
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        self.handles = []
+
+
+class Futures:
+    """Results of one call on several ranks. ``wait()`` fails fast on the first error."""
+
+    def __init__(self, group: str, method: str, items: list, backend: str):
+        self.group, self.method, self.items, self.backend = group, method, items, backend
+
+    def wait(self, timeout: Optional[float] = None) -> list:
+        return gather(self, timeout=timeout)[0]
+
+    def as_arg(self, index: int = 0):
+        """The result of item ``index``, to pass into another group's ``call``.
+
+        With Ray this is the ObjectRef itself: the callee fetches the data straight from the
+        producer's object store, so it moves in one hop and the driver never holds it.
+        """
+        if self.backend == "ray":
+            return self.items[index][1]
+        return self.wait()[index]
+
+
+def gather(*futures: Futures, timeout: Optional[float] = None) -> list[list]:
+    """Waits for several calls at once, raising the first failure as soon as it happens.
+
+    Waiting on env and rollout together matters: if the env worker dies, the rollout worker
+    would otherwise block on its channel and the run would hang instead of failing.
+    """
+    results = [[None] * len(f.items) for f in futures]
+    pending = {}
+    for i, f in enumerate(futures):
+        for j, (rank, fut) in enumerate(f.items):
+            pending[fut] = (i, j, rank, f)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    backend = futures[0].backend if futures else "local"
+    while pending:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        done = _wait_any(list(pending), left, backend)
+        if not done:
+            _, _, rank, f = next(iter(pending.values()))
+            raise WorkerError(
+                f"{f.group}[rank {rank}].{f.method}() did not finish within {timeout:g} s."
+            )
+        for fut in done:
+            i, j, rank, f = pending.pop(fut)
+            results[i][j] = _result(fut, f, rank)
+    return results
+
+
+def _wait_any(futs: list, timeout: Optional[float], backend: str) -> list:
+    if backend == "ray":
+        import ray
+
+        ready, _ = ray.wait(futs, num_returns=1, timeout=timeout)
+        return ready
+    done, _ = cf.wait(futs, timeout=timeout, return_when=cf.FIRST_COMPLETED)
+    return list(done)
+
+
+def _result(fut, f: Futures, rank: int):
+    where = f"worker {f.group}[rank {rank}] in {f.method}()"
+    if f.backend != "ray":
+        exc = fut.exception()
+        if exc is not None:
+            exc.add_note(f"(raised by {where})")
+            raise exc
+        return fut.result()
+    import ray
+
+    try:
+        return ray.get(fut)
+    except ray.exceptions.RayActorError as e:
+        raise WorkerError(
+            f"{where}: the worker's process died ({type(e).__name__}); it crashed, ran out of "
+            "memory or was killed. Its log lines above say why."
+        ) from None
+    except ray.exceptions.RayTaskError as e:
+        cause = e.cause if isinstance(e.cause, BaseException) else None
+        if cause is None:
+            raise WorkerError(f"{where}: {e}") from None
+        cause.add_note(f"(raised by {where})")
+        raise cause from None
+
+
+def _launch_ray_actor(cluster: Cluster, worker_cls: type, info: WorkerInfo, args, kwargs):
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    res = info.resources
+    threads = str(max(1, int(res.cpus)))
+    env_vars = {
+        "CUDA_VISIBLE_DEVICES": ",".join(map(str, res.gpu_ids)),
+        "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1",
+        "OMP_NUM_THREADS": threads,
+        "MKL_NUM_THREADS": threads,
+    }
+    actor_cls = ray.remote(worker_cls)
+    return actor_cls.options(
+        # Resources are accounted by Placement, not by Ray's logical counts, so that
+        # collocated components may share cores and GPUs.
+        num_cpus=0,
+        num_gpus=0,
+        max_concurrency=MAX_CONCURRENT_CALLS,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(
+            cluster.nodes[res.node].node_id, soft=False
+        ),
+        runtime_env={"env_vars": env_vars},
+    ).remote(info, *args, **kwargs)
+
+
+def _construct_local(worker_cls: type, info: WorkerInfo, args, kwargs):
+    try:
+        return worker_cls(info, *args, **kwargs)
+    except Exception as e:
+        e.add_note(f"(raised while starting worker {info.group}[rank {info.rank}])")
+        raise

@@ -1,0 +1,14 @@
+"""Models behind one interface (act / evaluate / value), found through a registry."""
+
+from m2flow.policies.base import Policy, PolicyError
+from m2flow.policies.config import PolicyConfig
+from m2flow.policies.registry import make_policy, register_policy, registered_policies
+
+__all__ = [
+    "Policy",
+    "PolicyConfig",
+    "PolicyError",
+    "make_policy",
+    "register_policy",
+    "registered_policies",
+]

@@ -1,0 +1,36 @@
+"""The one policy interface every model implements.
+
+A policy maps a TensorDict of observations to actions and back to log-probs:
+
+- ``act(batch, deterministic=False)`` reads ``batch["obs"]`` and returns a TensorDict with
+  ``action``, ``log_prob`` and ``value`` (used by rollout workers, under ``no_grad``);
+- ``evaluate(batch)`` reads ``obs`` and ``action`` and returns ``log_prob``, ``entropy`` and
+  ``value`` with gradients (used by the learner);
+- ``value(obs)`` returns the critic's estimate (bootstrapping; used by the learner).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+
+class PolicyError(ValueError):
+    """Bad policy input: unknown name, an env whose observations the policy cannot read."""
+
+
+class Policy(nn.Module, ABC):
+    @abstractmethod
+    def act(self, batch: TensorDict, deterministic: bool = False) -> TensorDict:
+        """Actions for ``batch["obs"]``: keys ``action`` (B, A), ``log_prob`` (B,), ``value`` (B,)."""
+
+    @abstractmethod
+    def evaluate(self, batch: TensorDict) -> TensorDict:
+        """For ``batch["obs"]`` and ``batch["action"]``: ``log_prob``, ``entropy``, ``value``."""
+
+    @abstractmethod
+    def value(self, obs: TensorDict) -> torch.Tensor:
+        """Critic estimate (B,) for a TensorDict of observations."""

@@ -1,0 +1,99 @@
+"""Gaussian MLP actor-critic for state observations (cleanRL / ManiSkill PPO baseline shape).
+
+Reads ``("obs", "state")`` (B, D). Actor: MLP -> action mean; a learned state-independent
+log-std. Critic: a separate MLP -> value. Actions are raw Gaussian samples; the env clips them
+to its bounds, and log-probs are of the unclipped sample.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+from torch import nn
+from torch.distributions import Normal
+
+from m2flow.policies.base import Policy, PolicyError
+from m2flow.policies.config import PolicyConfig
+
+ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU}
+ACTOR_OUT_GAIN = 0.01 * np.sqrt(2)  # small initial means: start near zero action
+CRITIC_OUT_GAIN = 1.0
+
+
+def _layer(n_in: int, n_out: int, gain: float = np.sqrt(2)) -> nn.Linear:
+    layer = nn.Linear(n_in, n_out)
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+def mlp(n_in: int, hidden: list[int], n_out: int, activation: str, out_gain: float) -> nn.Sequential:
+    layers, width = [], n_in
+    for h in hidden:
+        layers += [_layer(width, h), ACTIVATIONS[activation]()]
+        width = h
+    layers.append(_layer(width, n_out, out_gain))
+    return nn.Sequential(*layers)
+
+
+class GaussianMLPPolicy(Policy):
+    """``policy.name=mlp``.
+
+    >>> from m2flow.envs import EnvSpec
+    >>> spec = EnvSpec({"state": (5,)}, 2, (-1.0, -1.0), (1.0, 1.0), 50)
+    >>> pi = GaussianMLPPolicy(PolicyConfig(name="mlp", hidden_sizes=[8]), spec)
+    >>> obs = TensorDict({"state": torch.zeros(3, 5)}, batch_size=[3])
+    >>> out = pi.act(TensorDict({"obs": obs}, batch_size=[3]))
+    >>> out["action"].shape, out["log_prob"].shape, out["value"].shape
+    (torch.Size([3, 2]), torch.Size([3]), torch.Size([3]))
+    """
+
+    def __init__(self, cfg: PolicyConfig, env_spec):
+        super().__init__()
+        if "state" not in env_spec.obs_shapes or len(env_spec.obs_shapes["state"]) != 1:
+            raise PolicyError(
+                "policy.name='mlp' reads a flat ('obs', 'state') vector; this env gives "
+                f"{env_spec.obs_shapes}. Use env.obs_mode=state or an image policy."
+            )
+        if cfg.activation not in ACTIVATIONS:
+            raise PolicyError(
+                f"policy.activation={cfg.activation!r}: use one of {sorted(ACTIVATIONS)}."
+            )
+        obs_dim, act_dim = env_spec.obs_shapes["state"][0], env_spec.action_dim
+        hidden = list(cfg.hidden_sizes)
+        self.actor_mean = mlp(obs_dim, hidden, act_dim, cfg.activation, ACTOR_OUT_GAIN)
+        self.actor_log_std = nn.Parameter(torch.full((act_dim,), float(cfg.init_log_std)))
+        self.critic = mlp(obs_dim, hidden, 1, cfg.activation, CRITIC_OUT_GAIN)
+
+    def _dist(self, state: torch.Tensor) -> Normal:
+        mean = self.actor_mean(state)
+        return Normal(mean, self.actor_log_std.expand_as(mean).exp())
+
+    def value(self, obs: TensorDict) -> torch.Tensor:
+        return self.critic(obs["state"]).squeeze(-1)
+
+    def act(self, batch: TensorDict, deterministic: bool = False) -> TensorDict:
+        state = batch["obs", "state"]
+        dist = self._dist(state)
+        action = dist.mean if deterministic else dist.sample()
+        return TensorDict(
+            {
+                "action": action,
+                "log_prob": dist.log_prob(action).sum(-1),
+                "value": self.critic(state).squeeze(-1),
+            },
+            batch_size=batch.batch_size,
+        )
+
+    def evaluate(self, batch: TensorDict) -> TensorDict:
+        state = batch["obs", "state"]
+        dist = self._dist(state)
+        return TensorDict(
+            {
+                "log_prob": dist.log_prob(batch["action"]).sum(-1),
+                "entropy": dist.entropy().sum(-1),
+                "value": self.critic(state).squeeze(-1),
+            },
+            batch_size=batch.batch_size,
+        )
