@@ -34,9 +34,19 @@ install_system() {
     mesa-vulkan-drivers libgl1-mesa-dri libegl-mesa0 >/dev/null
 }
 
+# pip prints a warning per package for this machine's empty local index dirs; drop those lines.
+quiet_pip() {
+  local log rc=0
+  log=$(mktemp)
+  "$VENV/bin/python" -m pip "$@" >"$log" 2>&1 || rc=$?
+  grep -v "^WARNING: Location 'file:" "$log" || true
+  rm -f "$log"
+  return "$rc"
+}
+
 install_python() {
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-  local pip="$VENV/bin/python -m pip"
+  local pip="quiet_pip"
   local want
   want=$(sha1sum pyproject.toml scripts/constraints.txt | sha1sum | cut -c1-12)
   if [ -f "$VENV/.m2flow-installed" ] && [ "$(cat "$VENV/.m2flow-installed")" = "$want" ]; then

@@ -73,7 +73,8 @@ def evaluate(argv: list[str] | None = None) -> int:
     runner = EmbodiedRunner(cfg, train=False)
     try:
         runner.load_policy(state)
-        metrics = runner.evaluate(cfg.eval.episodes or cfg.runner.eval_episodes)
+        metrics = runner.evaluate(cfg.eval.episodes or cfg.runner.eval_episodes,
+                                  deterministic=cfg.eval.deterministic)
     finally:
         runner.close()
     print(

@@ -54,6 +54,8 @@ class EvalConfig:
     """Path of a checkpoint written by m2flow-train (its config is used for env and policy)."""
     episodes: int = 0
     """Episodes to run; 0: the checkpoint's runner.eval_episodes."""
+    deterministic: bool = True
+    """Act with the policy's mean (True) or sample like training does (False)."""
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib.resources import files
 from typing import Sequence
 
 from omegaconf import OmegaConf
@@ -11,18 +12,25 @@ from m2flow.configs.loader import ConfigError, check_names, explain, to_object
 from m2flow.embodied import checkpoint
 from m2flow.embodied.config import TrainConfig
 
-SHORTHANDS = {"checkpoint": "eval.checkpoint", "episodes": "eval.episodes"}
+SHORTHANDS = {
+    "checkpoint": "eval.checkpoint",
+    "episodes": "eval.episodes",
+    "deterministic": "eval.deterministic",
+}
 
 
 def eval_config(overrides: Sequence[str]) -> tuple[TrainConfig, dict]:
     """(config, checkpoint state) for ``m2flow-eval checkpoint=PATH [episodes=N] [key=value...]``."""
-    dotlist = []
+    dotlist, groups = [], []
     for ov in overrides:
         key, sep, value = ov.partition("=")
         if not sep:
             raise ConfigError(f"config error: {ov!r} is not key=value (e.g. checkpoint=path.pt).")
-        dotlist.append(f"{SHORTHANDS.get(key, key)}={value}")
-    given = OmegaConf.from_dotlist(dotlist)
+        if key in GROUPS:
+            groups.append(_group_option(key, value))
+        else:
+            dotlist.append(f"{SHORTHANDS.get(key, key)}={value}")
+    given = OmegaConf.merge(*groups, OmegaConf.from_dotlist(dotlist))
     path = OmegaConf.select(given, "eval.checkpoint")
     if not path:
         raise ConfigError("config error: checkpoint is missing; run m2flow-eval checkpoint=PATH.")
@@ -36,3 +44,18 @@ def eval_config(overrides: Sequence[str]) -> tuple[TrainConfig, dict]:
     obj = to_object(cfg)
     check_names(obj)
     return obj, state
+
+
+GROUPS = ("env", "policy", "algorithm", "cluster", "runner")
+
+
+def _group_option(group: str, option: str):
+    """``cluster=inprocess`` -> the YAML of that group option, placed under its group key."""
+    path = files("m2flow.configs") / group / f"{option}.yaml"
+    if not path.is_file():
+        known = sorted(p.name[:-5] for p in (files("m2flow.configs") / group).iterdir()
+                       if p.name.endswith(".yaml"))
+        raise ConfigError(
+            f"config error: {group}={option}: no such option. Available: {', '.join(known)}."
+        )
+    return OmegaConf.create({group: OmegaConf.create(path.read_text()) or {}})

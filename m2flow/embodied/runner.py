@@ -87,14 +87,14 @@ class EmbodiedRunner:
         weights = self.learner.call("get_weights", ranks=[0]).as_arg()
         self.rollout.call("set_weights", weights).wait()
 
-    def evaluate(self, episodes: Optional[int] = None) -> dict:
-        """Deterministic-action episodes from fixed seeds: ``eval/success`` and friends."""
+    def evaluate(self, episodes: Optional[int] = None, deterministic: bool = True) -> dict:
+        """Episodes from fixed seeds (mean actions by default): ``eval/success`` and friends."""
         episodes = episodes or self.cfg.runner.eval_episodes
         rounds = max(1, math.ceil(episodes / self.num_envs))
         steps = rounds * self.spec.max_episode_steps
         env_out, _ = gather(
             self.env.call("evaluate", rounds, self.obs_ch, self.act_ch),
-            self._serve(steps, 0, deterministic=True),
+            self._serve(steps, 0, deterministic=deterministic),
         )
         return {k.replace("env/", "eval/"): v for k, v in _merge(env_out).summary().items()}
 

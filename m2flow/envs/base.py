@@ -36,9 +36,13 @@ class EnvSpec:
 class BatchedEnv(ABC):
     """``num_envs`` environments stepped together, talking in TensorDicts of batch [num_envs].
 
-    >>> env = make_env(EnvConfig(name="gym/Pendulum-v1", num_envs=2))  # doctest: +SKIP
-    >>> env.reset(seed=0)["obs", "state"].shape
+    >>> from m2flow.envs import EnvConfig, make_env
+    >>> env = make_env(EnvConfig(name="gym/Pendulum-v1", num_envs=2))
+    >>> env.reset(seed=[0, 1])["obs", "state"].shape
     torch.Size([2, 3])
+    >>> out = env.step(torch.zeros(2, 1))
+    >>> sorted(out["next"].keys())
+    ['done', 'obs', 'reward', 'success', 'terminated', 'truncated']
     """
 
     num_envs: int

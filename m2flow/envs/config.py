@@ -22,6 +22,9 @@ class EnvConfig:
     """Simulator controller, e.g. ManiSkill's 'pd_ee_delta_pos'; None: the simulator's default."""
     reward_mode: Optional[str] = None
     """E.g. ManiSkill's 'normalized_dense' or 'sparse'; None: the simulator's default."""
+    ignore_terminations: bool = False
+    """Success does not end an episode: it runs to the time limit (ManiSkill's convention for
+    dense rewards, where ending an episode on success would cut off its best rewards)."""
     max_episode_steps: Optional[int] = None
     """Time limit (truncation); None: the simulator's registered limit."""
     sim_backend: str = "auto"

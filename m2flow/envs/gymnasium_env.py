@@ -24,6 +24,8 @@ def _make_one(env_id: str, max_episode_steps, kwargs: dict) -> gym.Env:
 class GymnasiumEnv(GymVectorEnv):
     """Adapter for ``gym/<id>``; envs run in this process (``kwargs`` go to ``gym.make``)."""
 
+    EXAMPLE_IDS = ("gym/Pendulum-v1",)  # the registry sweep's picks
+
     def __init__(self, cfg: EnvConfig, device: str = "cpu"):
         env_id = cfg.name.split("/", 1)[1]
         if env_id not in gym.registry:
@@ -35,6 +37,11 @@ class GymnasiumEnv(GymVectorEnv):
             raise EnvError(
                 f"env.obs_mode={cfg.obs_mode!r}: the gymnasium adapter only passes 'state' "
                 "observations; set env.obs_mode=state."
+            )
+        if cfg.ignore_terminations:
+            raise EnvError(
+                "env.ignore_terminations=true: a generic gymnasium env cannot be stepped past "
+                "its termination; set it to false for gym/* envs."
             )
         make = functools.partial(_make_one, env_id, cfg.max_episode_steps, dict(cfg.kwargs))
         probe = make()

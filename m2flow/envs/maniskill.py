@@ -6,7 +6,8 @@ Observations: ``("obs", "state")`` (D,) float32; with ``obs_mode=rgb`` also ``("
 (H, W, 3) uint8 from the task's camera (``image_size`` square) and ``state`` without the
 privileged object poses ManiSkill keeps out of image modes.
 Actions: the controller's normalised Box (``control_mode``; e.g. 4 for pd_ee_delta_pos).
-Success: the task's own ``evaluate()["success"]``; an episode terminates on success.
+Success: the task's own ``evaluate()["success"]``; an episode terminates on success unless
+``ignore_terminations`` (then it runs to the time limit).
 
 Backends: on CPU (``sim_backend=cpu``) each env is one SAPIEN process (ManiSkill allows one
 CPU env per process); on GPU (``sim_backend=gpu``) all envs are one native GPU batch.
@@ -31,6 +32,8 @@ OBS_MODES = {"state": "state", "rgb": "rgb"}  # m2flow obs_mode -> ManiSkill obs
 
 class ManiSkillEnv(BatchedEnv):
     """Adapter for ``ManiSkill/<task>``; picks the CPU or GPU backend from ``cfg`` and device."""
+
+    EXAMPLE_IDS = ("ManiSkill/PushCube-v1", "ManiSkill/PickCube-v1")  # the registry sweep's picks
 
     @staticmethod
     def check_config(cfg: EnvConfig):
@@ -62,12 +65,12 @@ class ManiSkillEnv(BatchedEnv):
             **dict(cfg.kwargs),
         )
         if backend == "cpu":
-            make = functools.partial(_make_cpu_env, task, cfg.obs_mode, kw)
+            make = functools.partial(_make_cpu_env, task, cfg.obs_mode, cfg.ignore_terminations, kw)
             self._impl: BatchedEnv = GymVectorEnv(
                 [make] * cfg.num_envs, processes=True, max_episode_steps=limit
             )
         else:
-            self._impl = _ManiSkillGPU(task, cfg.obs_mode, kw, cfg.num_envs, device, limit)
+            self._impl = _ManiSkillGPU(task, cfg, kw, device, limit)
         self.num_envs, self.spec, self.device = cfg.num_envs, self._impl.spec, self._impl.device
 
     def reset(self, seed: Optional[Sequence[int]] = None) -> TensorDict:
@@ -130,14 +133,14 @@ def _render_backend(cfg: EnvConfig, sim_backend: str) -> str:
     return "gpu" if sim_backend == "gpu" else "cpu"
 
 
-def _make_cpu_env(task: str, obs_mode: str, kw: dict) -> gym.Env:
+def _make_cpu_env(task: str, obs_mode: str, ignore_terminations: bool, kw: dict) -> gym.Env:
     """Runs in a subprocess: one single-env ManiSkill task with numpy, unbatched I/O."""
     import mani_skill.envs  # noqa: F401
     from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
 
     torch.set_num_threads(1)  # one core per env process; the placement counts them
     env = gym.make(task, num_envs=1, sim_backend="physx_cpu", **kw)
-    return CPUGymWrapper(_flatten(env, obs_mode))
+    return CPUGymWrapper(_flatten(env, obs_mode), ignore_terminations=ignore_terminations)
 
 
 def _flatten(env: gym.Env, obs_mode: str) -> gym.Env:
@@ -151,15 +154,17 @@ def _flatten(env: gym.Env, obs_mode: str) -> gym.Env:
 class _ManiSkillGPU(BatchedEnv):
     """All envs in one GPU-simulated ManiSkill batch (needs CUDA)."""
 
-    def __init__(self, task: str, obs_mode: str, kw: dict, num_envs: int, device: str, limit):
+    def __init__(self, task: str, cfg: EnvConfig, kw: dict, device: str, limit):
         import mani_skill.envs  # noqa: F401
         from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
 
-        env = gym.make(task, num_envs=num_envs, sim_backend="physx_cuda", **kw)
+        sim = "physx_cuda" if device == "cuda" else device.replace("cuda", "physx_cuda")
+        env = gym.make(task, num_envs=cfg.num_envs, sim_backend=sim, **kw)
         self.vec = ManiSkillVectorEnv(
-            _flatten(env, obs_mode), auto_reset=True, ignore_terminations=False
+            _flatten(env, cfg.obs_mode), auto_reset=True,
+            ignore_terminations=cfg.ignore_terminations,
         )
-        self.num_envs = num_envs
+        self.num_envs = cfg.num_envs
         self.device = self.vec.device
         obs_space = self.vec.single_observation_space
         shapes = (

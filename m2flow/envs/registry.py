@@ -8,7 +8,8 @@ Three ways in, all ending in the same table:
   so another package adds a simulator without touching m2flow.
 
 A name ending in ``/*`` is a family: ``ManiSkill/*`` serves ``ManiSkill/PushCube-v1``, and the
-adapter gets the full name. The class is called as ``cls(cfg, device=...)``.
+adapter gets the full name. The class is called as ``cls(cfg, device=...)``. A family's class
+lists ``EXAMPLE_IDS`` so tests that sweep the registry know which concrete ids to build.
 """
 
 from __future__ import annotations

@@ -93,6 +93,12 @@ class Channel:
         self.item_type = item_type
         self.routes = dict(routes or {})
         self.world_size = receiver.world_size
+        bad = {k: r for k, r in self.routes.items() if not 0 <= r < self.world_size}
+        if bad:
+            raise ValueError(
+                f"channel {name!r}: routes {bad} point at ranks its receiver "
+                f"'{receiver.name}' does not have (ranks 0-{self.world_size - 1})."
+            )
         self.backend = receiver.backend
         self._handles = list(receiver.handles) if receiver.backend == "ray" else None
         receiver.call("_m2flow_open_channel", self.uid, capacity).wait()
@@ -104,10 +110,13 @@ class Channel:
         return state
 
     def rank_of(self, key: Hashable) -> int:
-        if key in self.routes:
-            return self.routes[key]
-        head = key[0] if isinstance(key, tuple) else key
-        if not isinstance(head, int):
+        try:
+            if key in self.routes:
+                return self.routes[key]
+        except TypeError:
+            raise KeyError(f"channel {self.name!r}: key {key!r} is not hashable.") from None
+        head = key[0] if isinstance(key, tuple) and key else key
+        if not isinstance(head, int) or isinstance(head, bool):
             raise KeyError(
                 f"channel {self.name!r}: key {key!r} has no route; use an int key (or a tuple "
                 "starting with an int) or pass routes={key: rank}."
@@ -150,8 +159,11 @@ class Channel:
             ) from None
 
     def qsize(self, key: Hashable = 0) -> int:
+        """Items waiting in lane ``key``; only in the process that hosts its rank."""
         endpoint = local_endpoint(self.uid, self.rank_of(key))
-        return 0 if endpoint is None else endpoint.lane(key).qsize()
+        if endpoint is None:
+            raise RuntimeError(f"channel {self.name!r}: lane {key!r} is not hosted here.")
+        return endpoint.lane(key).qsize()
 
     def close(self) -> None:
         if self._receiver is not None and self._receiver.handles:

@@ -77,8 +77,14 @@ class Placement:
         return self._components.setdefault(name, ComponentPlacement())
 
     def ranks(self, name: str) -> list[RankResources]:
+        """Resources of each rank of ``name`` (a component not in the config gets defaults)."""
         if name not in self._ranks:
             self._ranks[name] = self._resolve(name, self.component(name))
+            try:
+                self._check_mode()
+            except PlacementError:
+                del self._ranks[name], self._components[name]
+                raise
         return self._ranks[name]
 
     def shares_device(self, a: str, b: str) -> bool:

@@ -75,7 +75,12 @@ class Worker:
         _channel.open_endpoint(uid, self.rank, capacity)
 
     def _m2flow_channel_put(self, uid: str, key, item, timeout: Optional[float]) -> None:
-        _channel.local_endpoint(uid, self.rank).put(key, item, timeout)
+        endpoint = _channel.local_endpoint(uid, self.rank)
+        if endpoint is None:
+            raise RuntimeError(
+                f"channel {uid.split('#')[0]!r} is closed on {self.info.group}[rank {self.rank}]."
+            )
+        endpoint.put(key, item, timeout)
 
     def _m2flow_close_channel(self, uid: str) -> None:
         _channel.close_endpoint(uid, self.rank)
@@ -128,11 +133,19 @@ class WorkerGroup:
                 items.append((r, self._executor.submit(getattr(h, method), *args, **kwargs)))
         return Futures(self.name, method, items, self.backend)
 
-    def kill(self, rank: int) -> None:
-        """Kills one rank's process (Ray only): for tests of dead-worker handling."""
+    def kill(self, rank: int, timeout: float = 30.0) -> None:
+        """Kills one rank's process (Ray only) and returns once it is gone: for fault tests."""
         import ray
 
-        ray.kill(self.handles[rank], no_restart=True)
+        handle = self.handles[rank]
+        ray.kill(handle, no_restart=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:  # ray.kill returns before the process is gone
+            try:
+                ray.get(handle.__ray_ready__.remote(), timeout=timeout)
+            except ray.exceptions.RayActorError:
+                return
+        raise WorkerError(f"{self.name}[rank {rank}] was still alive {timeout:g} s after kill.")
 
     def shutdown(self) -> None:
         if self.backend == "ray":
@@ -184,7 +197,10 @@ def gather(*futures: Futures, timeout: Optional[float] = None) -> list[list]:
         for j, (rank, fut) in enumerate(f.items):
             pending[fut] = (i, j, rank, f)
     deadline = None if timeout is None else time.monotonic() + timeout
-    backend = futures[0].backend if futures else "local"
+    backends = {f.backend for f in futures}
+    if len(backends) > 1:
+        raise ValueError("gather() takes calls of one backend at a time.")
+    backend = backends.pop() if backends else "local"
     while pending:
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         done = _wait_any(list(pending), left, backend)
@@ -214,7 +230,7 @@ def _result(fut, f: Futures, rank: int):
     if f.backend != "ray":
         exc = fut.exception()
         if exc is not None:
-            exc.add_note(f"(raised by {where})")
+            _note(exc, f"(raised by {where})")
             raise exc
         return fut.result()
     import ray
@@ -230,8 +246,20 @@ def _result(fut, f: Futures, rank: int):
         cause = e.cause if isinstance(e.cause, BaseException) else None
         if cause is None:
             raise WorkerError(f"{where}: {e}") from None
-        cause.add_note(f"(raised by {where})")
+        _note(cause, f"(raised by {where}; there:)\n{_remote_traceback(e)}")
         raise cause from None
+
+
+def _remote_traceback(e: Exception) -> str:
+    try:
+        return str(e)  # Ray's text: the worker-side traceback
+    except Exception:  # a dual-class RayTaskError can fail to render; the cause still stands
+        return ""
+
+
+def _note(exc: BaseException, note: str) -> None:
+    if note not in getattr(exc, "__notes__", []):
+        exc.add_note(note)
 
 
 def _launch_ray_actor(cluster: Cluster, worker_cls: type, info: WorkerInfo, args, kwargs):

@@ -1,0 +1,43 @@
+import pytest
+import torch
+from tensordict import TensorDict
+
+from m2flow.envs import EnvSpec
+from m2flow.policies import PolicyConfig, PolicyError, make_policy, registered_policies
+
+STATE_SPEC = EnvSpec({"state": (7,)}, 3, (-1.0,) * 3, (1.0,) * 3, 50)
+
+
+@pytest.mark.parametrize("name", registered_policies())
+@pytest.mark.parametrize("n", [2, 16])
+def test_every_policy_acts_and_evaluates_consistently(name, n):
+    torch.manual_seed(0)
+    pi = make_policy(PolicyConfig(name=name), STATE_SPEC)
+    b = TensorDict({"obs": {"state": torch.randn(n, 7)}}, batch_size=[n])
+    with torch.no_grad():
+        out = pi.act(b)
+    assert out["action"].shape == (n, 3) and out["action"].dtype == torch.float32
+    assert out["log_prob"].shape == (n,) and out["value"].shape == (n,)
+    b.update(out)
+    ev = pi.evaluate(b)
+    torch.testing.assert_close(ev["log_prob"], out["log_prob"])
+    torch.testing.assert_close(ev["value"], out["value"])
+    assert (ev["entropy"] > -1e9).all()
+
+
+def test_deterministic_action_is_the_mean_and_repeatable():
+    pi = make_policy(PolicyConfig(name="mlp"), STATE_SPEC)
+    b = TensorDict({"obs": {"state": torch.randn(4, 7)}}, batch_size=[4])
+    a1, a2 = (pi.act(b, deterministic=True)["action"] for _ in range(2))
+    torch.testing.assert_close(a1, a2)
+
+
+def test_unknown_policy_lists_known_names():
+    with pytest.raises(PolicyError, match=r"Unknown policy 'mpl'. Known: .*mlp.*Did you mean 'mlp'"):
+        make_policy(PolicyConfig(name="mpl"), STATE_SPEC)
+
+
+def test_mlp_refuses_image_only_observations():
+    spec = EnvSpec({"rgb": (64, 64, 3)}, 3, (-1.0,) * 3, (1.0,) * 3, 50)
+    with pytest.raises(PolicyError, match="obs_mode=state"):
+        make_policy(PolicyConfig(name="mlp"), spec)
