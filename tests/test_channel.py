@@ -25,6 +25,7 @@ class Relay(Worker):
     def produce(self, ch, n, key, timeout=30.0):
         for i in range(n):
             ch.put(i, key=key, timeout=timeout)
+        ch.flush()  # a remote put's failure surfaces at the next put or here
         return n
 
     def consume(self, ch, n, key):

@@ -41,3 +41,25 @@ def test_mlp_refuses_image_only_observations():
     spec = EnvSpec({"rgb": (64, 64, 3)}, 3, (-1.0,) * 3, (1.0,) * 3, 50)
     with pytest.raises(PolicyError, match="obs_mode=state"):
         make_policy(PolicyConfig(name="mlp"), spec)
+
+
+def test_running_norm_over_batches_equals_statistics_of_all_data():
+    from m2flow.policies.normalizer import RunningNorm
+
+    g = torch.Generator().manual_seed(0)
+    parts = [torch.randn(n, 3, generator=g) * 5 + 2 for n in (7, 1, 30)]
+    norm = RunningNorm(3)
+    for p in parts:
+        norm.update(p)
+    full = torch.cat(parts)
+    torch.testing.assert_close(norm.mean, full.mean(0))
+    torch.testing.assert_close(norm.var, full.var(0, unbiased=False))
+
+
+def test_normalizer_travels_in_the_state_dict():
+    pi = make_policy(PolicyConfig(name="mlp"), STATE_SPEC)
+    pi.observe(TensorDict({"obs": {"state": torch.randn(5, 7) + 3}}, batch_size=[5]))
+    twin = make_policy(PolicyConfig(name="mlp"), STATE_SPEC)
+    twin.load_state_dict(pi.state_dict())
+    b = TensorDict({"obs": {"state": torch.randn(4, 7)}}, batch_size=[4])
+    torch.testing.assert_close(twin.value(b["obs"]), pi.value(b["obs"]))

@@ -71,6 +71,8 @@ class EnvWorker(Worker):
         traj = torch.stack(steps, dim=1)  # (N, T)
         with self.timer("send"):
             traj_ch.put(traj, key=self.rank, timeout=self.timeout)
+            traj_ch.flush()
+            obs_ch.flush()
         return stats
 
     def evaluate(self, rounds: int, obs_ch: Channel, act_ch: Channel) -> EpisodeStats:
@@ -91,6 +93,7 @@ class EnvWorker(Worker):
                 seen |= done
                 obs = out["obs"]
             stats.extend(first)
+        obs_ch.flush()
         self._obs = None  # training resumes from a fresh reset
         return stats
 

@@ -45,7 +45,9 @@ class LearnerWorker(Worker):
         with self.timer("learn"):
             traj = torch.cat(parts, dim=0).to(self.device)  # (N, T)
             self._add_advantages(traj)
-            return self._ppo_epochs(traj.reshape(-1), iteration)  # b_: (N*T,)
+            metrics = self._ppo_epochs(traj.reshape(-1), iteration)  # b_: (N*T,)
+            self.policy.observe(traj)  # statistics change between updates, never within one
+            return metrics
 
     @torch.no_grad()
     def _add_advantages(self, traj: TensorDict) -> None:

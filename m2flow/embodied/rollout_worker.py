@@ -42,3 +42,4 @@ class RolloutWorker(Worker):
                         out = self.policy.act(batch.to(self.device), deterministic=deterministic)
                     with self.timer("send"):
                         act_ch.put(out.to("cpu"), key=e, timeout=self.timeout)
+        act_ch.flush()

@@ -2,7 +2,10 @@
 
 The queue of a channel lives in the process of the worker that reads it. ``put`` from another
 process is one Ray call straight into that worker (no relay actor); ``put`` from the same
-process is a plain queue put. Keys are lanes (e.g. pipeline stages): each key has its own FIFO
+process is a plain queue put. A remote put returns once sent; the next put on the same lane
+first waits for the previous one to land, so each producer keeps at most one item in flight
+per lane: order is kept, a full lane still blocks the producer (one item later), and errors
+surface at the next put or at ``flush()``. Keys are lanes (e.g. pipeline stages): each key has its own FIFO
 and is read by one rank, ``rank_of(key)``.
 
 >>> from m2flow.pipelines import Cluster, ClusterConfig, WorkerGroup, RankResources, Worker
@@ -101,12 +104,14 @@ class Channel:
             )
         self.backend = receiver.backend
         self._handles = list(receiver.handles) if receiver.backend == "ray" else None
+        self._in_flight: dict = {}  # lane -> ObjectRef of this producer's last remote put
         receiver.call("_m2flow_open_channel", self.uid, capacity).wait()
         self._receiver = receiver
 
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_receiver"] = None  # workers need the handles, not the group object
+        state["_in_flight"] = {}  # in-flight puts belong to the process that made them
         return state
 
     def rank_of(self, key: Hashable) -> int:
@@ -139,7 +144,20 @@ class Channel:
             raise RuntimeError(f"channel {self.name!r} is closed or was never opened.")
         import ray
 
-        ray.get(self._handles[rank]._m2flow_channel_put.remote(self.uid, key, item, timeout))
+        previous = self._in_flight.pop(key, None)
+        if previous is not None:
+            ray.get(previous)
+        self._in_flight[key] = self._handles[rank]._m2flow_channel_put.remote(
+            self.uid, key, item, timeout
+        )
+
+    def flush(self) -> None:
+        """Waits until every item this producer put has landed (raises the first error)."""
+        if self._in_flight:
+            import ray
+
+            refs, self._in_flight = list(self._in_flight.values()), {}
+            ray.get(refs)
 
     def get(self, key: Hashable = 0, timeout: Optional[float] = None) -> Any:
         """Dequeues the oldest item of lane ``key``; must run in the process of its rank."""

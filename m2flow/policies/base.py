@@ -6,7 +6,10 @@ A policy maps a TensorDict of observations to actions and back to log-probs:
   ``action``, ``log_prob`` and ``value`` (used by rollout workers, under ``no_grad``);
 - ``evaluate(batch)`` reads ``obs`` and ``action`` and returns ``log_prob``, ``entropy`` and
   ``value`` with gradients (used by the learner);
-- ``value(obs)`` returns the critic's estimate (bootstrapping; used by the learner).
+- ``value(obs)`` returns the critic's estimate (bootstrapping; used by the learner);
+- ``observe(batch)`` lets the policy update statistics (e.g. observation normalisation) from a
+  training batch; the learner calls it after each update, so log-probs within an update never
+  see the statistics change.
 """
 
 from __future__ import annotations
@@ -34,3 +37,6 @@ class Policy(nn.Module, ABC):
     @abstractmethod
     def value(self, obs: TensorDict) -> torch.Tensor:
         """Critic estimate (B,) for a TensorDict of observations."""
+
+    def observe(self, batch: TensorDict) -> None:
+        """Updates running statistics from a training batch (default: none)."""

@@ -18,6 +18,8 @@ class PolicyConfig:
     """Widths of the hidden layers of actor and critic (MLP policies)."""
     activation: str = "tanh"
     """Hidden activation: tanh | relu | gelu."""
+    normalize_obs: bool = True
+    """Normalise state observations by running mean/std (updated by the learner)."""
     init_log_std: float = -0.5
     """Initial log standard deviation of the Gaussian actions (state-independent)."""
     kwargs: Dict[str, Any] = field(default_factory=dict)

@@ -15,6 +15,7 @@ from torch.distributions import Normal
 
 from m2flow.policies.base import Policy, PolicyError
 from m2flow.policies.config import PolicyConfig
+from m2flow.policies.normalizer import RunningNorm
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU}
 ACTOR_OUT_GAIN = 0.01 * np.sqrt(2)  # small initial means: start near zero action
@@ -65,16 +66,21 @@ class GaussianMLPPolicy(Policy):
         self.actor_mean = mlp(obs_dim, hidden, act_dim, cfg.activation, ACTOR_OUT_GAIN)
         self.actor_log_std = nn.Parameter(torch.full((act_dim,), float(cfg.init_log_std)))
         self.critic = mlp(obs_dim, hidden, 1, cfg.activation, CRITIC_OUT_GAIN)
+        self.obs_norm = RunningNorm(obs_dim) if cfg.normalize_obs else nn.Identity()
 
     def _dist(self, state: torch.Tensor) -> Normal:
         mean = self.actor_mean(state)
         return Normal(mean, self.actor_log_std.expand_as(mean).exp())
 
     def value(self, obs: TensorDict) -> torch.Tensor:
-        return self.critic(obs["state"]).squeeze(-1)
+        return self.critic(self.obs_norm(obs["state"])).squeeze(-1)
+
+    def observe(self, batch: TensorDict) -> None:
+        if isinstance(self.obs_norm, RunningNorm):
+            self.obs_norm.update(batch["obs", "state"])
 
     def act(self, batch: TensorDict, deterministic: bool = False) -> TensorDict:
-        state = batch["obs", "state"]
+        state = self.obs_norm(batch["obs", "state"])
         dist = self._dist(state)
         action = dist.mean if deterministic else dist.sample()
         return TensorDict(
@@ -87,7 +93,7 @@ class GaussianMLPPolicy(Policy):
         )
 
     def evaluate(self, batch: TensorDict) -> TensorDict:
-        state = batch["obs", "state"]
+        state = self.obs_norm(batch["obs", "state"])
         dist = self._dist(state)
         return TensorDict(
             {

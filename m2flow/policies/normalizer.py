@@ -1,0 +1,45 @@
+"""Running observation normalisation, kept in the policy's state_dict (so it syncs to rollout
+workers and lands in checkpoints with the weights)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+CLIP = 10.0  # normalised values beyond this many std are outliers; clip them
+EPS = 1e-8
+
+
+class RunningNorm(nn.Module):
+    """``(x - mean) / std`` over everything ``update`` has seen (parallel Welford merge).
+
+    >>> norm = RunningNorm(2)
+    >>> norm.update(torch.tensor([[0.0, 10.0], [2.0, 30.0]]))
+    >>> norm(torch.tensor([[1.0, 20.0]]))
+    tensor([[0., 0.]])
+    """
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(dim))
+        self.register_buffer("var", torch.ones(dim))
+        self.register_buffer("count", torch.tensor(0.0))
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        x = x.reshape(-1, x.shape[-1]).to(self.mean.dtype)  # (B, D)
+        n = float(x.shape[0])
+        if n == 0:
+            return
+        b_mean, b_var = x.mean(0), x.var(0, unbiased=False)
+        total = self.count + n
+        delta = b_mean - self.mean
+        m2 = self.var * self.count + b_var * n + delta.pow(2) * self.count * n / total
+        self.mean += delta * n / total
+        self.var.copy_(m2 / total)
+        self.count.copy_(total)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.count == 0:
+            return x
+        return ((x - self.mean) / torch.sqrt(self.var + EPS)).clamp(-CLIP, CLIP)
