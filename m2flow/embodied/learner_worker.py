@@ -18,13 +18,14 @@ class LearnerWorker(Worker):
 
     def __init__(
         self, info, policy_cfg: PolicyConfig, algo: PPOConfig, env_spec, seed: int,
-        channel_timeout: float = 600.0,
+        num_iterations: int, channel_timeout: float = 600.0,
     ):
         super().__init__(info)
         torch.manual_seed(seed)  # the initial weights: the same in every run with this seed
         self.policy = make_policy(policy_cfg, env_spec).to(self.device)
         self.algo = algo
         self.seed = seed
+        self.num_iterations = num_iterations
         self.timeout = channel_timeout
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=algo.learning_rate, eps=1e-5)
 
@@ -43,11 +44,20 @@ class LearnerWorker(Worker):
         with self.timer("wait"):
             parts = [traj_ch.get(key=r, timeout=self.timeout) for r in env_ranks]
         with self.timer("learn"):
+            lr = self._learning_rate(iteration)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
             traj = torch.cat(parts, dim=0).to(self.device)  # (N, T)
             self._add_advantages(traj)
             metrics = self._ppo_epochs(traj.reshape(-1), iteration)  # b_: (N*T,)
             self.policy.observe(traj)  # statistics change between updates, never within one
-            return metrics
+            return {**metrics, "loss/learning_rate": lr}
+
+    def _learning_rate(self, iteration: int) -> float:
+        """A function of the iteration alone, so a resumed run uses the same schedule."""
+        if not self.algo.anneal_lr:
+            return self.algo.learning_rate
+        return self.algo.learning_rate * (1.0 - iteration / max(1, self.num_iterations))
 
     @torch.no_grad()
     def _add_advantages(self, traj: TensorDict) -> None:

@@ -19,6 +19,8 @@ class PPOConfig:
     """Algorithm id."""
     learning_rate: float = 3e-4
     """Adam step size."""
+    anneal_lr: bool = False
+    """Decay the step size linearly to 0 over runner.num_iterations (cleanRL's anneal_lr)."""
     gamma: float = 0.8
     """Discount factor."""
     gae_lambda: float = 0.9

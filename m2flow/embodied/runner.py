@@ -56,7 +56,7 @@ class EmbodiedRunner:
         if train:
             self.learner = self._group(
                 "learner", LearnerWorker, cfg.policy, cfg.algorithm, self.spec, cfg.seed,
-                r.channel_timeout_s,
+                r.num_iterations, r.channel_timeout_s,
             )
             self.traj_ch = Channel("trajectory", self.learner, item_type=TensorDict,
                                    routes={e: 0 for e in self.env_ranks})
@@ -113,7 +113,29 @@ class EmbodiedRunner:
         return out
 
     # -- the loop ----------------------------------------------------------------------------
+    def iterate(self, it: int) -> dict:
+        """One iteration: collect -> update (advantages + PPO) -> sync weights; its metrics."""
+        steps = self.cfg.runner.rollout_steps * self.num_envs
+        t0 = time.perf_counter()
+        episodes = self.collect(it)
+        t_collect = time.perf_counter() - t0
+        metrics = self.update(it)
+        t1 = time.perf_counter()
+        self.sync_weights()
+        t_sync = time.perf_counter() - t1
+        self.global_step += steps
+        self.iteration = it + 1
+        return {
+            **metrics,
+            **episodes.summary(),
+            **self.timings(),
+            "perf/env_steps_per_s": steps / t_collect,
+            "perf/iteration_s": time.perf_counter() - t0,
+            "time/driver_weight_sync": t_sync,
+        }
+
     def train(self) -> dict:
+        """Iterates until ``runner.num_iterations`` or ``runner.stop_at_success``; a summary."""
         cfg, r = self.cfg, self.cfg.runner
         self.run_dir = _run_dir(cfg)
         (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
@@ -123,46 +145,35 @@ class EmbodiedRunner:
         start_wall, result = time.perf_counter(), {}
         try:
             for it in range(self.iteration, r.num_iterations):
-                t0 = time.perf_counter()
-                episodes = self.collect(it)
-                t_collect = time.perf_counter() - t0
-                metrics = self.update(it)
-                t1 = time.perf_counter()
-                self.sync_weights()
-                t_sync = time.perf_counter() - t1
-                self.global_step += r.rollout_steps * self.num_envs
-                self.iteration = it + 1
-                metrics.update(episodes.summary())
-                metrics.update(self.timings())
-                metrics.update({
-                    "perf/env_steps_per_s": r.rollout_steps * self.num_envs / t_collect,
-                    "perf/iteration_s": time.perf_counter() - t0,
-                    "time/driver_weight_sync": t_sync,
-                })
-                last = self.iteration == r.num_iterations
-                if last or (r.eval_interval and self.iteration % r.eval_interval == 0):
-                    t2 = time.perf_counter()
+                metrics = self.iterate(it)
+                if self._due(r.eval_interval):
+                    t0 = time.perf_counter()
                     metrics.update(self.evaluate())
-                    metrics["time/eval"] = time.perf_counter() - t2
+                    metrics["time/eval"] = time.perf_counter() - t0
                     self.timings()  # eval's worker timings are not part of the next iteration
-                    result = {**metrics}
-                stop = r.stop_at_success is not None and metrics.get("eval/success", -1) >= r.stop_at_success
+                    result = dict(metrics)
+                stop = r.stop_at_success is not None and metrics.get("eval/success", -1.0) >= r.stop_at_success
                 logger.log(it, self.global_step, metrics)
-                if last or stop or (r.checkpoint_interval and self.iteration % r.checkpoint_interval == 0):
+                if stop or self._due(r.checkpoint_interval):
                     self.save(metrics)
                 if stop:
-                    logger.info(f"eval success {metrics['eval/success']:.2f} >= "
-                             f"runner.stop_at_success={r.stop_at_success}: stopping")
+                    logger.info(f"eval success {metrics['eval/success']:.3f} >= "
+                                f"runner.stop_at_success={r.stop_at_success}: stopping")
                     break
         finally:
             logger.close()
-        result.update({
+        return {
+            **result,
             "iterations": self.iteration,
             "env_steps": self.global_step,
             "wall_s": time.perf_counter() - start_wall,
             "checkpoint": str(self.run_dir / "checkpoints" / "last.pt"),
-        })
-        return result
+        }
+
+    def _due(self, interval: int) -> bool:
+        """True after the last iteration, and every ``interval`` iterations (0: never else)."""
+        last = self.iteration == self.cfg.runner.num_iterations
+        return last or (interval > 0 and self.iteration % interval == 0)
 
     # -- checkpoints -------------------------------------------------------------------------
     def save(self, metrics: Optional[dict] = None) -> Path:

@@ -1,0 +1,50 @@
+"""The learner worker on a synthetic (N, T) trajectory, in-process."""
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from m2flow.embodied.learner_worker import LearnerWorker
+from m2flow.embodied.ppo import PPOConfig
+from m2flow.envs import EnvSpec
+from m2flow.pipelines import Channel, Cluster, ClusterConfig, RankResources, WorkerGroup
+from m2flow.policies import PolicyConfig
+
+SPEC = EnvSpec({"state": (4,)}, 2, (-1.0, -1.0), (1.0, 1.0), 8)
+
+
+def trajectory(n=3, t=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    done = torch.zeros(n, t, dtype=torch.bool)
+    done[:, -1] = True
+    return TensorDict({
+        "obs": {"state": r(n, t, 4) + 5.0}, "action": r(n, t, 2), "log_prob": r(n, t),
+        "value": r(n, t),
+        "next": {"obs": {"state": r(n, t, 4)}, "reward": r(n, t), "terminated": done.clone(),
+                 "truncated": torch.zeros_like(done), "done": done, "success": done},
+    }, batch_size=[n, t])
+
+
+@pytest.fixture
+def learner():
+    cluster = Cluster(ClusterConfig(backend="local", num_gpus=0))
+    group = WorkerGroup(cluster, "learner", LearnerWorker, [RankResources(0, 1.0, ())],
+                        PolicyConfig(name="mlp", hidden_sizes=[16]),
+                        PPOConfig(anneal_lr=True, learning_rate=1e-3), SPEC, 0, 10)
+    yield group, Channel("trajectory", group, item_type=TensorDict)
+    group.shutdown()
+
+
+def test_update_moves_weights_and_reports_loss_terms(learner):
+    group, ch = learner
+    before = group.call("get_weights").wait()[0]
+    ch.put(trajectory(), key=0)
+    metrics = group.call("update", ch, [0], 5).wait()[0]
+    after = group.call("get_weights").wait()[0]
+    assert {"loss/loss_policy", "loss/loss_value", "loss/approx_kl"} <= set(metrics)
+    assert metrics["loss/learning_rate"] == pytest.approx(1e-3 * (1 - 5 / 10))
+    assert not torch.equal(before["actor_mean.0.weight"], after["actor_mean.0.weight"])
+    # the normaliser saw the batch only after the update (mean of obs is about 5)
+    assert after["obs_norm.mean"].mean().item() == pytest.approx(5.0, abs=0.5)
+    assert before["obs_norm.count"].item() == 0.0
