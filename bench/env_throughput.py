@@ -1,20 +1,24 @@
 """How fast does m2flow collect experience, against the simulator alone and a plain loop?
 
-One run, same env and policy, measured side by side:
+Four modes, same env and policy, alive at once and timed in interleaved rounds (this machine's
+speed drifts from minute to minute, so modes timed minutes apart are not comparable):
   sim alone      BatchedEnv.step with random actions (the ceiling)
   plain loop     cleanRL-style: policy.act + env.step in one process
   m2flow local   EmbodiedRunner.collect, components as threads in this process
   m2flow ray     EmbodiedRunner.collect, components as Ray actors (the default job)
 
-    python bench/env_throughput.py [--env ManiSkill/PushCube-v1] [--num-envs 8] [--steps 200]
+    python bench/env_throughput.py [--config maniskill_pushcube_ppo_mlp] [--num-envs 8]
+                                   [--steps 100] [--rounds 5]
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import os
 import platform
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -30,74 +34,85 @@ from m2flow.policies import make_policy
 WARMUP_STEPS = 20
 
 
-def sim_alone(cfg, steps: int) -> float:
-    env = make_env(cfg.env)
-    try:
-        env.reset(seed=list(range(env.num_envs)))
-        act = lambda: torch.rand(env.num_envs, env.spec.action_dim) * 2 - 1  # noqa: E731
-        for _ in range(WARMUP_STEPS):
-            env.step(act())
-        t = time.perf_counter()
-        for _ in range(steps):
-            env.step(act())
-        return steps * env.num_envs / (time.perf_counter() - t)
-    finally:
-        env.close()
+class SimAlone:
+    def __init__(self, cfg):
+        self.env = make_env(cfg.env)
+        self.env.reset(seed=list(range(self.env.num_envs)))
+
+    def run(self, k: int) -> None:
+        for _ in range(k):
+            self.env.step(torch.rand(self.env.num_envs, self.env.spec.action_dim) * 2 - 1)
+
+    def close(self) -> None:
+        self.env.close()
 
 
-def plain_loop(cfg, steps: int) -> float:
-    env = make_env(cfg.env)
-    policy = make_policy(cfg.policy, env.spec).eval()
-    try:
-        obs = env.reset(seed=list(range(env.num_envs)))["obs"]
-        t = None
-        for i in range(WARMUP_STEPS + steps):
-            if i == WARMUP_STEPS:
-                t = time.perf_counter()
+class PlainLoop(SimAlone):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.policy = make_policy(cfg.policy, self.env.spec).eval()
+        self.obs = self.env.reset(seed=list(range(self.env.num_envs)))["obs"]
+
+    def run(self, k: int) -> None:
+        for _ in range(k):
             with torch.no_grad():
-                out = policy.act(TensorDict({"obs": obs}, batch_size=[env.num_envs]))
-            obs = env.step(out["action"])["obs"]
-        return steps * env.num_envs / (time.perf_counter() - t)
-    finally:
-        env.close()
+                out = self.policy.act(TensorDict({"obs": self.obs}, batch_size=[self.env.num_envs]))
+            self.obs = self.env.step(out["action"])["obs"]
 
 
-def m2flow_collect(cfg, steps: int) -> float:
-    cfg.runner.rollout_steps = steps
-    runner = EmbodiedRunner(cfg)
-    try:
-        runner.collect(0)  # warm-up: starts processes, fills caches
-        runner.update(0)
-        t = time.perf_counter()
-        runner.collect(1)
-        sps = steps * runner.num_envs / (time.perf_counter() - t)
-        runner.update(1)
-        return sps
-    finally:
-        runner.close()
+class M2flowCollect:
+    def __init__(self, cfg):
+        cfg.runner.reset_every_iteration = False  # time stepping, not resets
+        self.runner = EmbodiedRunner(cfg)
+        self.it = itertools.count()
+
+    def run(self, k: int) -> None:
+        self.runner.cfg.runner.rollout_steps = k
+        self.runner.collect(next(self.it))
+
+    def after(self) -> None:
+        self.runner.update(next(self.it) - 1)  # drains the trajectory channel; not timed
+
+    def close(self) -> None:
+        self.runner.close()
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default="maniskill_pushcube_ppo_mlp")
     p.add_argument("--num-envs", type=int, default=8)
-    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args()
     base = [f"env.num_envs={args.num_envs}", "runner.progress_bar=false"]
     cfg = lambda *o: load_train_config(args.config, [*base, *o])  # noqa: E731
-    rows = [
-        ("sim alone", sim_alone(cfg(), args.steps)),
-        ("plain loop", plain_loop(cfg(), args.steps)),
-        ("m2flow local", m2flow_collect(cfg("cluster=inprocess"), args.steps)),
-        ("m2flow ray", m2flow_collect(cfg("cluster=local"), args.steps)),
-    ]
+    modes = {
+        "sim alone": SimAlone(cfg()),
+        "plain loop": PlainLoop(cfg()),
+        "m2flow local": M2flowCollect(cfg("cluster=inprocess")),
+        "m2flow ray": M2flowCollect(cfg("cluster=local")),
+    }
+    rates: dict[str, list[float]] = {name: [] for name in modes}
+    try:
+        for rnd in range(args.rounds + 1):
+            for name, mode in modes.items():
+                steps = WARMUP_STEPS if rnd == 0 else args.steps
+                t = time.perf_counter()
+                mode.run(steps)
+                if rnd > 0:
+                    rates[name].append(steps * args.num_envs / (time.perf_counter() - t))
+                getattr(mode, "after", lambda: None)()
+    finally:
+        for mode in modes.values():
+            mode.close()
+    rows = [(name, statistics.median(r), min(r), max(r)) for name, r in rates.items()]
     plain = rows[1][1]
     c = cfg()
-    print(f"\n{c.env.name}, {args.num_envs} envs, policy {c.policy.name}, {args.steps} steps, "
-          f"{os.cpu_count()} CPUs")
-    print(f"{'mode':<14}{'env steps/s':>12}{'vs plain loop':>15}")
-    for name, sps in rows:
-        print(f"{name:<14}{sps:>12.0f}{sps / plain:>15.2f}")
+    print(f"\n{c.env.name}, {args.num_envs} envs, policy {c.policy.name}, {args.rounds} "
+          f"interleaved rounds of {args.steps} steps, {os.cpu_count()} CPUs")
+    print(f"{'mode':<14}{'env steps/s':>12}{'(min-max)':>14}{'vs plain loop':>15}")
+    for name, med, lo, hi in rows:
+        print(f"{name:<14}{med:>12.0f}{f'({lo:.0f}-{hi:.0f})':>14}{med / plain:>15.2f}")
     _append_csv(c, args, rows)
 
 
@@ -111,8 +126,8 @@ def _append_csv(cfg, args, rows) -> None:
         w = csv.writer(f)
         if new:
             w.writerow(["bench", "env", "num_envs", "mode", "env_steps_per_s", "device", "commit"])
-        for name, sps in rows:
-            w.writerow(["env_throughput", cfg.env.name, args.num_envs, name, f"{sps:.1f}", device, commit])
+        for name, med, _, _ in rows:
+            w.writerow(["env_throughput", cfg.env.name, args.num_envs, name, f"{med:.1f}", device, commit])
 
 
 if __name__ == "__main__":
