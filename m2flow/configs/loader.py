@@ -55,7 +55,8 @@ def to_object(cfg: DictConfig):
 def check_names(cfg) -> None:
     """Registry lookups at startup, not 300 lines into a rollout."""
     from m2flow.envs import EnvError, env_class
-    from m2flow.policies.registry import registered_policies
+    from m2flow.policies import PolicyError
+    from m2flow.policies.registry import policy_class
 
     try:
         cls = env_class(cfg.env.name)
@@ -64,14 +65,10 @@ def check_names(cfg) -> None:
             check(cfg.env)
     except EnvError as e:
         raise ConfigError(f"config error: {e}") from None
-    if cfg.policy.name not in registered_policies():
-        known = registered_policies()
-        close = difflib.get_close_matches(cfg.policy.name, known, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(
-            f"config error: policy.name: Unknown policy {cfg.policy.name!r}. "
-            f"Known: {', '.join(known)}.{hint}"
-        )
+    try:
+        policy_class(cfg.policy.name)
+    except PolicyError as e:
+        raise ConfigError(f"config error: policy.name: {e}") from None
 
 
 def entry_configs() -> list[str]:
