@@ -1,24 +1,12 @@
-# Two targets do all set-up on a fresh Debian 12 machine (as root):
-#   make train   installs everything, then trains the default job (PushCube-v1, PPO, MLP)
-#   make test    installs everything, then runs the test suite
-VENV ?= .venv
-PY := $(VENV)/bin/python
-export RAY_USAGE_STATS_ENABLED := 0
-export PYTHONUNBUFFERED := 1
-
+# Shortcuts for the scripts the README shows (the scripts need no make).
 .PHONY: install train test test-slow bench
-
 install:
 	bash scripts/install.sh
-
-train: install
-	$(VENV)/bin/m2flow-train $(ARGS)
-
-test: install
-	$(PY) -m pytest $(PYTEST_ARGS)
-
-test-slow: install
-	$(PY) -m pytest -m slow $(PYTEST_ARGS)
-
+train:
+	bash scripts/train.sh $(ARGS)
+test:
+	bash scripts/test.sh $(PYTEST_ARGS)
+test-slow:
+	bash scripts/test.sh -m slow $(PYTEST_ARGS)
 bench: install
-	$(PY) bench/env_throughput.py
+	.venv/bin/python bench/env_throughput.py

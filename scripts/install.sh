@@ -13,6 +13,10 @@ export DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1
 sudo_() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 install_system() {
+  if ! "$PY" -c "import ensurepip, venv" 2>/dev/null; then
+    sudo_ apt-get update -qq
+    sudo_ apt-get install -y -qq --no-install-recommends python3-venv python3-dev >/dev/null
+  fi
   if dpkg-query -W -f='${Version}' mesa-vulkan-drivers 2>/dev/null | grep -q '~bpo12'; then
     return  # already has backports' lavapipe
   fi

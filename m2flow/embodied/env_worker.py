@@ -8,6 +8,7 @@ import torch
 from tensordict import TensorDict
 
 from m2flow.embodied import seeding
+from m2flow.embodied.buffer import TrajectoryBuffer
 from m2flow.envs import EnvConfig, make_env
 from m2flow.pipelines import Channel, Worker
 
@@ -61,14 +62,14 @@ class EnvWorker(Worker):
         """Collects ``num_steps`` steps of every env and puts the (N, T) trajectory on traj_ch."""
         if reset or self._obs is None:
             self._obs = self._reset(seeding.TRAIN, iteration)
-        steps, stats = [], EpisodeStats()
+        buffer, stats = TrajectoryBuffer(num_steps), EpisodeStats()
         run = _Episodes(self.num_envs)
         for _ in range(num_steps):
             out, step = self._step(self._obs, obs_ch, act_ch)
-            steps.append(step)
+            buffer.add(step)
             stats.extend(run.update(step["next"]))
             self._obs = out["obs"]
-        traj = torch.stack(steps, dim=1)  # (N, T)
+        traj = buffer.data()  # (N, T)
         with self.timer("send"):
             traj_ch.put(traj, key=self.rank, timeout=self.timeout)
             traj_ch.flush()

@@ -48,7 +48,7 @@ class Cluster:
             )
         self.cfg = cfg
         self.backend = cfg.backend
-        self._started_ray = False
+        self._connected = False
         if cfg.backend == "ray":
             self.nodes = self._start_ray(cfg)
         else:
@@ -75,7 +75,7 @@ class Cluster:
                 )
             else:
                 ray.init(address=cfg.address, configure_logging=False)
-            self._started_ray = True
+            self._connected = True
         alive = [n for n in ray.nodes() if n["Alive"]]
         alive.sort(key=lambda n: (not n["Resources"].get("node:__internal_head__"), n["NodeID"]))
         return [
@@ -93,11 +93,11 @@ class Cluster:
         return sum(n.num_gpus for n in self.nodes)
 
     def shutdown(self) -> None:
-        if self._started_ray:
+        if self._connected:
             import ray
 
             ray.shutdown()
-            self._started_ray = False
+            self._connected = False
 
     def __enter__(self) -> "Cluster":
         return self
