@@ -13,7 +13,7 @@ from m2flow.embodied.runner import EmbodiedRunner
 def test_default_job_reaches_ninety_percent_success(tmp_path):
     cfg = load_train_config(
         "maniskill_pushcube_ppo_mlp",
-        [f"runner.log_dir={tmp_path}", "runner.progress_bar=false", "runner.num_iterations=600"],
+        [f"runner.log_dir={tmp_path}", "runner.progress_bar=false"],
     )
     runner = EmbodiedRunner(cfg)
     try:
