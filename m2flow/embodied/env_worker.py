@@ -44,9 +44,10 @@ class EnvWorker(Worker):
     Lane key of this worker on both channels: its rank.
     """
 
-    def __init__(self, info, cfg: EnvConfig, channel_timeout: float = 600.0):
+    def __init__(self, info, cfg: EnvConfig, seed: int, channel_timeout: float = 600.0):
         super().__init__(info)
         self.cfg = cfg
+        self.seed = seed
         self.timeout = channel_timeout
         self.env = make_env(cfg, device=self.device)
         self.num_envs = self.env.num_envs
@@ -89,8 +90,7 @@ class EnvWorker(Worker):
             for _ in range(max_steps):
                 out, step = self._step(obs, obs_ch, act_ch)
                 done = step["next", "done"].cpu()
-                ended = run.update(step["next"], only=done & ~seen)
-                first.extend(ended)
+                first.extend(run.update(step["next"], only=done & ~seen))
                 seen |= done
                 obs = out["obs"]
             stats.extend(first)
@@ -99,7 +99,8 @@ class EnvWorker(Worker):
         return stats
 
     def _reset(self, purpose: int, iteration: int):
-        seeds = seeding.derive(self.cfg.seed, purpose, iteration, self.rank, self.num_envs)
+        # env i of this rank at this iteration: a seed derived from all of them
+        seeds = seeding.derive(self.seed, purpose, iteration, self.rank, self.num_envs)
         with self.timer("sim"):
             return self.env.reset(seed=seeds)["obs"]
 

@@ -41,7 +41,7 @@ class EmbodiedRunner:
         self.cluster = Cluster(cfg.cluster)
         self.placement = Placement(cfg.cluster.placement, self.cluster.nodes)
         self.groups: list[WorkerGroup] = []
-        self.env = self._group("env", EnvWorker, cfg.env, r.channel_timeout_s)
+        self.env = self._group("env", EnvWorker, cfg.env, cfg.seed, r.channel_timeout_s)
         self.spec = self.env.call("spec", ranks=[0]).wait()[0]
         self.rollout = self._group(
             "rollout", RolloutWorker, cfg.policy, self.spec, cfg.seed, r.channel_timeout_s

@@ -33,7 +33,5 @@ class EnvConfig:
     """'none', 'cpu' or 'gpu'; 'auto': none for state obs, else gpu if present, else cpu."""
     image_size: int = 64
     """Camera width and height for image obs modes."""
-    seed: int = 0
-    """Base seed; env i of worker r at iteration k is reset with a seed derived from all three."""
     kwargs: Dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for the simulator's constructor."""
