@@ -35,7 +35,7 @@ def test_cli_trains_in_process_and_eval_reads_the_checkpoint(tmp_path, capsys):
 def run(tmp_path, name, *extra):
     cfg = load_train_config(
         "maniskill_pushcube_ppo_mlp",
-        [*TINY, "runner.num_iterations=2", "runner.checkpoint_interval=1",
+        [*TINY, "runner.num_iterations=2", "runner.checkpoint_interval=1", "runner.exact_resets=true",
          f"runner.log_dir={tmp_path}", f"run_name={name}", *extra],
     )
     runner = EmbodiedRunner(cfg)

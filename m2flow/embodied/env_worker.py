@@ -58,11 +58,11 @@ class EnvWorker(Worker):
 
     def rollout(
         self, num_steps: int, obs_ch: Channel, act_ch: Channel, traj_ch: Channel, iteration: int,
-        reset: bool = True,
+        reset: bool = True, rebuild: bool = False,
     ) -> EpisodeStats:
         """Collects ``num_steps`` steps of every env and puts the (N, T) trajectory on traj_ch."""
         if reset or self._obs is None:
-            self._obs = self._reset(seeding.TRAIN, iteration)
+            self._obs = self._reset(seeding.TRAIN, iteration, rebuild)
         buffer, stats = TrajectoryBuffer(num_steps), EpisodeStats()
         run = _Episodes(self.num_envs)
         for _ in range(num_steps):
@@ -84,7 +84,7 @@ class EnvWorker(Worker):
             raise ValueError(f"env {self.cfg.name!r} has no time limit; set env.max_episode_steps.")
         stats = EpisodeStats()
         for r in range(rounds):
-            obs = self._reset(seeding.EVAL, r)
+            obs = self._reset(seeding.EVAL, r, rebuild=True)
             run, first = _Episodes(self.num_envs), EpisodeStats()
             seen = torch.zeros(self.num_envs, dtype=torch.bool)
             for _ in range(max_steps):
@@ -98,11 +98,11 @@ class EnvWorker(Worker):
         self._obs = None  # training resumes from a fresh reset
         return stats
 
-    def _reset(self, purpose: int, iteration: int):
+    def _reset(self, purpose: int, iteration: int, rebuild: bool = False):
         # env i of this rank at this iteration: a seed derived from all of them
         seeds = seeding.derive(self.seed, purpose, iteration, self.rank, self.num_envs)
         with self.timer("sim"):
-            return self.env.reset(seed=seeds)["obs"]
+            return self.env.reset(seed=seeds, rebuild=rebuild)["obs"]
 
     def _step(self, obs, obs_ch: Channel, act_ch: Channel):
         with self.timer("send"):

@@ -75,7 +75,7 @@ class EmbodiedRunner:
         r = self.cfg.runner
         env_out, _ = gather(
             self.env.call("rollout", r.rollout_steps, self.obs_ch, self.act_ch, self.traj_ch,
-                          iteration, r.reset_every_iteration),
+                          iteration, r.reset_every_iteration, r.exact_resets),
             self._serve(r.rollout_steps, iteration, deterministic=False),
         )
         return _merge(env_out)

@@ -50,8 +50,12 @@ class BatchedEnv(ABC):
     device: torch.device = torch.device("cpu")
 
     @abstractmethod
-    def reset(self, seed: Optional[Sequence[int]] = None) -> TensorDict:
-        """Resets every env (env i with ``seed[i]`` if given); returns ``{"obs": ...}``."""
+    def reset(self, seed: Optional[Sequence[int]] = None, *, rebuild: bool = False) -> TensorDict:
+        """Resets every env (env i with ``seed[i]`` if given); returns ``{"obs": ...}``.
+
+        ``rebuild=True`` also rebuilds simulator state that a reset keeps (e.g. a physics
+        scene), so the episode depends on the seed alone; slower, used for evaluation.
+        """
 
     @abstractmethod
     def step(self, action: torch.Tensor) -> TensorDict:

@@ -28,6 +28,7 @@ from m2flow.envs.registry import suggest
 from m2flow.envs.vector import GymVectorEnv
 
 OBS_MODES = {"state": "state", "rgb": "rgb"}  # m2flow obs_mode -> ManiSkill obs_mode
+REBUILD = {"reconfigure": True}  # rebuilds the SAPIEN scene: PhysX state does not survive
 
 
 class ManiSkillEnv(BatchedEnv):
@@ -67,14 +68,15 @@ class ManiSkillEnv(BatchedEnv):
         if backend == "cpu":
             make = functools.partial(_make_cpu_env, task, cfg.obs_mode, cfg.ignore_terminations, kw)
             self._impl: BatchedEnv = GymVectorEnv(
-                [make] * cfg.num_envs, processes=True, max_episode_steps=limit
+                [make] * cfg.num_envs, processes=True, max_episode_steps=limit,
+                rebuild_options=REBUILD,
             )
         else:
             self._impl = _ManiSkillGPU(task, cfg, kw, device, limit)
         self.num_envs, self.spec, self.device = cfg.num_envs, self._impl.spec, self._impl.device
 
-    def reset(self, seed: Optional[Sequence[int]] = None) -> TensorDict:
-        return self._impl.reset(seed)
+    def reset(self, seed: Optional[Sequence[int]] = None, *, rebuild: bool = False) -> TensorDict:
+        return self._impl.reset(seed, rebuild=rebuild)
 
     def step(self, action: torch.Tensor) -> TensorDict:
         return self._impl.step(action)
@@ -181,8 +183,9 @@ class _ManiSkillGPU(BatchedEnv):
             max_episode_steps=limit,
         )
 
-    def reset(self, seed: Optional[Sequence[int]] = None) -> TensorDict:
-        obs, _ = self.vec.reset(seed=None if seed is None else [int(s) for s in seed])
+    def reset(self, seed: Optional[Sequence[int]] = None, *, rebuild: bool = False) -> TensorDict:
+        obs, _ = self.vec.reset(seed=None if seed is None else [int(s) for s in seed],
+                                options=REBUILD if rebuild else None)
         return TensorDict({"obs": self._obs(obs)}, batch_size=[self.num_envs])
 
     def step(self, action: torch.Tensor) -> TensorDict:

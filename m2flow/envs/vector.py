@@ -26,6 +26,7 @@ class GymVectorEnv(BatchedEnv):
         processes: True: one subprocess per env (forkserver, so a live renderer in this
             process is never forked); False: all envs in this process.
         max_episode_steps: the time limit the envs enforce, reported in ``spec``.
+        rebuild_options: reset options that rebuild the simulator (``reset(rebuild=True)``).
     """
 
     def __init__(
@@ -34,8 +35,10 @@ class GymVectorEnv(BatchedEnv):
         *,
         processes: bool,
         max_episode_steps: Optional[int],
+        rebuild_options: Optional[dict] = None,
     ):
         self.num_envs = len(env_fns)
+        self.rebuild_options = rebuild_options
         if processes:
             self.vec = AsyncVectorEnv(
                 list(env_fns), context="forkserver", autoreset_mode=AutoresetMode.SAME_STEP
@@ -44,8 +47,10 @@ class GymVectorEnv(BatchedEnv):
             self.vec = SyncVectorEnv(list(env_fns), autoreset_mode=AutoresetMode.SAME_STEP)
         self.spec = _spec(self.vec, max_episode_steps)
 
-    def reset(self, seed: Optional[Sequence[int]] = None) -> TensorDict:
-        obs, _ = self.vec.reset(seed=None if seed is None else [int(s) for s in seed])
+    def reset(self, seed: Optional[Sequence[int]] = None, *, rebuild: bool = False) -> TensorDict:
+        options = self.rebuild_options if rebuild else None
+        obs, _ = self.vec.reset(seed=None if seed is None else [int(s) for s in seed],
+                                options=options)
         return TensorDict({"obs": self._obs(obs)}, batch_size=[self.num_envs])
 
     def step(self, action: torch.Tensor) -> TensorDict:
