@@ -6,14 +6,27 @@ from m2flow.envs import EnvSpec
 from m2flow.policies import PolicyConfig, PolicyError, make_policy, registered_policies
 
 STATE_SPEC = EnvSpec({"state": (7,)}, 3, (-1.0,) * 3, (1.0,) * 3, 50)
+RGB_SPEC = EnvSpec({"rgb": (64, 64, 3), "state": (5,)}, 3, (-1.0,) * 3, (1.0,) * 3, 50)
+SPECS = {"mlp": STATE_SPEC, "cnn": RGB_SPEC}  # a newly registered policy needs an entry here
+
+
+def random_obs(spec, n):
+    obs = {}
+    for key, shape in spec.obs_shapes.items():
+        if key == "rgb":
+            obs[key] = torch.randint(0, 256, (n, *shape), dtype=torch.uint8)
+        else:
+            obs[key] = torch.randn(n, *shape)
+    return TensorDict({"obs": obs}, batch_size=[n])
 
 
 @pytest.mark.parametrize("name", registered_policies())
 @pytest.mark.parametrize("n", [2, 16])
 def test_every_policy_acts_and_evaluates_consistently(name, n):
+    assert name in SPECS, f"add an EnvSpec for policy {name!r} to SPECS"
     torch.manual_seed(0)
-    pi = make_policy(PolicyConfig(name=name), STATE_SPEC)
-    b = TensorDict({"obs": {"state": torch.randn(n, 7)}}, batch_size=[n])
+    pi = make_policy(PolicyConfig(name=name), SPECS[name])
+    b = random_obs(SPECS[name], n)
     with torch.no_grad():
         out = pi.act(b)
     assert out["action"].shape == (n, 3) and out["action"].dtype == torch.float32
@@ -63,3 +76,38 @@ def test_normalizer_travels_in_the_state_dict():
     twin.load_state_dict(pi.state_dict())
     b = TensorDict({"obs": {"state": torch.randn(4, 7)}}, batch_size=[4])
     torch.testing.assert_close(twin.value(b["obs"]), pi.value(b["obs"]))
+
+
+@pytest.mark.parametrize("size", [32, 64, 128])
+@pytest.mark.parametrize("state", [True, False])
+def test_cnn_reads_any_image_size_with_or_without_state(size, state):
+    torch.manual_seed(0)
+    shapes = {"rgb": (size, size, 3), **({"state": (5,)} if state else {})}
+    spec = EnvSpec(shapes, 3, (-1.0,) * 3, (1.0,) * 3, 50)
+    pi = make_policy(PolicyConfig(name="cnn", hidden_sizes=[16]), spec)
+    b = random_obs(spec, 2)
+    with torch.no_grad():
+        out = pi.act(b)
+    assert out["action"].shape == (2, 3) and torch.isfinite(out["action"]).all()
+    assert pi.value(b["obs"]).shape == (2,)
+
+
+def test_cnn_gradients_reach_the_conv_weights_through_evaluate():
+    torch.manual_seed(0)
+    pi = make_policy(PolicyConfig(name="cnn", hidden_sizes=[16]), RGB_SPEC)
+    b = random_obs(RGB_SPEC, 4)
+    b["action"] = torch.randn(4, 3)
+    ev = pi.evaluate(b)
+    (ev["log_prob"].sum() + ev["value"].sum()).backward()
+    for conv in (m for m in pi.encoder.modules() if isinstance(m, torch.nn.Conv2d)):
+        assert conv.weight.grad is not None and conv.weight.grad.abs().sum() > 0
+
+
+def test_cnn_refuses_state_only_observations():
+    with pytest.raises(PolicyError, match="env.obs_mode=rgb"):
+        make_policy(PolicyConfig(name="cnn"), STATE_SPEC)
+
+
+def test_cnn_refuses_unknown_kwargs():
+    with pytest.raises(PolicyError, match="policy.kwargs.feature_dims .*feature_dim"):
+        make_policy(PolicyConfig(name="cnn", kwargs={"feature_dims": 64}), RGB_SPEC)

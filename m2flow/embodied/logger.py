@@ -1,4 +1,5 @@
-"""What the user sees: a progress bar, a one-line summary per iteration, TensorBoard scalars."""
+"""What the user sees: a progress bar, a one-line summary per iteration, TensorBoard scalars,
+and at the end a plot and table of where each iteration's time went."""
 
 from __future__ import annotations
 
@@ -8,11 +9,18 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from m2flow.embodied.timeline import breakdown_table, plot_time_breakdown
+
 log = logging.getLogger("m2flow")
+TIME_PLOT = "time_breakdown.png"
 
 
 class RunLogger:
-    """Writes each iteration's metrics to the bar, the log file and TensorBoard."""
+    """Writes each iteration's metrics to the bar, the log file and TensorBoard.
+
+    It also keeps every iteration's metrics in ``history``; ``close()`` turns their ``time/``
+    keys into ``run_dir / "time_breakdown.png"`` and a table in the log.
+    """
 
     def __init__(self, run_dir: Path, total_iterations: int, start: int = 0, bar: bool = True):
         from torch.utils.tensorboard import SummaryWriter
@@ -29,8 +37,10 @@ class RunLogger:
             total=total_iterations, initial=start, desc="train", unit="it", disable=not bar,
             dynamic_ncols=True,
         )
+        self.history: list[dict] = []
 
     def log(self, iteration: int, step: int, metrics: dict[str, float]) -> None:
+        self.history.append({**metrics, "iteration": iteration})
         for k, v in metrics.items():
             if isinstance(v, (int, float)) and math.isfinite(v):
                 self.writer.add_scalar(k, v, step)
@@ -47,10 +57,25 @@ class RunLogger:
         self.bar.write(line)
 
     def close(self) -> None:
-        self.bar.close()
-        self.writer.close()
-        log.removeHandler(self._handler)
-        self._handler.close()
+        try:
+            self.write_time_breakdown()
+        finally:
+            self.bar.close()
+            self.writer.close()
+            log.removeHandler(self._handler)
+            self._handler.close()
+
+    def write_time_breakdown(self) -> None:
+        """Logs the time table and plots it; a failure is one warning line, never a lost run."""
+        try:
+            table = breakdown_table(self.history)
+            if table:
+                self.info(table)
+            plot_time_breakdown(self.history, self.run_dir / TIME_PLOT)
+        except Exception as e:  # noqa: BLE001 - a missing plot must not fail a finished run
+            line = f"warning: time breakdown not written ({TIME_PLOT}): {type(e).__name__}: {e}"
+            log.warning(line)
+            self.bar.write(line)
 
 
 def summary_line(iteration: int, step: int, m: dict[str, float]) -> str:

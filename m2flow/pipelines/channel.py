@@ -1,12 +1,13 @@
 """Channels: named, typed, keyed FIFO queues into a worker group, with back-pressure.
 
-The queue of a channel lives in the process of the worker that reads it. ``put`` from another
-process is one Ray call straight into that worker (no relay actor); ``put`` from the same
-process is a plain queue put. A remote put returns once sent; the next put on the same lane
-first waits for the previous one to land, so each producer keeps at most one item in flight
-per lane: order is kept, a full lane still blocks the producer (one item later), and errors
-surface at the next put or at ``flush()``. Keys are lanes (e.g. pipeline stages): each key has its own FIFO
-and is read by one rank, ``rank_of(key)``.
+The queue of a channel lives in the process of the worker that reads it; there is no relay.
+``put`` from the same process is a plain queue put; from another process on the same machine
+it is one frame on a Unix socket into that worker (:mod:`m2flow.pipelines.transport`,
+~40 us); from another machine it is one Ray call. A remote Ray put returns once sent; the
+next put on the same lane first waits for the previous one to land, so each producer keeps at
+most one item in flight per lane: order is kept, a full lane still blocks the producer (one
+item later), and errors surface at the next put or at ``flush()``. Keys are lanes (e.g.
+pipeline stages): each key has its own FIFO and is read by one rank, ``rank_of(key)``.
 
 >>> from m2flow.pipelines import Cluster, ClusterConfig, WorkerGroup, RankResources, Worker
 >>> g = WorkerGroup(Cluster(ClusterConfig(backend="local")), "sink", Worker,
@@ -18,10 +19,15 @@ and is read by one rank, ``rank_of(key)``.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
+import time
 import uuid
 from typing import Any, Hashable, Optional
+
+from m2flow.pipelines import transport
+from m2flow.pipelines.errors import WorkerError
 
 _ENDPOINTS: dict[tuple[str, int], "_Endpoint"] = {}
 _LOCK = threading.Lock()
@@ -32,10 +38,28 @@ class ChannelTimeout(TimeoutError):
 
 
 class _Endpoint:
-    def __init__(self, uid: str, capacity: int):
+    def __init__(self, uid: str, capacity: int, rank: int, listen: bool):
         self.uid, self.capacity = uid, capacity
         self._lanes: dict[Hashable, queue.Queue] = {}
         self._lock = threading.Lock()
+        self.closed = False
+        self.listener = (
+            transport.Listener(f"{uid.split('#')[1]}-{rank}", self._deliver) if listen else None
+        )
+
+    def _deliver(self, key: Hashable, item: Any, timeout: Optional[float]) -> bool:
+        """An item from the socket: waits while its lane is full; False if it stayed full."""
+        lane = self.lane(key)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.closed:
+            wait = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+            try:
+                lane.put(item, timeout=max(0.0, wait))
+                return True
+            except queue.Full:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return False
+        return False
 
     def lane(self, key: Hashable) -> queue.Queue:
         with self._lock:
@@ -53,14 +77,25 @@ class _Endpoint:
             ) from None
 
 
-def open_endpoint(uid: str, rank: int, capacity: int) -> None:
+def open_endpoint(uid: str, rank: int, capacity: int, listen: bool = False):
+    """Hosts lane queues of ``uid`` for ``rank`` here; ``listen``: also accept socket puts.
+
+    Returns ``(hostname, socket address)`` (address None without ``listen``).
+    """
     with _LOCK:
-        _ENDPOINTS.setdefault((uid, rank), _Endpoint(uid, capacity))
+        if (uid, rank) not in _ENDPOINTS:
+            _ENDPOINTS[(uid, rank)] = _Endpoint(uid, capacity, rank, listen)
+        listener = _ENDPOINTS[(uid, rank)].listener
+    return transport.hostname(), listener.address if listener else None
 
 
 def close_endpoint(uid: str, rank: int) -> None:
     with _LOCK:
-        _ENDPOINTS.pop((uid, rank), None)
+        endpoint = _ENDPOINTS.pop((uid, rank), None)
+    if endpoint is not None:
+        endpoint.closed = True
+        if endpoint.listener is not None:
+            endpoint.listener.close()
 
 
 def local_endpoint(uid: str, rank: int) -> Optional[_Endpoint]:
@@ -105,7 +140,8 @@ class Channel:
         self.backend = receiver.backend
         self._handles = list(receiver.handles) if receiver.backend == "ray" else None
         self._in_flight: dict = {}  # lane -> ObjectRef of this producer's last remote put
-        receiver.call("_m2flow_open_channel", self.uid, capacity).wait()
+        # per rank: (hostname, Unix socket address) of its endpoint, for same-machine puts
+        self._addresses = receiver.call("_m2flow_open_channel", self.uid, capacity).wait()
         self._receiver = receiver
 
     def __getstate__(self):
@@ -142,6 +178,10 @@ class Channel:
             return
         if self._handles is None:
             raise RuntimeError(f"channel {self.name!r} is closed or was never opened.")
+        host, address = self._addresses[rank]
+        if address is not None and host == transport.hostname():
+            self._put_socket(address, rank, key, item, timeout)
+            return
         import ray
 
         previous = self._in_flight.pop(key, None)
@@ -151,8 +191,36 @@ class Channel:
             self.uid, key, item, timeout
         )
 
+    def _put_socket(self, address: str, rank: int, key, item, timeout) -> None:
+        with self._socket_errors(f"lane {key!r}", timeout):
+            transport.send(address, (self.uid, rank, key), key, item, timeout)
+
+    def _settle_sockets(self) -> None:
+        with self._socket_errors(None, None):
+            transport.settle(self.uid)
+
+    @contextlib.contextmanager
+    def _socket_errors(self, lane: Optional[str], timeout: Optional[float]):
+        try:
+            yield
+        except TimeoutError as e:
+            if lane is None:  # from flush(): the lane and timeout come with the error
+                key, timeout = e.args
+                lane = f"lane {key!r}"
+            after = f" for {timeout:g} s" if timeout is not None else ""
+            raise ChannelTimeout(
+                f"channel {self.name!r} {lane} stayed full ({self.capacity} items){after}: its "
+                "reader is not reading."
+            ) from None
+        except ConnectionError as e:
+            raise WorkerError(
+                f"channel {self.name!r}: a rank of its receiver is gone (its process died or "
+                f"the channel was closed): {e}"
+            ) from None
+
     def flush(self) -> None:
         """Waits until every item this producer put has landed (raises the first error)."""
+        self._settle_sockets()
         if self._in_flight:
             import ray
 
@@ -184,5 +252,6 @@ class Channel:
         return endpoint.lane(key).qsize()
 
     def close(self) -> None:
+        transport.close_connections(self.uid)
         if self._receiver is not None and self._receiver.handles:
             self._receiver.call("_m2flow_close_channel", self.uid).wait()

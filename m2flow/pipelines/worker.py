@@ -71,8 +71,8 @@ class Worker:
         return os.getpid()
 
     # Channel plumbing: the receiving end of a channel lives in the worker that reads it.
-    def _m2flow_open_channel(self, uid: str, capacity: int) -> None:
-        _channel.open_endpoint(uid, self.rank, capacity)
+    def _m2flow_open_channel(self, uid: str, capacity: int):
+        return _channel.open_endpoint(uid, self.rank, capacity, listen=self.info.backend == "ray")
 
     def _m2flow_channel_put(self, uid: str, key, item, timeout: Optional[float]) -> None:
         endpoint = _channel.local_endpoint(uid, self.rank)

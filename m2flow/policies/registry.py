@@ -17,7 +17,10 @@ POLICIES = Registry(
     "policy",
     ENTRY_POINT_GROUP,
     PolicyError,
-    {"mlp": "m2flow.policies.mlp:GaussianMLPPolicy"},
+    {
+        "mlp": "m2flow.policies.mlp:GaussianMLPPolicy",
+        "cnn": "m2flow.policies.cnn:GaussianCNNPolicy",
+    },
 )
 
 register_policy = POLICIES.register

@@ -1,0 +1,173 @@
+"""Gaussian CNN actor-critic for image observations (ManiSkill3 PPO rgb baseline shape).
+
+Reads ``("obs", "rgb")`` (B, H, W, C) uint8 and, when the env has it, ``("obs", "state")``
+(B, D). One encoder, shared by actor and critic: the NatureCNN over the image scaled to [0, 1],
+with the (normalised) state concatenated to its features. Heads as in ``mlp.py``: an actor MLP
+-> action mean with a learned state-independent log-std, and a critic MLP -> value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tensordict import TensorDict
+from torch import nn
+from torch.distributions import Normal
+
+from m2flow.policies.base import Policy, PolicyError
+from m2flow.policies.config import PolicyConfig
+from m2flow.policies.mlp import (
+    ACTIVATIONS,
+    ACTOR_OUT_GAIN,
+    CRITIC_OUT_GAIN,
+    _layer,
+    mlp,
+)
+from m2flow.policies.normalizer import RunningNorm
+
+# The unpadded convs need this many pixels per side to leave a 1x1 map; smaller images are
+# zero-padded up to it rather than refused.
+MIN_IMAGE_SIZE = 36
+CONV_GAIN = np.sqrt(2)  # ReLU gain, as _layer uses for hidden layers
+PIXEL_MAX = 255.0
+
+
+@dataclass
+class CNNOptions:
+    """``policy.kwargs`` accepted by ``policy.name=cnn``."""
+
+    feature_dim: int = 256
+    """Width of the image features (the NatureCNN's final linear layer)."""
+
+
+def _options(kwargs) -> CNNOptions:
+    known = [f.name for f in fields(CNNOptions)]
+    unknown = sorted(set(kwargs) - set(known))
+    if unknown:
+        raise PolicyError(
+            f"policy.kwargs.{unknown[0]} is not an option of policy.name='cnn'; use one of {known}."
+        )
+    return CNNOptions(**kwargs)
+
+
+def _conv(n_in: int, n_out: int, kernel: int, stride: int) -> nn.Conv2d:
+    conv = nn.Conv2d(n_in, n_out, kernel, stride)
+    nn.init.orthogonal_(conv.weight, CONV_GAIN)
+    nn.init.zeros_(conv.bias)
+    return conv
+
+
+class NatureCNN(nn.Module):
+    """uint8 images (..., H, W, C) -> features (..., feature_dim), for any image size."""
+
+    def __init__(self, image_shape: tuple[int, int, int], feature_dim: int):
+        super().__init__()
+        h, w, c = image_shape
+        pad_h, pad_w = max(0, MIN_IMAGE_SIZE - h), max(0, MIN_IMAGE_SIZE - w)
+        self.pad = (pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2)
+        self.convs = nn.Sequential(
+            _conv(c, 32, 8, 4), nn.ReLU(),
+            _conv(32, 64, 4, 2), nn.ReLU(),
+            _conv(64, 64, 3, 1), nn.ReLU(),
+            nn.Flatten(),
+        )
+        with torch.no_grad():  # the flatten size depends on the image size
+            n_flat = self.convs(self._to_float(torch.zeros(1, h, w, c, dtype=torch.uint8))).shape[1]
+        self.fc = nn.Sequential(_layer(n_flat, feature_dim), nn.ReLU())
+
+    def _to_float(self, rgb: torch.Tensor) -> torch.Tensor:
+        x = rgb.permute(0, 3, 1, 2).float() / PIXEL_MAX  # (B, C, H, W) in [0, 1]
+        return F.pad(x, self.pad) if any(self.pad) else x
+
+    def forward(self, rgb: torch.Tensor) -> torch.Tensor:
+        lead = rgb.shape[:-3]
+        x = self._to_float(rgb.reshape(-1, *rgb.shape[-3:]))  # (B, C, H, W)
+        return self.fc(self.convs(x)).reshape(*lead, -1)  # (..., feature_dim)
+
+
+class GaussianCNNPolicy(Policy):
+    """``policy.name=cnn``; ``policy.kwargs``: see ``CNNOptions``.
+
+    >>> from m2flow.envs import EnvSpec
+    >>> spec = EnvSpec({"rgb": (36, 36, 3), "state": (5,)}, 2, (-1.0, -1.0), (1.0, 1.0), 50)
+    >>> cfg = PolicyConfig(name="cnn", hidden_sizes=[8], kwargs={"feature_dim": 16})
+    >>> pi = GaussianCNNPolicy(cfg, spec)
+    >>> obs = {"rgb": torch.zeros(3, 36, 36, 3, dtype=torch.uint8), "state": torch.zeros(3, 5)}
+    >>> out = pi.act(TensorDict({"obs": obs}, batch_size=[3]))
+    >>> out["action"].shape, out["log_prob"].shape, out["value"].shape
+    (torch.Size([3, 2]), torch.Size([3]), torch.Size([3]))
+    """
+
+    def __init__(self, cfg: PolicyConfig, env_spec):
+        super().__init__()
+        shapes = env_spec.obs_shapes
+        if "rgb" not in shapes or len(shapes["rgb"]) != 3:
+            raise PolicyError(
+                "policy.name='cnn' needs ('obs', 'rgb') images (H, W, C); this env gives "
+                f"{shapes}. Set env.obs_mode=rgb, or use policy.name=mlp for state."
+            )
+        if "state" in shapes and len(shapes["state"]) != 1:
+            raise PolicyError(
+                f"policy.name='cnn' reads ('obs', 'state') as a flat vector; this env gives "
+                f"{shapes['state']}. Flatten it in the env adapter."
+            )
+        if cfg.activation not in ACTIVATIONS:
+            raise PolicyError(
+                f"policy.activation={cfg.activation!r}: use one of {sorted(ACTIVATIONS)}."
+            )
+        opts = _options(cfg.kwargs)
+        state_dim = shapes["state"][0] if "state" in shapes else 0
+        n_features, act_dim = opts.feature_dim + state_dim, env_spec.action_dim
+        hidden = list(cfg.hidden_sizes)
+        self.has_state = "state" in shapes
+        self.encoder = NatureCNN(tuple(shapes["rgb"]), opts.feature_dim)
+        self.actor_mean = mlp(n_features, hidden, act_dim, cfg.activation, ACTOR_OUT_GAIN)
+        self.actor_log_std = nn.Parameter(torch.full((act_dim,), float(cfg.init_log_std)))
+        self.critic = mlp(n_features, hidden, 1, cfg.activation, CRITIC_OUT_GAIN)
+        use_norm = cfg.normalize_obs and self.has_state
+        self.state_norm = RunningNorm(state_dim) if use_norm else nn.Identity()
+
+    def _features(self, obs: TensorDict) -> torch.Tensor:
+        features = self.encoder(obs["rgb"])
+        if self.has_state:
+            features = torch.cat([features, self.state_norm(obs["state"])], dim=-1)
+        return features  # (B, feature_dim + D)
+
+    def _dist(self, features: torch.Tensor) -> Normal:
+        mean = self.actor_mean(features)
+        return Normal(mean, self.actor_log_std.expand_as(mean).exp())
+
+    def value(self, obs: TensorDict) -> torch.Tensor:
+        return self.critic(self._features(obs)).squeeze(-1)
+
+    def observe(self, batch: TensorDict) -> None:
+        if isinstance(self.state_norm, RunningNorm):
+            self.state_norm.update(batch["obs", "state"])
+
+    def act(self, batch: TensorDict, deterministic: bool = False) -> TensorDict:
+        features = self._features(batch["obs"])
+        dist = self._dist(features)
+        action = dist.mean if deterministic else dist.sample()
+        return TensorDict(
+            {
+                "action": action,
+                "log_prob": dist.log_prob(action).sum(-1),
+                "value": self.critic(features).squeeze(-1),
+            },
+            batch_size=batch.batch_size,
+        )
+
+    def evaluate(self, batch: TensorDict) -> TensorDict:
+        features = self._features(batch["obs"])
+        dist = self._dist(features)
+        return TensorDict(
+            {
+                "log_prob": dist.log_prob(batch["action"]).sum(-1),
+                "entropy": dist.entropy().sum(-1),
+                "value": self.critic(features).squeeze(-1),
+            },
+            batch_size=batch.batch_size,
+        )
