@@ -11,6 +11,7 @@ key                               dtype      shape (per env)  written by
 "action"                          float32    (A,)            policies.act (raw Gaussian sample)
 "log_prob"                        float32    ()              policies.act (of "action")
 "value"                           float32    ()              policies.act (critic at "obs")
+"policy_version"                  int64      ()              rollout worker: weights' version
 ("next", "obs", ...)              as obs     as obs          envs.step: obs the step ended in
 ("next", "reward")                float32    ()              envs.step
 ("next", "terminated")            bool       ()              envs.step: MDP ended (no bootstrap)
@@ -30,6 +31,7 @@ OBS = "obs"
 ACTION = "action"
 LOG_PROB = "log_prob"
 VALUE = "value"
+POLICY_VERSION = "policy_version"
 NEXT = "next"
 REWARD = ("next", "reward")
 TERMINATED = ("next", "terminated")

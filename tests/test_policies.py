@@ -111,3 +111,64 @@ def test_cnn_refuses_state_only_observations():
 def test_cnn_refuses_unknown_kwargs():
     with pytest.raises(PolicyError, match="policy.kwargs.feature_dims .*feature_dim"):
         make_policy(PolicyConfig(name="cnn", kwargs={"feature_dims": 64}), RGB_SPEC)
+
+
+TIMM_KWARGS = {"encoder": "timm/resnet18", "feature_dim": 32}
+
+
+def test_cnn_timm_encoder_acts_and_evaluates_consistently():
+    torch.manual_seed(0)
+    pi = make_policy(PolicyConfig(name="cnn", hidden_sizes=[16], kwargs=TIMM_KWARGS), RGB_SPEC)
+    b = random_obs(RGB_SPEC, 4)
+    with torch.no_grad():
+        out = pi.act(b)
+    assert out["action"].shape == (4, 3) and torch.isfinite(out["action"]).all()
+    b.update(out)
+    with torch.no_grad():
+        ev = pi.evaluate(b)
+    torch.testing.assert_close(ev["log_prob"], out["log_prob"])
+    torch.testing.assert_close(ev["value"], out["value"])
+    rgb_nt = b["obs", "rgb"].reshape(2, 2, 64, 64, 3)  # (N, T, H, W, C)
+    with torch.no_grad():
+        assert pi.encoder(rgb_nt).shape == (2, 2, 32)
+
+
+def test_cnn_timm_encoder_weights_round_trip(tmp_path):
+    torch.manual_seed(0)
+    a = make_policy(PolicyConfig(name="cnn", hidden_sizes=[16], kwargs=TIMM_KWARGS), RGB_SPEC)
+    path = tmp_path / "resnet18.pt"
+    torch.save(a.encoder.backbone.state_dict(), path)
+    torch.manual_seed(1)
+    kwargs = {**TIMM_KWARGS, "encoder_weights": str(path)}
+    b = make_policy(PolicyConfig(name="cnn", hidden_sizes=[16], kwargs=kwargs), RGB_SPEC)
+    a_state, b_state = a.encoder.backbone.state_dict(), b.encoder.backbone.state_dict()
+    assert a_state.keys() == b_state.keys()
+    for key in a_state:
+        torch.testing.assert_close(b_state[key], a_state[key])
+
+
+def test_cnn_timm_encoder_refuses_missing_weights_file(tmp_path):
+    kwargs = {**TIMM_KWARGS, "encoder_weights": str(tmp_path / "nope.pt")}
+    with pytest.raises(PolicyError, match="policy.kwargs.encoder_weights"):
+        make_policy(PolicyConfig(name="cnn", kwargs=kwargs), RGB_SPEC)
+
+
+@pytest.mark.parametrize("encoder", ["timm/resnet81", "resnet18"])
+def test_cnn_refuses_unknown_encoders_and_suggests_timm_resnet18(encoder):
+    with pytest.raises(PolicyError, match=r"policy.kwargs.encoder=.*timm/resnet18"):
+        make_policy(PolicyConfig(name="cnn", kwargs={"encoder": encoder}), RGB_SPEC)
+
+
+def test_timm_encoder_log_probs_do_not_depend_on_train_mode():
+    """BatchNorm keeps its running statistics, so the learner (train mode) scores actions as
+    the rollout worker (eval mode) chose them: PPO's first ratio is exactly 1."""
+    torch.manual_seed(0)
+    spec = EnvSpec({"rgb": (64, 64, 3)}, 2, (-1.0,) * 2, (1.0,) * 2, 50)
+    cfg = PolicyConfig(name="cnn", hidden_sizes=[16], kwargs={"encoder": "timm/resnet10t"})
+    pi = make_policy(cfg, spec)
+    b = TensorDict({"obs": {"rgb": torch.randint(0, 255, (4, 64, 64, 3), dtype=torch.uint8)}},
+                   batch_size=[4])
+    with torch.no_grad():
+        out = pi.eval().act(b)
+    b.update(out)
+    torch.testing.assert_close(pi.train().evaluate(b)["log_prob"], out["log_prob"])

@@ -12,6 +12,16 @@ from m2flow.policies import PolicyConfig
 
 
 @dataclass
+class RolloutConfig:
+    """How env and rollout workers exchange observations and actions."""
+
+    pipeline_stages: int = 1
+    """S: each env worker splits its envs into S stage groups. While the simulator steps stage
+    k, the rollout worker infers actions for stage k+1 (1: plain sequential). Trajectories
+    have the same layout for every S."""
+
+
+@dataclass
 class RunnerConfig:
     """The training loop: how long, how often to evaluate, log and checkpoint."""
 
@@ -36,6 +46,13 @@ class RunnerConfig:
     """Save a checkpoint every N iterations (and after the last); 0: only after the last."""
     log_dir: str = "runs"
     """Runs are written under <log_dir>/<config name>/<timestamp>/."""
+    overlap_learner: bool = False
+    """Collect iteration k+1 (with the weights at hand) while the learner trains on iteration
+    k; new weights reach the rollout workers mid-collection. PPO's ratio uses the stored
+    behaviour log-probs, so mixed weights within a batch are fine."""
+    max_staleness: int = 1
+    """With overlap_learner: the most learner updates any action of a trajectory may lag
+    behind the weights it is trained into (the learner refuses staler data)."""
     channel_timeout_s: float = 600.0
     """A channel get/put waiting longer than this fails the run (a stuck or dead worker)."""
     progress_bar: bool = True
@@ -68,6 +85,7 @@ class TrainConfig:
 
     env: EnvConfig = field(default_factory=EnvConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algorithm: PPOConfig = field(default_factory=PPOConfig)
     cluster: ClusterGroupConfig = field(default_factory=ClusterGroupConfig)
     runner: RunnerConfig = field(default_factory=RunnerConfig)

@@ -39,10 +39,17 @@ class LearnerWorker(Worker):
         self.policy.load_state_dict(state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])
 
-    def update(self, traj_ch: Channel, env_ranks: list[int], iteration: int) -> dict:
-        """One PPO update on the trajectories of ``env_ranks`` (one (N, T) batch from each)."""
+    def update(
+        self, traj_ch: Channel, env_ranks: list[int], iteration: int, max_staleness: int = 0,
+    ) -> dict:
+        """One PPO update on the trajectories of ``env_ranks`` (one (N, T) batch from each).
+
+        The weights this update starts from are version ``iteration``; an action chosen with
+        version v is ``iteration - v`` updates stale, and more than ``max_staleness`` is refused.
+        """
         with self.timer("wait"):
             parts = [traj_ch.get(key=r, timeout=self.timeout) for r in env_ranks]
+        staleness = check_staleness(parts, iteration, max_staleness)
         with self.timer("learn"):
             lr = self._learning_rate(iteration)
             for group in self.optimizer.param_groups:
@@ -51,7 +58,7 @@ class LearnerWorker(Worker):
             self._add_advantages(traj)
             metrics = self._ppo_epochs(traj.reshape(-1), iteration)  # b_: (N*T,)
             self.policy.observe(traj)  # statistics change between updates, never within one
-            return {**metrics, "loss/learning_rate": lr}
+            return {**metrics, "loss/learning_rate": lr, "perf/staleness": float(staleness)}
 
     def _learning_rate(self, iteration: int) -> float:
         """A function of the iteration alone, so a resumed run uses the same schedule."""
@@ -101,6 +108,21 @@ class LearnerWorker(Worker):
         metrics["loss/early_stop"] = float(stopped_early)
         metrics["loss/explained_variance"] = _explained_variance(b[keys.VALUE], b[keys.RETURN])
         return metrics
+
+
+def check_staleness(parts: list[TensorDict], iteration: int, max_staleness: int) -> int:
+    """The most updates any action in ``parts`` lags behind version ``iteration``."""
+    versions = [p[keys.POLICY_VERSION] for p in parts if keys.POLICY_VERSION in p.keys()]
+    if not versions:
+        return 0
+    staleness = iteration - min(int(v.min()) for v in versions)
+    if staleness > max_staleness:
+        raise RuntimeError(
+            f"learner: trajectory of iteration {iteration} holds actions {staleness} updates "
+            f"stale, more than runner.max_staleness={max_staleness}; the runner let collection "
+            "run too far ahead of the learner."
+        )
+    return staleness
 
 
 def _explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:

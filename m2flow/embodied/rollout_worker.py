@@ -2,44 +2,62 @@
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
+
 import torch
 
 from m2flow.embodied import seeding
+from m2flow.keys import POLICY_VERSION
 from m2flow.pipelines import Channel, Worker
 from m2flow.policies import PolicyConfig, make_policy
 
 
 class RolloutWorker(Worker):
-    """Holds an inference copy of the policy; serves the env ranks routed to it."""
+    """Holds an inference copy of the policy; serves the lanes (env rank, stage) routed to it.
+
+    Weights may arrive while it serves (learner overlap): a lock keeps each inference on one
+    set of weights, and every action records the version of the weights that chose it.
+    """
 
     def __init__(self, info, cfg: PolicyConfig, env_spec, seed: int, channel_timeout: float = 600.0):
         super().__init__(info)
         self.policy = make_policy(cfg, env_spec).to(self.device).eval()
         self.seed = seed
         self.timeout = channel_timeout
+        self.version = 0
+        self.served: Counter = Counter()  # requests answered per lane
+        self._lock = threading.Lock()
 
-    def set_weights(self, state_dict: dict) -> None:
-        with self.timer("weight_sync"):
+    def set_weights(self, state_dict: dict, version: int = 0) -> None:
+        with self.timer("weight_sync"), self._lock:
             self.policy.load_state_dict(state_dict)
+            self.version = version
 
     def serve(
-        self, num_steps: int, obs_ch: Channel, act_ch: Channel, env_ranks: list[int],
+        self, num_steps: int, obs_ch: Channel, act_ch: Channel, lanes: list,
         iteration: int, deterministic: bool = False,
     ) -> None:
-        """Answers ``num_steps`` observations from each env rank routed to this rank.
+        """Answers ``num_steps`` observations on each lane of ``lanes`` routed to this rank.
 
-        Sampling is seeded per (iteration, rank), so an iteration replays exactly on resume.
+        Lanes are served in the order given, step after step (the runner lists them stage by
+        stage, the order env workers send them in). Sampling is seeded per (iteration, rank),
+        so an iteration replays exactly on resume.
         """
-        mine = [e for e in env_ranks if obs_ch.rank_of(e) == self.rank]
+        mine = [lane for lane in lanes if obs_ch.rank_of(lane) == self.rank]
         cuda = [torch.device(self.device)] if self.device.startswith("cuda") else []
         with torch.random.fork_rng(devices=cuda):
             torch.manual_seed(seeding.derive(self.seed, seeding.SAMPLE, iteration, self.rank)[0])
             for _ in range(num_steps):
-                for e in mine:
+                for lane in mine:
                     with self.timer("wait"):
-                        batch = obs_ch.get(key=e, timeout=self.timeout)
-                    with self.timer("infer"), torch.no_grad():
+                        batch = obs_ch.get(key=lane, timeout=self.timeout)
+                    with self.timer("infer"), torch.no_grad(), self._lock:
                         out = self.policy.act(batch.to(self.device), deterministic=deterministic)
+                        version = self.version
+                    out = out.to("cpu")
+                    out[POLICY_VERSION] = torch.full(out.batch_size, version, dtype=torch.long)
                     with self.timer("send"):
-                        act_ch.put(out.to("cpu"), key=e, timeout=self.timeout)
+                        act_ch.put(out, key=lane, timeout=self.timeout)
+                    self.served[lane] += 1
         act_ch.flush()

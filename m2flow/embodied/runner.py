@@ -1,7 +1,9 @@
 """The embodied runner: wires env, rollout and learner workers through ``pipelines``.
 
 One iteration reads top to bottom: collect -> update (advantages + PPO) -> sync weights ->
-evaluate (sometimes) -> log -> checkpoint (sometimes).
+evaluate (sometimes) -> log -> checkpoint (sometimes). With ``runner.overlap_learner`` the
+collection of iteration k+1 starts when the update of iteration k does, and the new weights
+reach the rollout workers as soon as that update ends, while they serve.
 """
 
 from __future__ import annotations
@@ -17,12 +19,12 @@ from tensordict import TensorDict
 
 from m2flow.embodied import checkpoint
 from m2flow.embodied.config import TrainConfig
-from m2flow.embodied.env_worker import EnvWorker, EpisodeStats
+from m2flow.embodied.env_worker import EnvWorker, EpisodeStats, stage_sizes
 from m2flow.embodied.learner_worker import LearnerWorker
 from m2flow.embodied.logger import RunLogger, log
 from m2flow.embodied.rollout_worker import RolloutWorker
 from m2flow.pipelines import Channel, Cluster, Placement, WorkerGroup
-from m2flow.pipelines.worker import gather
+from m2flow.pipelines.worker import Futures, gather
 
 COMPONENTS = ("env", "rollout", "learner")
 
@@ -40,18 +42,27 @@ class EmbodiedRunner:
         r = cfg.runner
         self.cluster = Cluster(cfg.cluster)
         self.placement = Placement(cfg.cluster.placement, self.cluster.nodes)
+        check_config(cfg)
         self.groups: list[WorkerGroup] = []
-        self.env = self._group("env", EnvWorker, cfg.env, cfg.seed, r.channel_timeout_s)
+        stages = cfg.rollout.pipeline_stages
+        self.env = self._group("env", EnvWorker, cfg.env, cfg.seed, stages, r.channel_timeout_s)
         self.spec = self.env.call("spec", ranks=[0]).wait()[0]
         self.rollout = self._group(
             "rollout", RolloutWorker, cfg.policy, self.spec, cfg.seed, r.channel_timeout_s
         )
         self.env_ranks = list(range(self.env.world_size))
-        self.obs_ch = Channel("obs", self.rollout, item_type=TensorDict,
-                              routes={e: e % self.rollout.world_size for e in self.env_ranks})
-        self.act_ch = Channel("action", self.env, item_type=TensorDict)
+        # lanes (env rank, stage), in the order env workers send them; stage g of all stages
+        # goes to rollout rank g mod N: M env workers -> N rollout workers, no relay
+        self.lanes = [(e, k) for k in range(stages) for e in self.env_ranks]
+        self.obs_ch = Channel(
+            "obs", self.rollout, item_type=TensorDict,
+            routes={(e, k): (e * stages + k) % self.rollout.world_size for e, k in self.lanes},
+        )
+        self.act_ch = Channel("action", self.env, item_type=TensorDict)  # (e, k) -> env rank e
         self.num_envs = cfg.env.num_envs * self.env.world_size
         self.iteration, self.global_step = 0, 0
+        self._pending: Optional[_Collection] = None  # a collection started ahead (overlap)
+        self._last_end: Optional[float] = None
         self.learner = None
         if train:
             self.learner = self._group(
@@ -62,7 +73,7 @@ class EmbodiedRunner:
                                    routes={e: 0 for e in self.env_ranks})
             if cfg.resume:
                 self.load(cfg.resume)
-            self.sync_weights()
+            self.sync_weights(self.iteration)
 
     def _group(self, name: str, cls: type, *args) -> WorkerGroup:
         group = WorkerGroup(self.cluster, name, cls, self.placement.ranks(name), *args)
@@ -72,20 +83,29 @@ class EmbodiedRunner:
     # -- one iteration, step by step ---------------------------------------------------------
     def collect(self, iteration: int) -> EpisodeStats:
         """Runs ``rollout_steps`` steps of every env; trajectories go to the learner's channel."""
+        return self.start_collect(iteration).result()
+
+    def start_collect(self, iteration: int) -> "_Collection":
         r = self.cfg.runner
-        env_out, _ = gather(
+        return _Collection(
+            iteration,
             self.env.call("rollout", r.rollout_steps, self.obs_ch, self.act_ch, self.traj_ch,
                           iteration, r.reset_every_iteration, r.exact_resets),
             self._serve(r.rollout_steps, iteration, deterministic=False),
         )
-        return _merge(env_out)
 
     def update(self, iteration: int) -> dict:
-        return self.learner.call("update", self.traj_ch, self.env_ranks, iteration).wait()[0]
+        return self.start_update(iteration).wait()[0]
 
-    def sync_weights(self) -> None:
+    def start_update(self, iteration: int) -> Futures:
+        r = self.cfg.runner
+        bound = r.max_staleness if r.overlap_learner else 0
+        return self.learner.call("update", self.traj_ch, self.env_ranks, iteration, bound)
+
+    def sync_weights(self, version: int) -> None:
+        """Sends the learner's weights (the version after ``version`` updates) to the rollout."""
         weights = self.learner.call("get_weights", ranks=[0]).as_arg()
-        self.rollout.call("set_weights", weights).wait()
+        self.rollout.call("set_weights", weights, version).wait()
 
     def evaluate(self, episodes: Optional[int] = None, deterministic: bool = True) -> dict:
         """Episodes from fixed seeds (mean actions by default): ``eval/success`` and friends."""
@@ -100,7 +120,7 @@ class EmbodiedRunner:
 
     def _serve(self, steps: int, iteration: int, deterministic: bool):
         return self.rollout.call(
-            "serve", steps, self.obs_ch, self.act_ch, self.env_ranks, iteration, deterministic
+            "serve", steps, self.obs_ch, self.act_ch, self.lanes, iteration, deterministic
         )
 
     def timings(self) -> dict[str, float]:
@@ -114,25 +134,45 @@ class EmbodiedRunner:
 
     # -- the loop ----------------------------------------------------------------------------
     def iterate(self, it: int) -> dict:
-        """One iteration: collect -> update (advantages + PPO) -> sync weights; its metrics."""
-        steps = self.cfg.runner.rollout_steps * self.num_envs
+        """One iteration: collect -> update (advantages + PPO) -> sync weights; its metrics.
+
+        With overlap, iteration it+1's collection is started here and finished by the next
+        call (or by ``drain``).
+        """
+        r = self.cfg.runner
+        steps = r.rollout_steps * self.num_envs
         t0 = time.perf_counter()
-        episodes = self.collect(it)
-        t_collect = time.perf_counter() - t0
-        metrics = self.update(it)
+        collection = self._pending if self._pending is not None else self.start_collect(it)
+        self._pending = None
+        episodes = collection.result()
+        update = self.start_update(it)
+        if r.overlap_learner and it + 1 < r.num_iterations:
+            self._pending = self.start_collect(it + 1)  # with the weights at hand
         t1 = time.perf_counter()
-        self.sync_weights()
-        t_sync = time.perf_counter() - t1
+        metrics = update.wait()[0]
+        t_learn = time.perf_counter() - t1
+        self.sync_weights(it + 1)  # mid-collection when overlapping
+        t_sync = time.perf_counter() - t1 - t_learn
         self.global_step += steps
         self.iteration = it + 1
+        now = time.perf_counter()
+        wall = now - (self._last_end if self._last_end is not None else t0)
+        self._last_end = now
         return {
             **metrics,
             **episodes.summary(),
             **self.timings(),
-            "perf/env_steps_per_s": steps / t_collect,
-            "perf/iteration_s": time.perf_counter() - t0,
+            "perf/env_steps_per_s": steps / collection.seconds,
+            "perf/steps_per_s_overall": steps / wall,
+            "perf/iteration_s": wall,
+            "time/driver_learn_wait": t_learn,
             "time/driver_weight_sync": t_sync,
         }
+
+    def drain(self) -> None:
+        """Finishes a collection started ahead (overlap), so envs are idle (eval, save, close)."""
+        if self._pending is not None:
+            self._pending.result()
 
     def train(self) -> dict:
         """Iterates until ``runner.num_iterations`` or ``runner.stop_at_success``; a summary."""
@@ -148,9 +188,11 @@ class EmbodiedRunner:
                 metrics = self.iterate(it)
                 if self._due(r.eval_interval):
                     t0 = time.perf_counter()
+                    self.drain()
                     metrics.update(self.evaluate())
                     metrics["time/eval"] = time.perf_counter() - t0
                     self.timings()  # eval's worker timings are not part of the next iteration
+                    self._last_end = time.perf_counter()  # nor is its wall time
                     result = dict(metrics)
                 stop = r.stop_at_success is not None and metrics.get("eval/success", -1.0) >= r.stop_at_success
                 logger.log(it, self.global_step, metrics)
@@ -161,7 +203,10 @@ class EmbodiedRunner:
                                 f"runner.stop_at_success={r.stop_at_success}: stopping")
                     break
         finally:
-            logger.close()
+            try:
+                self.drain()
+            finally:
+                logger.close()
         return {
             **result,
             "iterations": self.iteration,
@@ -203,6 +248,33 @@ class EmbodiedRunner:
             g.shutdown()
         self.groups = []
         self.cluster.shutdown()
+
+
+class _Collection:
+    """One iteration's collection in flight: env rollouts and rollout serving together."""
+
+    def __init__(self, iteration: int, env: Futures, serve: Futures):
+        self.iteration, self._futures = iteration, (env, serve)
+        self._t0, self.seconds = time.perf_counter(), 0.0
+        self._result: Optional[EpisodeStats] = None
+
+    def result(self) -> EpisodeStats:
+        if self._result is None:
+            env_out, _ = gather(*self._futures)
+            self.seconds = time.perf_counter() - self._t0
+            self._result = _merge(env_out)
+        return self._result
+
+
+def check_config(cfg: TrainConfig) -> None:
+    """Config errors that only show in combination, before any worker starts."""
+    stage_sizes(cfg.env.num_envs, cfg.rollout.pipeline_stages)
+    r = cfg.runner
+    if r.overlap_learner and r.max_staleness < 1:
+        raise ValueError(
+            f"runner.overlap_learner=true needs runner.max_staleness >= 1 (got "
+            f"{r.max_staleness}): overlapped collection uses weights one update old."
+        )
 
 
 def _merge(parts: list[EpisodeStats]) -> EpisodeStats:

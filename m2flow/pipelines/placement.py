@@ -12,7 +12,7 @@ Modes:
 >>> p = Placement(PlacementConfig(mode="disaggregated", components={
 ...     "env": ComponentPlacement(cpus=1), "rollout": ComponentPlacement(cpus=1)}), nodes)
 >>> p.ranks("env")
-[RankResources(node=0, cpus=1.0, gpu_ids=())]
+[RankResources(node=0, cpus=1.0, gpu_ids=(), cpu_ids=(0,))]
 """
 
 from __future__ import annotations
@@ -38,6 +38,10 @@ class ComponentPlacement:
     """GPU ids on the node used by the whole component, split evenly over its ranks; None: CPU."""
     node: int = 0
     """Index of the node in the cluster (0: the head node)."""
+    cpu_ids: Optional[List[int]] = None
+    """Cores of the node this component's processes (and the simulator processes they start)
+    are pinned to, split evenly over its ranks; sets ``cpus`` to the cores per rank. None: not
+    pinned, except in mode 'disaggregated', which pins each component to its own cores."""
 
 
 @dataclass
@@ -55,6 +59,13 @@ class RankResources:
     node: int
     cpus: float
     gpu_ids: tuple[int, ...]
+    cpu_ids: tuple[int, ...] = ()
+    """Cores this rank is pinned to; () = not pinned."""
+
+    @property
+    def threads(self) -> int:
+        """Compute threads this rank should use (torch, OpenMP): its cores, at least one."""
+        return max(1, len(self.cpu_ids) or int(self.cpus))
 
 
 class Placement:
@@ -120,10 +131,37 @@ class Placement:
                 )
         if len(set(gpus)) != len(gpus):
             raise PlacementError(f"{where}.gpus={gpus} lists a GPU twice.")
+        cores = self._cores(where, comp, node)
         return [
-            RankResources(node=comp.node, cpus=float(comp.cpus), gpu_ids=ids)
-            for ids in _split(where, gpus, comp.workers)
+            RankResources(node=comp.node, cpus=float(len(c) or comp.cpus), gpu_ids=ids,
+                          cpu_ids=tuple(c))
+            for ids, c in zip(_split(where, gpus, comp.workers), cores)
         ]
+
+    def _cores(self, where: str, comp: ComponentPlacement, node: NodeInfo) -> list[list[int]]:
+        """Each rank's cores: from ``cpu_ids``, or the next free ones in disaggregated mode."""
+        ids = list(comp.cpu_ids) if comp.cpu_ids is not None else None
+        if ids is None and self.mode == "disaggregated" and float(comp.cpus).is_integer():
+            taken = {c for r in self._ranks.values() for rr in r if rr.node == comp.node
+                     for c in rr.cpu_ids}
+            free = [c for c in range(int(node.num_cpus)) if c not in taken]
+            need = int(comp.cpus) * comp.workers
+            ids = free[:need] if len(free) >= need else None  # the share check reports it
+        if not ids:
+            return [[] for _ in range(comp.workers)]
+        bad = [c for c in ids if not 0 <= c < node.num_cpus]
+        if bad or len(set(ids)) != len(ids):
+            raise PlacementError(
+                f"{where}.cpu_ids={ids}: cores must be distinct ids 0-{int(node.num_cpus) - 1} "
+                f"of node {comp.node}."
+            )
+        if len(ids) % comp.workers:
+            raise PlacementError(
+                f"{where}.cpu_ids has {len(ids)} cores for {comp.workers} workers; give a "
+                "multiple of the number of workers."
+            )
+        k = len(ids) // comp.workers
+        return [ids[i * k : (i + 1) * k] for i in range(comp.workers)]
 
     def _check_mode(self) -> None:
         names = list(self._ranks)
@@ -135,6 +173,15 @@ class Placement:
                             f"placement: components '{a}' and '{b}' share a GPU but mode is "
                             "'disaggregated' (disjoint devices); give them disjoint gpus or set "
                             "placement.mode=collocated or hybrid."
+                        )
+            for i, a in enumerate(names):
+                for b in names[i + 1 :]:
+                    common = self._core_set(a) & self._core_set(b)
+                    if common:
+                        raise PlacementError(
+                            f"placement: components '{a}' and '{b}' are both pinned to cores "
+                            f"{sorted(c for _, c in common)} but mode is 'disaggregated'; give "
+                            "them disjoint cpu_ids or set placement.mode=hybrid."
                         )
             for n, node in enumerate(self.nodes):
                 used = 0.0
@@ -157,6 +204,9 @@ class Placement:
                     f"'{a}' uses {sorted(ga)} and '{b}' uses {sorted(gb)}; give them the same "
                     "gpus or set placement.mode=hybrid."
                 )
+
+    def _core_set(self, name: str) -> frozenset:
+        return frozenset((r.node, c) for r in self._ranks[name] for c in r.cpu_ids)
 
     def _gpu_set(self, name: str) -> frozenset:
         return frozenset((r.node, g) for r in self._ranks[name] for g in r.gpu_ids)

@@ -49,10 +49,12 @@ class Worker:
         self.rank = info.rank
         self.world_size = info.world_size
         self.timer = Timer()
-        if info.backend == "ray":
+        if info.backend == "ray":  # this process is this rank's alone
             import torch
 
-            torch.set_num_threads(max(1, int(info.resources.cpus)))
+            if info.resources.cpu_ids:
+                pin_process(info.resources.cpu_ids)
+            torch.set_num_threads(info.resources.threads)
 
     @property
     def device(self) -> str:
@@ -84,6 +86,16 @@ class Worker:
 
     def _m2flow_close_channel(self, uid: str) -> None:
         _channel.close_endpoint(uid, self.rank)
+
+
+def pin_process(cpu_ids) -> None:
+    """Pins every thread of this process (and so every process it starts) to ``cpu_ids``."""
+    cores = set(cpu_ids)
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except OSError:  # a thread that just ended
+            pass
 
 
 class WorkerGroup:
@@ -267,7 +279,7 @@ def _launch_ray_actor(cluster: Cluster, worker_cls: type, info: WorkerInfo, args
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     res = info.resources
-    threads = str(max(1, int(res.cpus)))
+    threads = str(res.threads)
     env_vars = {
         "CUDA_VISIBLE_DEVICES": ",".join(map(str, res.gpu_ids)),
         "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1",

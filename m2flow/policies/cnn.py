@@ -1,13 +1,16 @@
 """Gaussian CNN actor-critic for image observations (ManiSkill3 PPO rgb baseline shape).
 
 Reads ``("obs", "rgb")`` (B, H, W, C) uint8 and, when the env has it, ``("obs", "state")``
-(B, D). One encoder, shared by actor and critic: the NatureCNN over the image scaled to [0, 1],
-with the (normalised) state concatenated to its features. Heads as in ``mlp.py``: an actor MLP
+(B, D). One encoder, shared by actor and critic: the NatureCNN over the image scaled to [0, 1]
+(or, with ``encoder: timm/<model>``, a randomly initialised timm backbone), with the
+(normalised) state concatenated to its features. Heads as in ``mlp.py``: an actor MLP
 -> action mean with a learned state-independent log-std, and a critic MLP -> value.
 """
 
 from __future__ import annotations
 
+import difflib
+import os
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -33,6 +36,9 @@ from m2flow.policies.normalizer import RunningNorm
 MIN_IMAGE_SIZE = 36
 CONV_GAIN = np.sqrt(2)  # ReLU gain, as _layer uses for hidden layers
 PIXEL_MAX = 255.0
+NATURE_ENCODER = "nature"
+TIMM_PREFIX = "timm/"
+TIMM_EXAMPLE = "timm/resnet18"
 
 
 @dataclass
@@ -40,7 +46,11 @@ class CNNOptions:
     """``policy.kwargs`` accepted by ``policy.name=cnn``."""
 
     feature_dim: int = 256
-    """Width of the image features (the NatureCNN's final linear layer)."""
+    """Width of the image features (the encoder's final linear layer)."""
+    encoder: str = NATURE_ENCODER
+    """Image encoder: 'nature' (NatureCNN) or 'timm/<model>', e.g. 'timm/resnet18' (random init)."""
+    encoder_weights: str | None = None
+    """Local file of a state_dict (torch.save) for the timm backbone, loaded strictly; or None."""
 
 
 def _options(kwargs) -> CNNOptions:
@@ -50,7 +60,24 @@ def _options(kwargs) -> CNNOptions:
         raise PolicyError(
             f"policy.kwargs.{unknown[0]} is not an option of policy.name='cnn'; use one of {known}."
         )
-    return CNNOptions(**kwargs)
+    opts = CNNOptions(**kwargs)
+    is_timm = opts.encoder.startswith(TIMM_PREFIX)
+    if opts.encoder != NATURE_ENCODER and not is_timm:
+        raise PolicyError(
+            f"policy.kwargs.encoder={opts.encoder!r}: use {NATURE_ENCODER!r} or "
+            f"'{TIMM_PREFIX}<model>', e.g. {TIMM_EXAMPLE!r}."
+        )
+    if opts.encoder_weights is not None and not is_timm:
+        raise PolicyError(
+            "policy.kwargs.encoder_weights loads a timm backbone; set policy.kwargs.encoder to "
+            f"'{TIMM_PREFIX}<model>' (e.g. {TIMM_EXAMPLE!r}) or drop encoder_weights."
+        )
+    if opts.encoder_weights is not None and not os.path.isfile(opts.encoder_weights):
+        raise PolicyError(
+            f"policy.kwargs.encoder_weights={opts.encoder_weights!r}: no such file. Give the path "
+            "of a state_dict saved with torch.save for that timm model, or null for random init."
+        )
+    return opts
 
 
 def _conv(n_in: int, n_out: int, kernel: int, stride: int) -> nn.Conv2d:
@@ -88,6 +115,95 @@ class NatureCNN(nn.Module):
         return self.fc(self.convs(x)).reshape(*lead, -1)  # (..., feature_dim)
 
 
+def _timm_backbone(model_name: str, in_chans: int) -> nn.Module:
+    """A randomly initialised timm model whose output is its pooled features (no hub download)."""
+    import timm  # lazy: timm imports torchvision, which only this encoder needs
+
+    known = timm.list_models()
+    if model_name.split(".")[0] not in known:  # a '.tag' suffix names pretrained weights only
+        close = difflib.get_close_matches(model_name, known, n=3)
+        hint = f" Did you mean {', '.join(repr(TIMM_PREFIX + m) for m in close)}?" if close else ""
+        raise PolicyError(
+            f"policy.kwargs.encoder='{TIMM_PREFIX}{model_name}': timm has no model "
+            f"{model_name!r}.{hint} Use '{TIMM_PREFIX}<model>' with a name from "
+            f"timm.list_models(), e.g. {TIMM_EXAMPLE!r}."
+        )
+    return timm.create_model(model_name, pretrained=False, num_classes=0, in_chans=in_chans)
+
+
+class TimmEncoder(nn.Module):
+    """uint8 images (..., H, W, C) -> features (..., feature_dim) through a timm backbone.
+
+    Pixels go to [0, 1], then are normalised by the model's pretrained mean/std (when it has
+    them for C channels), channels-first; the backbone's pooled features (``num_features``)
+    pass through Linear -> feature_dim + ReLU, as in the NatureCNN head.
+    """
+
+    def __init__(self, image_shape: tuple[int, int, int], feature_dim: int, model_name: str,
+                 weights: str | None = None):
+        super().__init__()
+        h, w, c = image_shape
+        self.backbone = _timm_backbone(model_name, c)
+        if weights is not None:
+            self._load(weights, model_name)
+        cfg = getattr(self.backbone, "pretrained_cfg", None) or {}
+        mean, std = cfg.get("mean"), cfg.get("std")
+        if mean is None or std is None or len(mean) != c or len(std) != c:
+            mean, std = (0.0,) * c, (1.0,) * c  # no statistics for these channels: [0, 1] as is
+        # Not persistent: they come from the model name, so checkpoints hold only weights.
+        self.register_buffer("mean", torch.tensor(mean).view(1, c, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(std).view(1, c, 1, 1), persistent=False)
+        self._check_image_size(h, w, c, model_name)
+        self.fc = nn.Sequential(_layer(self.backbone.num_features, feature_dim), nn.ReLU())
+
+    def _load(self, path: str, model_name: str) -> None:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            self.backbone.load_state_dict(state, strict=True)
+        except RuntimeError as e:
+            raise PolicyError(
+                f"policy.kwargs.encoder_weights={path!r} does not match timm model "
+                f"{model_name!r}: {e}\nSave backbone.state_dict() of that same model."
+            ) from e
+
+    @torch.no_grad()
+    def _check_image_size(self, h: int, w: int, c: int, model_name: str) -> None:
+        # Fail at startup, not at the first rollout; eval() so BatchNorm stats stay untouched.
+        self.backbone.eval()
+        try:
+            self.backbone(torch.zeros(1, c, h, w))
+        except (RuntimeError, AssertionError, ValueError) as e:
+            raise PolicyError(
+                f"policy.kwargs.encoder='{TIMM_PREFIX}{model_name}' cannot read {h}x{w} images "
+                f"({e}). Use a convolutional model such as {TIMM_EXAMPLE!r}."
+            ) from e
+        finally:
+            self.backbone.train()
+
+    def train(self, mode: bool = True) -> "TimmEncoder":
+        """Normalisation layers always use their running statistics: in train mode BatchNorm
+        would normalise by each minibatch, so the learner's log-probs would differ from the
+        rollout worker's (eval mode) and PPO's ratio would not start at 1."""
+        super().train(mode)
+        for m in self.backbone.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.eval()
+        return self
+
+    def forward(self, rgb: torch.Tensor) -> torch.Tensor:
+        lead = rgb.shape[:-3]
+        x = rgb.reshape(-1, *rgb.shape[-3:]).permute(0, 3, 1, 2).float() / PIXEL_MAX
+        x = (x - self.mean) / self.std  # (B, C, H, W)
+        return self.fc(self.backbone(x)).reshape(*lead, -1)  # (..., feature_dim)
+
+
+def _encoder(opts: CNNOptions, image_shape: tuple[int, int, int]) -> nn.Module:
+    if opts.encoder == NATURE_ENCODER:
+        return NatureCNN(image_shape, opts.feature_dim)
+    model_name = opts.encoder[len(TIMM_PREFIX):]
+    return TimmEncoder(image_shape, opts.feature_dim, model_name, opts.encoder_weights)
+
+
 class GaussianCNNPolicy(Policy):
     """``policy.name=cnn``; ``policy.kwargs``: see ``CNNOptions``.
 
@@ -123,7 +239,7 @@ class GaussianCNNPolicy(Policy):
         n_features, act_dim = opts.feature_dim + state_dim, env_spec.action_dim
         hidden = list(cfg.hidden_sizes)
         self.has_state = "state" in shapes
-        self.encoder = NatureCNN(tuple(shapes["rgb"]), opts.feature_dim)
+        self.encoder = _encoder(opts, tuple(shapes["rgb"]))
         self.actor_mean = mlp(n_features, hidden, act_dim, cfg.activation, ACTOR_OUT_GAIN)
         self.actor_log_std = nn.Parameter(torch.full((act_dim,), float(cfg.init_log_std)))
         self.critic = mlp(n_features, hidden, 1, cfg.activation, CRITIC_OUT_GAIN)

@@ -1,0 +1,82 @@
+"""A deterministic fake env and policy for engine tests (never to show a feature working).
+
+``test/Counter``: env i's observation is ``[seed_i, t, last action]``; episodes last 5 steps.
+``test/echo``: action = 0.1 * (seed + t) of the observation; deterministic, no sampling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from m2flow.envs import EnvSpec, register_env
+from m2flow.envs.base import BatchedEnv
+from m2flow.policies import register_policy
+from m2flow.policies.base import Policy
+
+EPISODE = 5
+SPEC = EnvSpec({"state": (3,)}, 1, (-100.0,), (100.0,), EPISODE)
+
+
+class CounterEnv(BatchedEnv):
+    def __init__(self, cfg, device: str = "cpu"):
+        self.num_envs, self.spec = cfg.num_envs, SPEC
+        self.seed = torch.zeros(self.num_envs)
+        self.t = torch.zeros(self.num_envs)
+        self.last = torch.zeros(self.num_envs)
+
+    def _obs(self):
+        return TensorDict({"state": torch.stack([self.seed, self.t, self.last], -1)},
+                          batch_size=[self.num_envs])
+
+    def reset(self, seed: Sequence[int] | None = None, *, rebuild: bool = False):
+        self.seed = torch.tensor([float(s % 1000) for s in seed]) if seed is not None else self.seed
+        self.t.zero_()
+        self.last.zero_()
+        return TensorDict({"obs": self._obs()}, batch_size=[self.num_envs])
+
+    def step(self, action):
+        self.t += 1
+        self.last = action[:, 0].float().clone()
+        done = self.t >= EPISODE
+        final = self._obs()
+        self.t[done] = 0
+        return TensorDict(
+            {"obs": self._obs(),
+             "next": {"obs": final, "reward": self.last.clone(), "terminated": done.clone(),
+                      "truncated": torch.zeros_like(done), "done": done.clone(),
+                      "success": done.clone()}},
+            batch_size=[self.num_envs],
+        )
+
+
+class EchoPolicy(Policy):
+    def __init__(self, cfg, env_spec):
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor(0.1))
+
+    def _mean(self, obs):
+        s = obs["state"]
+        return (self.scale * (s[..., 0] + s[..., 1]))[..., None]
+
+    def act(self, batch, deterministic: bool = False):
+        mean = self._mean(batch["obs"])
+        zeros = torch.zeros(batch.batch_size)
+        return TensorDict({"action": mean, "log_prob": zeros, "value": zeros},
+                          batch_size=batch.batch_size)
+
+    def evaluate(self, batch):
+        lp = -((batch["action"] - self._mean(batch["obs"])) ** 2).sum(-1)
+        return TensorDict({"log_prob": lp, "entropy": torch.zeros_like(lp),
+                           "value": torch.zeros_like(lp)}, batch_size=batch.batch_size)
+
+    def value(self, obs):
+        return torch.zeros(obs.batch_size)
+
+
+def register() -> None:
+    register_env("test/Counter", CounterEnv, override=True)
+    register_policy("test/echo", EchoPolicy, override=True)
