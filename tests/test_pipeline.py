@@ -103,7 +103,7 @@ def test_staleness_beyond_the_bound_is_refused():
 
 
 def test_more_stages_than_envs_is_a_config_error():
-    with pytest.raises(ValueError, match=r"rollout.pipeline_stages=5 with env.num_envs=4"):
+    with pytest.raises(ValueError, match=r"rollout.pipeline_stages=5 \(or rollout.env_groups\) with env.num_envs=4"):
         fake_runner(5, 4)
 
 
@@ -126,4 +126,19 @@ def test_ray_workers_pipeline_two_env_ranks_into_one_rollout_rank(ray_cluster):
         assert not torch.equal(first[0], first[1])  # each rank its own reset seeds
     finally:
         sink.shutdown()
+        runner.close()
+
+
+def test_stage_count_changes_at_run_time_without_rebuilding_the_envs():
+    runner = fake_runner(2, 7, 1, 1, "rollout.env_groups=4")
+    try:
+        envs = runner.env.handles[0].envs
+        got = {}
+        for stages in (1, 2, 3, 4):
+            runner.set_stages(stages)
+            got[stages] = collect(runner)[0]
+        assert runner.env.handles[0].envs is envs
+        for stages in (2, 3, 4):
+            assert (got[stages] == got[1]).all()
+    finally:
         runner.close()

@@ -19,6 +19,9 @@ class RolloutConfig:
     """S: each env worker splits its envs into S stage groups. While the simulator steps stage
     k, the rollout worker infers actions for stage k+1 (1: plain sequential). Trajectories
     have the same layout for every S."""
+    env_groups: Optional[int] = None
+    """Env groups each env worker builds (None: pipeline_stages). A stage is a run of groups,
+    so the stage count can change at run time up to this without restarting a simulator."""
 
 
 @dataclass

@@ -40,32 +40,33 @@ class EpisodeStats:
 
 
 class EnvWorker(Worker):
-    """Owns ``cfg.num_envs`` envs as ``stages`` groups (pipeline stages); per step and stage it
-    sends obs on ``obs_ch`` and reads actions from ``act_ch``.
+    """Owns ``cfg.num_envs`` envs as ``groups`` env groups; runs them as S pipeline stages.
 
-    Lane key of stage k of this worker on both channels: ``(rank, k)``. Stages get
-    ``num_envs`` split as evenly as possible (the first ones one env more). Env i of this rank
-    draws the same reset seeds for any number of stages, and the trajectory concatenates the
-    stages in env order, so its (N, T) layout does not depend on S.
+    Per step and stage it sends obs on ``obs_ch`` and reads actions from ``act_ch``; the lane
+    key of stage k of this worker on both channels is ``(rank, k)``. A stage is a contiguous
+    run of groups, so S can be anything from 1 to ``groups`` at every call without rebuilding
+    a simulator (elastic pipelining): S=1 steps all groups at once. Groups get ``num_envs``
+    split as evenly as possible. Env i of this rank draws the same reset seeds for any grouping
+    and the trajectory lists envs in order, so its (N, T) layout does not depend on S.
     """
 
-    def __init__(self, info, cfg: EnvConfig, seed: int, stages: int = 1,
+    def __init__(self, info, cfg: EnvConfig, seed: int, groups: int = 1,
                  channel_timeout: float = 600.0):
         super().__init__(info)
         self.cfg = cfg
         self.seed = seed
         self.timeout = channel_timeout
-        self.sizes = stage_sizes(cfg.num_envs, stages)
+        self.sizes = stage_sizes(cfg.num_envs, groups)
         self.envs = [make_env(replace(cfg, num_envs=n), device=self.device) for n in self.sizes]
         self.num_envs = cfg.num_envs
-        self._obs: Optional[list] = None  # per stage: the obs to act on next
+        self._obs: Optional[list] = None  # per group: the obs to act on next
 
     def spec(self):
         return self.envs[0].spec
 
     def rollout(
         self, num_steps: int, obs_ch: Channel, act_ch: Channel, traj_ch: Channel, iteration: int,
-        reset: bool = True, rebuild: bool = False,
+        reset: bool = True, rebuild: bool = False, stages: int = 1,
     ) -> EpisodeStats:
         """Collects ``num_steps`` steps of every env and puts the (N, T) trajectory on traj_ch."""
         if reset or self._obs is None:
@@ -74,18 +75,18 @@ class EnvWorker(Worker):
         runs = [_Episodes(n) for n in self.sizes]
         stats = EpisodeStats()
 
-        def record(k: int, step: TensorDict) -> None:
-            buffers[k].add(step)
-            stats.extend(runs[k].update(step["next"]))
+        def record(g: int, step: TensorDict) -> None:
+            buffers[g].add(step)
+            stats.extend(runs[g].update(step["next"]))
 
-        self._obs = self._run(num_steps, self._obs, obs_ch, act_ch, record)
+        self._obs = self._run(num_steps, self._obs, obs_ch, act_ch, record, stages)
         with self.timer("send"):
             traj = torch.cat([b.data() for b in buffers], dim=0)  # (N, T), envs in order
             traj_ch.put(traj, key=self.rank, timeout=self.timeout)
             traj_ch.flush()
         return stats
 
-    def evaluate(self, rounds: int, obs_ch: Channel, act_ch: Channel) -> EpisodeStats:
+    def evaluate(self, rounds: int, obs_ch: Channel, act_ch: Channel, stages: int = 1) -> EpisodeStats:
         """``rounds`` x num_envs episodes from fixed seeds; counts each env's first episode."""
         max_steps = self.spec().max_episode_steps
         if not max_steps:
@@ -95,45 +96,66 @@ class EnvWorker(Worker):
             runs = [_Episodes(n) for n in self.sizes]
             seen = [torch.zeros(n, dtype=torch.bool) for n in self.sizes]
 
-            def record(k: int, step: TensorDict) -> None:
+            def record(g: int, step: TensorDict, runs=runs, seen=seen) -> None:
                 done = step["next", "done"].cpu()
-                stats.extend(runs[k].update(step["next"], only=done & ~seen[k]))
-                seen[k] |= done
+                stats.extend(runs[g].update(step["next"], only=done & ~seen[g]))
+                seen[g] |= done
 
             obs = self._reset(seeding.EVAL, r, rebuild=True)
-            self._run(max_steps, obs, obs_ch, act_ch, record)
+            self._run(max_steps, obs, obs_ch, act_ch, record, stages)
         self._obs = None  # training resumes from a fresh reset
         return stats
 
-    def _run(self, num_steps: int, obs: list, obs_ch: Channel, act_ch: Channel, record) -> list:
+    def _run(self, num_steps: int, obs: list, obs_ch: Channel, act_ch: Channel, record,
+             stages: int) -> list:
         """The pipeline: per step, each stage in turn waits for its actions and simulates.
 
         Stage k's next obs is sent as soon as it simulated, so the rollout worker infers for
         it while the later stages simulate. Exactly ``num_steps`` obs go out per stage.
         """
         obs = list(obs)
-        for k in range(len(self.sizes)):
-            self._send(obs_ch, k, obs[k])
+        plan = self._stages(stages)
+        for k, groups in enumerate(plan):
+            self._send(obs_ch, k, groups, obs)
         for t in range(num_steps):
-            for k, env in enumerate(self.envs):
+            for k, groups in enumerate(plan):
                 with self.timer("wait"):
                     act = act_ch.get(key=(self.rank, k), timeout=self.timeout)
+                parts = act.split([self.sizes[g] for g in groups]) if len(groups) > 1 else [act]
                 with self.timer("sim"):
-                    out = env.step(act["action"])
-                step = out.empty()  # the step as the learner sees it (see m2flow.keys)
-                step.update({"obs": obs[k], "next": out["next"]})
-                step.update(act)
-                record(k, step)
-                obs[k] = out["obs"]
+                    for g, a in zip(groups, parts):
+                        self.envs[g].step_async(a["action"])
+                    outs = [self.envs[g].step_wait() for g in groups]
+                for g, a, out in zip(groups, parts, outs):
+                    step = out.empty()  # the step as the learner sees it (see m2flow.keys)
+                    step.update({"obs": obs[g], "next": out["next"]})
+                    step.update(a)
+                    record(g, step)
+                    obs[g] = out["obs"]
                 if t + 1 < num_steps:
-                    self._send(obs_ch, k, obs[k])
+                    self._send(obs_ch, k, groups, obs)
         with self.timer("send"):
             obs_ch.flush()
         return obs
 
-    def _send(self, obs_ch: Channel, k: int, obs: TensorDict) -> None:
+    def _stages(self, stages: int) -> list[list[int]]:
+        """Groups of each stage: contiguous runs, as even as possible."""
+        if not 1 <= stages <= len(self.sizes):
+            raise ValueError(
+                f"{stages} pipeline stages asked of an env worker built with {len(self.sizes)} "
+                f"env groups; set rollout.env_groups >= {stages} (it defaults to "
+                "rollout.pipeline_stages)."
+            )
+        out, start = [], 0
+        for n in stage_sizes(len(self.sizes), stages):
+            out.append(list(range(start, start + n)))
+            start += n
+        return out
+
+    def _send(self, obs_ch: Channel, k: int, groups: list[int], obs: list) -> None:
         with self.timer("send"):
-            obs_ch.put(TensorDict({"obs": obs}, batch_size=[self.sizes[k]]), key=(self.rank, k),
+            o = obs[groups[0]] if len(groups) == 1 else torch.cat([obs[g] for g in groups])
+            obs_ch.put(TensorDict({"obs": o}, batch_size=o.batch_size), key=(self.rank, k),
                        timeout=self.timeout)
 
     def _reset(self, purpose: int, iteration: int, rebuild: bool = False) -> list:
@@ -152,15 +174,15 @@ class EnvWorker(Worker):
 
 
 def stage_sizes(num_envs: int, stages: int) -> list[int]:
-    """Envs per stage: as even as possible, the first stages one more.
+    """Envs per stage (or group): as even as possible, the first ones one more.
 
     >>> stage_sizes(7, 3)
     [3, 2, 2]
     """
     if not 1 <= stages <= num_envs:
         raise ValueError(
-            f"rollout.pipeline_stages={stages} with env.num_envs={num_envs}: every stage needs "
-            f"at least one env; use 1 to {num_envs} stages."
+            f"rollout.pipeline_stages={stages} (or rollout.env_groups) with env.num_envs="
+            f"{num_envs}: every stage needs at least one env; use 1 to {num_envs}."
         )
     base, extra = divmod(num_envs, stages)
     return [base + (k < extra) for k in range(stages)]

@@ -44,20 +44,21 @@ class EmbodiedRunner:
         self.placement = Placement(cfg.cluster.placement, self.cluster.nodes)
         check_config(cfg)
         self.groups: list[WorkerGroup] = []
-        stages = cfg.rollout.pipeline_stages
-        self.env = self._group("env", EnvWorker, cfg.env, cfg.seed, stages, r.channel_timeout_s)
+        groups = cfg.rollout.env_groups or cfg.rollout.pipeline_stages
+        self.env = self._group("env", EnvWorker, cfg.env, cfg.seed, groups, r.channel_timeout_s)
         self.spec = self.env.call("spec", ranks=[0]).wait()[0]
         self.rollout = self._group(
             "rollout", RolloutWorker, cfg.policy, self.spec, cfg.seed, r.channel_timeout_s
         )
         self.env_ranks = list(range(self.env.world_size))
-        # lanes (env rank, stage), in the order env workers send them; stage g of all stages
-        # goes to rollout rank g mod N: M env workers -> N rollout workers, no relay
-        self.lanes = [(e, k) for k in range(stages) for e in self.env_ranks]
+        # lane (env rank e, stage k) goes to rollout rank (e * groups + k) mod N: M env workers
+        # -> N rollout workers, no relay
         self.obs_ch = Channel(
             "obs", self.rollout, item_type=TensorDict,
-            routes={(e, k): (e * stages + k) % self.rollout.world_size for e, k in self.lanes},
+            routes={(e, k): (e * groups + k) % self.rollout.world_size
+                    for e in self.env_ranks for k in range(groups)},
         )
+        self.set_stages(cfg.rollout.pipeline_stages)
         self.act_ch = Channel("action", self.env, item_type=TensorDict)  # (e, k) -> env rank e
         self.num_envs = cfg.env.num_envs * self.env.world_size
         self.iteration, self.global_step = 0, 0
@@ -75,6 +76,15 @@ class EmbodiedRunner:
                 self.load(cfg.resume)
             self.sync_weights(self.iteration)
 
+    def set_stages(self, stages: int) -> None:
+        """Pipeline stages from the next collection on (1 to rollout.env_groups)."""
+        groups = self.cfg.rollout.env_groups or self.cfg.rollout.pipeline_stages
+        if not 1 <= stages <= groups:
+            raise ValueError(f"pipeline stages={stages}: use 1 to rollout.env_groups={groups}.")
+        self.stages = stages
+        # lanes in the order env workers send them: stage by stage
+        self.lanes = [(e, k) for k in range(stages) for e in self.env_ranks]
+
     def _group(self, name: str, cls: type, *args) -> WorkerGroup:
         group = WorkerGroup(self.cluster, name, cls, self.placement.ranks(name), *args)
         self.groups.append(group)
@@ -90,7 +100,7 @@ class EmbodiedRunner:
         return _Collection(
             iteration,
             self.env.call("rollout", r.rollout_steps, self.obs_ch, self.act_ch, self.traj_ch,
-                          iteration, r.reset_every_iteration, r.exact_resets),
+                          iteration, r.reset_every_iteration, r.exact_resets, self.stages),
             self._serve(r.rollout_steps, iteration, deterministic=False),
         )
 
@@ -113,7 +123,7 @@ class EmbodiedRunner:
         rounds = max(1, math.ceil(episodes / self.num_envs))
         steps = rounds * self.spec.max_episode_steps
         env_out, _ = gather(
-            self.env.call("evaluate", rounds, self.obs_ch, self.act_ch),
+            self.env.call("evaluate", rounds, self.obs_ch, self.act_ch, self.stages),
             self._serve(steps, 0, deterministic=deterministic),
         )
         return {k.replace("env/", "eval/"): v for k, v in _merge(env_out).summary().items()}
@@ -269,6 +279,15 @@ class _Collection:
 def check_config(cfg: TrainConfig) -> None:
     """Config errors that only show in combination, before any worker starts."""
     stage_sizes(cfg.env.num_envs, cfg.rollout.pipeline_stages)
+    groups = cfg.rollout.env_groups
+    if groups is not None:
+        stage_sizes(cfg.env.num_envs, groups)
+        if groups < cfg.rollout.pipeline_stages:
+            raise ValueError(
+                f"rollout.env_groups={groups} < rollout.pipeline_stages="
+                f"{cfg.rollout.pipeline_stages}: a stage is one or more env groups; raise "
+                "env_groups or leave it unset."
+            )
     r = cfg.runner
     if r.overlap_learner and r.max_staleness < 1:
         raise ValueError(

@@ -65,6 +65,17 @@ class BatchedEnv(ABC):
         truncated, done, success.
         """
 
+    def step_async(self, action: torch.Tensor) -> None:
+        """Starts a step and returns at once where the simulator runs elsewhere (processes);
+        ``step_wait`` returns its result. Lets several envs simulate at the same time.
+        Default: the step runs in ``step_wait``."""
+        self._pending_action = action
+
+    def step_wait(self) -> TensorDict:
+        """The result of the step started by ``step_async``."""
+        action, self._pending_action = self._pending_action, None
+        return self.step(action)
+
     def close(self) -> None:
         """Frees the simulator (processes, renderer)."""
 

@@ -81,6 +81,12 @@ class ManiSkillEnv(BatchedEnv):
     def step(self, action: torch.Tensor) -> TensorDict:
         return self._impl.step(action)
 
+    def step_async(self, action: torch.Tensor) -> None:
+        self._impl.step_async(action)
+
+    def step_wait(self) -> TensorDict:
+        return self._impl.step_wait()
+
     def close(self) -> None:
         self._impl.close()
 

@@ -54,9 +54,24 @@ class GymVectorEnv(BatchedEnv):
         return TensorDict({"obs": self._obs(obs)}, batch_size=[self.num_envs])
 
     def step(self, action: torch.Tensor) -> TensorDict:
+        self.step_async(action)
+        return self.step_wait()
+
+    def step_async(self, action: torch.Tensor) -> None:
         act = self.clip_action(action.detach().float().cpu()).numpy()
         act = act.reshape(self.vec.action_space.shape)
-        obs, reward, terminated, truncated, info = self.vec.step(act)
+        if isinstance(self.vec, AsyncVectorEnv):
+            self.vec.step_async(act)
+        else:
+            self._pending_action = act
+
+    def step_wait(self) -> TensorDict:
+        if isinstance(self.vec, AsyncVectorEnv):
+            result = self.vec.step_wait()
+        else:
+            act, self._pending_action = self._pending_action, None
+            result = self.vec.step(act)
+        obs, reward, terminated, truncated, info = result
         done = np.logical_or(terminated, truncated)
         success = _success(info, done, self.num_envs)
         final_obs = _final_obs(obs, info, done)
