@@ -70,8 +70,10 @@ class M2flowCollect:
         self.runner.cfg.runner.rollout_steps = k
         self.runner.collect(next(self.it))
 
-    def after(self) -> None:
-        self.runner.update(next(self.it) - 1)  # drains the trajectory channel; not timed
+    def after(self) -> None:  # drains the trajectory channel; not timed
+        it = next(self.it) - 1
+        self.runner.update(it)
+        self.runner.sync_weights(it + 1)
 
     def close(self) -> None:
         self.runner.close()

@@ -143,3 +143,49 @@ def test_unlisted_component_gets_the_default_placement():
 def test_components_may_be_plain_mappings():
     p = place("hybrid", rollout={"workers": 2, "gpus": [0, 1], "cpus": 0.5})
     assert p.ranks("rollout") == [RankResources(0, 0.5, (0,)), RankResources(0, 0.5, (1,))]
+
+
+def test_disaggregated_pins_each_component_to_its_own_cores():
+    p = place("disaggregated", ((4, 0),), env=C(cpus=2), rollout=C(workers=2, cpus=1))
+    assert [r.cpu_ids for r in p.ranks("env")] == [(0, 1)]
+    assert [r.cpu_ids for r in p.ranks("rollout")] == [(2,), (3,)]
+    assert p.ranks("rollout")[0].threads == 1 and p.ranks("env")[0].threads == 2
+
+
+def test_explicit_cpu_ids_split_over_ranks_and_set_the_share():
+    p = place("hybrid", ((4, 0),), env=C(workers=2, cpu_ids=[0, 1, 2, 3]), learner=C(cpus=4))
+    assert [(r.cpu_ids, r.cpus) for r in p.ranks("env")] == [((0, 1), 2.0), ((2, 3), 2.0)]
+    assert p.ranks("learner")[0].cpu_ids == ()  # not pinned: shares the node
+
+
+@pytest.mark.parametrize("ids, fragment", [
+    ([0, 9], "cpu_ids=[0, 9]: cores must be distinct ids 0-3"),
+    ([1, 1], "cpu_ids=[1, 1]: cores must be distinct"),
+    ([0, 1, 2], "has 3 cores for 2 workers"),
+])
+def test_bad_cpu_ids_name_the_field(ids, fragment):
+    msg = error_of("hybrid", ((4, 0),), env=C(workers=2, cpu_ids=ids))
+    assert "placement.components.env.cpu_ids" in msg and fragment in msg
+
+
+def test_disaggregated_components_pinned_to_the_same_core_name_both():
+    msg = error_of("disaggregated", ((4, 0),), env=C(cpu_ids=[0]), rollout=C(cpu_ids=[0]))
+    assert "'env' and 'rollout'" in msg and "cores [0]" in msg
+
+
+def test_a_ray_worker_is_pinned_to_its_cores(ray_cluster):
+    from m2flow.pipelines import Worker, WorkerGroup
+
+    class Probe(Worker):
+        def cores(self):
+            import os
+
+            import torch
+
+            return sorted(os.sched_getaffinity(0)), torch.get_num_threads()
+
+    group = WorkerGroup(ray_cluster, "probe", Probe, [RankResources(0, 1.0, (), (0,))])
+    try:
+        assert group.call("cores").wait() == [([0], 1)]
+    finally:
+        group.shutdown()

@@ -25,7 +25,12 @@ def test_cli_trains_in_process_and_eval_reads_the_checkpoint(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "done: 2 iterations, 64 env steps" in out
     ckpt = next(tmp_path.glob("*/*/checkpoints/last.pt"))
-    assert (ckpt.parent.parent / "tb").is_dir() and (ckpt.parent.parent / "train.log").is_file()
+    run_dir = ckpt.parent.parent
+    assert (run_dir / "tb").is_dir() and (run_dir / "train.log").is_file()
+    assert (run_dir / "time_breakdown.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    log = (run_dir / "train.log").read_text()
+    for phase in ("env_sim", "rollout_infer", "learner_learn", "rollout_weight_sync"):
+        assert phase in log, phase  # the per-iteration time breakdown
 
     assert evaluate([f"checkpoint={ckpt}", "episodes=2", "cluster.backend=local"]) == 0
     metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -58,6 +58,10 @@ class EnvWorker(Worker):
         self.timeout = channel_timeout
         self.sizes = stage_sizes(cfg.num_envs, groups)
         self.envs = [make_env(replace(cfg, num_envs=n), device=self.device) for n in self.sizes]
+        if self.envs[0].device.type == "cpu":
+            # the simulator processes keep this worker's cores; its own thread (sending actions,
+            # receiving results, recording) floats, so it does not take time from them
+            self.float_threads()
         self.num_envs = cfg.num_envs
         self._obs: Optional[list] = None  # per group: the obs to act on next
 

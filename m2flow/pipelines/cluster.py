@@ -62,6 +62,10 @@ class Cluster:
     def _start_ray(self, cfg: ClusterConfig) -> list[NodeInfo]:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+        # Ray starts its workers at nice 15, so a simulator or policy worker loses its core to
+        # any ordinary process (Ray's own daemons, a driver loop): 6% of the rgb benchmark's
+        # steps here. A local Ray started by m2flow runs them at normal priority.
+        os.environ.setdefault("RAY_worker_niceness", "0")
         import ray
 
         if not ray.is_initialized():

@@ -52,6 +52,7 @@ class Worker:
         if info.backend == "ray":  # this process is this rank's alone
             import torch
 
+            self._unpinned = os.sched_getaffinity(0)
             if info.resources.cpu_ids:
                 pin_process(info.resources.cpu_ids)
             torch.set_num_threads(info.resources.threads)
@@ -64,6 +65,14 @@ class Worker:
         if self.info.backend == "ray":
             return "cuda:0"  # CUDA_VISIBLE_DEVICES holds exactly this rank's GPUs
         return f"cuda:{self.info.resources.gpu_ids[0]}"
+
+    def float_threads(self) -> None:
+        """Lets this process's own threads run on any core again; processes it already started
+        stay pinned. For a worker whose compute is in child processes (simulators): its
+        bookkeeping then runs on an idle core instead of taking time from its children."""
+        unpinned = getattr(self, "_unpinned", None)
+        if unpinned is not None and self.info.resources.cpu_ids:
+            pin_process(unpinned)
 
     def pop_timings(self) -> dict[str, float]:
         """Seconds per phase since the last call (the runner gathers these every iteration)."""
