@@ -48,3 +48,22 @@ def test_update_moves_weights_and_reports_loss_terms(learner):
     # the normaliser saw the batch only after the update (mean of obs is about 5)
     assert after["obs_norm.mean"].mean().item() == pytest.approx(5.0, abs=0.5)
     assert before["obs_norm.count"].item() == 0.0
+
+
+def test_a_stale_trajectory_is_revalued_so_gae_uses_one_critic(learner):
+    group, ch = learner
+    worker = group.handles[0]
+    stale = trajectory()
+    worker._add_advantages(stale, revalue=True)
+    with torch.no_grad():
+        now = worker.policy.value(stale["obs"].reshape(-1)).reshape(3, 8)
+    torch.testing.assert_close(stale["value"], now)
+    fresh = trajectory()
+    stored = fresh["value"].clone()
+    worker._add_advantages(fresh)  # collected with these very weights: values kept
+    assert torch.equal(fresh["value"], stored)
+    # through update(): actions one update old are accepted with max_staleness=1
+    stale = trajectory()
+    stale["policy_version"] = torch.full((3, 8), 4)
+    ch.put(stale, key=0)
+    assert group.call("update", ch, [0], 5, 1).wait()[0]["perf/staleness"] == 1.0

@@ -55,7 +55,7 @@ class LearnerWorker(Worker):
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             traj = torch.cat(parts, dim=0).to(self.device)  # (N, T)
-            self._add_advantages(traj)
+            self._add_advantages(traj, revalue=staleness > 0)
             metrics = self._ppo_epochs(traj.reshape(-1), iteration)  # b_: (N*T,)
             self.policy.observe(traj)  # statistics change between updates, never within one
             return {**metrics, "loss/learning_rate": lr, "perf/staleness": float(staleness)}
@@ -67,7 +67,15 @@ class LearnerWorker(Worker):
         return self.algo.learning_rate * (1.0 - iteration / max(1, self.num_iterations))
 
     @torch.no_grad()
-    def _add_advantages(self, traj: TensorDict) -> None:
+    def _add_advantages(self, traj: TensorDict, revalue: bool = False) -> None:
+        """GAE with one critic throughout. ``revalue``: the trajectory was collected with older
+        weights (learner overlap); its stored values come from an older critic, and mixing
+        them with this critic's next-state values makes the returns off by about
+        (V_new - V_old) * gamma / (1 - gamma * lambda), ~17x here, which the critic then
+        chases until it diverges (measured: value loss 0.006 -> 9.7 in 12 iterations). So the
+        values are recomputed; the behaviour log-probs stay (PPO's ratio needs them)."""
+        if revalue:
+            traj[keys.VALUE] = self.policy.value(traj[keys.OBS].reshape(-1)).reshape(traj.shape)
         next_obs = traj[keys.NEXT_OBS]
         traj[keys.NEXT_VALUE] = self.policy.value(next_obs.reshape(-1)).reshape(traj.shape)
         adv, ret = gae(

@@ -192,7 +192,7 @@ class EmbodiedRunner:
         logger = RunLogger(self.run_dir, r.num_iterations, self.iteration, bar=r.progress_bar)
         logger.info(f"run dir {self.run_dir}; {self.num_envs} envs of {cfg.env.name}, "
                     f"placement {self.placement.mode}, backend {cfg.cluster.backend}")
-        start_wall, result = time.perf_counter(), {}
+        start_wall, result, eval_s = time.perf_counter(), {}, 0.0
         try:
             for it in range(self.iteration, r.num_iterations):
                 metrics = self.iterate(it)
@@ -201,6 +201,7 @@ class EmbodiedRunner:
                     self.drain()
                     metrics.update(self.evaluate())
                     metrics["time/eval"] = time.perf_counter() - t0
+                    eval_s += metrics["time/eval"]
                     self.timings()  # eval's worker timings are not part of the next iteration
                     self._last_end = time.perf_counter()  # nor is its wall time
                     result = dict(metrics)
@@ -222,6 +223,7 @@ class EmbodiedRunner:
             "iterations": self.iteration,
             "env_steps": self.global_step,
             "wall_s": time.perf_counter() - start_wall,
+            "eval_s": eval_s,
             "checkpoint": str(self.run_dir / "checkpoints" / "last.pt"),
         }
 

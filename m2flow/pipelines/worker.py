@@ -67,12 +67,13 @@ class Worker:
         return f"cuda:{self.info.resources.gpu_ids[0]}"
 
     def float_threads(self) -> None:
-        """Lets this process's own threads run on any core again; processes it already started
-        stay pinned. For a worker whose compute is in child processes (simulators): its
-        bookkeeping then runs on an idle core instead of taking time from its children."""
+        """Moves this process's own threads off its cores (onto the others it may use);
+        processes it already started stay pinned. For a worker whose compute is in child
+        processes (simulators): its bookkeeping then does not take time from its children (a
+        pipe write from a child would otherwise wake it on the child's core)."""
         unpinned = getattr(self, "_unpinned", None)
         if unpinned is not None and self.info.resources.cpu_ids:
-            pin_process(unpinned)
+            pin_process((unpinned - set(self.info.resources.cpu_ids)) or unpinned)
 
     def pop_timings(self) -> dict[str, float]:
         """Seconds per phase since the last call (the runner gathers these every iteration)."""
