@@ -1,6 +1,8 @@
 """A deterministic fake env and policy for engine tests (never to show a feature working).
 
 ``test/Counter``: env i's observation is ``[seed_i, t, last action]``; episodes last 5 steps.
+``test/CounterProc``: the same env, one subprocess per env (steps in the background, like
+ManiSkill's CPU backend).
 ``test/echo``: action = 0.1 * (seed + t) of the observation; deterministic, no sampling.
 """
 
@@ -8,12 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import gymnasium as gym
+import numpy as np
 import torch
 from tensordict import TensorDict
 from torch import nn
 
 from m2flow.envs import EnvSpec, register_env
 from m2flow.envs.base import BatchedEnv
+from m2flow.envs.vector import GymVectorEnv
 from m2flow.policies import register_policy
 from m2flow.policies.base import Policy
 
@@ -53,6 +58,36 @@ class CounterEnv(BatchedEnv):
         )
 
 
+class CounterGym(gym.Env):
+    """One env of ``test/Counter`` as a gymnasium env (runs in its own process)."""
+
+    observation_space = gym.spaces.Box(-1e6, 1e6, (3,), np.float32)
+    action_space = gym.spaces.Box(-100.0, 100.0, (1,), np.float32)
+
+    def __init__(self):
+        self.seed_value, self.t, self.last = 0.0, 0, 0.0
+
+    def _obs(self):
+        return np.array([self.seed_value, self.t, self.last], dtype=np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self.seed_value = float(seed % 1000)
+        self.t, self.last = 0, 0.0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        self.last = float(action[0])
+        done = self.t >= EPISODE
+        return self._obs(), self.last, done, False, {"success": done}
+
+
+class CounterProcEnv(GymVectorEnv):
+    def __init__(self, cfg, device: str = "cpu"):
+        super().__init__([CounterGym] * cfg.num_envs, processes=True, max_episode_steps=EPISODE)
+
+
 class EchoPolicy(Policy):
     def __init__(self, cfg, env_spec):
         super().__init__()
@@ -79,4 +114,5 @@ class EchoPolicy(Policy):
 
 def register() -> None:
     register_env("test/Counter", CounterEnv, override=True)
+    register_env("test/CounterProc", CounterProcEnv, override=True)
     register_policy("test/echo", EchoPolicy, override=True)

@@ -17,10 +17,10 @@ from m2flow.pipelines import Channel, RankResources, WorkerGroup
 STEPS = 12
 
 
-def fake_runner(stages, num_envs=7, env_workers=1, rollout_workers=1, *extra):
+def fake_runner(stages, num_envs=7, env_workers=1, rollout_workers=1, *extra, env="test/Counter"):
     fakes.register()
     cfg = load_train_config("maniskill_pushcube_ppo_mlp", [
-        "cluster=inprocess", "env.name=test/Counter", f"env.num_envs={num_envs}",
+        "cluster=inprocess", f"env.name={env}", f"env.num_envs={num_envs}",
         "policy.name=test/echo", f"rollout.pipeline_stages={stages}",
         f"runner.rollout_steps={STEPS}", "runner.progress_bar=false",
         f"cluster.placement.components.env.workers={env_workers}",
@@ -44,9 +44,13 @@ def check_in_order(traj, seeds):
     torch.testing.assert_close(traj["action"][..., 0], 0.1 * (state[:, :, 0] + state[:, :, 1]))
 
 
+ENVS = ["test/Counter", "test/CounterProc"]  # stepped in this thread | in subprocesses
+
+
+@pytest.mark.parametrize("env", ENVS)
 @pytest.mark.parametrize("stages", [1, 2, 3])
-def test_stages_keep_each_envs_trajectory_in_order_with_uneven_env_counts(stages):
-    runner = fake_runner(stages, num_envs=7)  # 7 envs: stages of 7 | 4+3 | 3+2+2
+def test_stages_keep_each_envs_trajectory_in_order_with_uneven_env_counts(stages, env):
+    runner = fake_runner(stages, 7, env=env)  # 7 envs: stages of 7 | 4+3 | 3+2+2
     try:
         (traj,) = collect(runner)
         seeds = [s % 1000 for s in seeding.derive(runner.cfg.seed, seeding.TRAIN, 0, 0, 7)]
@@ -55,10 +59,11 @@ def test_stages_keep_each_envs_trajectory_in_order_with_uneven_env_counts(stages
         runner.close()
 
 
-def test_trajectories_of_two_and_three_stages_equal_one_stage():
+@pytest.mark.parametrize("env", ENVS)
+def test_trajectories_of_two_and_three_stages_equal_one_stage(env):
     trajs = {}
     for stages in (1, 2, 3):
-        runner = fake_runner(stages, num_envs=7)
+        runner = fake_runner(stages, 7, env=env)
         try:
             trajs[stages] = [collect(runner, it)[0] for it in range(2)]
         finally:

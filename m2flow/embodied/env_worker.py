@@ -112,35 +112,58 @@ class EnvWorker(Worker):
 
     def _run(self, num_steps: int, obs: list, obs_ch: Channel, act_ch: Channel, record,
              stages: int) -> list:
-        """The pipeline: per step, each stage in turn waits for its actions and simulates.
-
-        Stage k's next obs is sent as soon as it simulated, so the rollout worker infers for
-        it while the later stages simulate. Exactly ``num_steps`` obs go out per stage.
+        """The pipeline. Per step, stage by stage: wait for the stage's actions and start its
+        simulation; where simulators run in the background (processes), finish the previous
+        stage only then (collect its result, record it, send its next obs), so one stage
+        simulates while the rollout worker infers for the next and while this thread hands
+        data around. When inference is quick, the next stage's actions are already there and
+        its envs start at once: stages then simulate together, as with S=1, and the hand-offs
+        are hidden behind simulation instead of adding to it. Exactly ``num_steps`` obs go out
+        per stage.
         """
         obs = list(obs)
         plan = self._stages(stages)
+        background = all(self.envs[g].steps_in_background for groups in plan for g in groups)
         for k, groups in enumerate(plan):
             self._send(obs_ch, k, groups, obs)
+        in_flight = None  # (stage, its actions, send its obs after?) started, not yet finished
         for t in range(num_steps):
-            for k, groups in enumerate(plan):
+            more = t + 1 < num_steps
+            for k in range(len(plan)):
+                if in_flight is not None and in_flight[0] == k:  # S=1: nothing to overlap with
+                    self._finish(*in_flight, plan, obs, obs_ch, record)
+                    in_flight = None
                 with self.timer("wait"):
                     act = act_ch.get(key=(self.rank, k), timeout=self.timeout)
-                parts = act.split([self.sizes[g] for g in groups]) if len(groups) > 1 else [act]
+                parts = act.split([self.sizes[g] for g in plan[k]]) if len(plan[k]) > 1 else [act]
                 with self.timer("sim"):
-                    for g, a in zip(groups, parts):
+                    for g, a in zip(plan[k], parts):
                         self.envs[g].step_async(a["action"])
-                    outs = [self.envs[g].step_wait() for g in groups]
-                for g, a, out in zip(groups, parts, outs):
-                    step = out.empty()  # the step as the learner sees it (see m2flow.keys)
-                    step.update({"obs": obs[g], "next": out["next"]})
-                    step.update(a)
-                    record(g, step)
-                    obs[g] = out["obs"]
-                if t + 1 < num_steps:
-                    self._send(obs_ch, k, groups, obs)
+                if not background:
+                    self._finish(k, parts, more, plan, obs, obs_ch, record)
+                    continue
+                if in_flight is not None:
+                    self._finish(*in_flight, plan, obs, obs_ch, record)
+                in_flight = (k, parts, more)
+        if in_flight is not None:
+            self._finish(*in_flight, plan, obs, obs_ch, record)
         with self.timer("send"):
             obs_ch.flush()
         return obs
+
+    def _finish(self, k: int, parts: list, send: bool, plan: list, obs: list, obs_ch: Channel,
+                record) -> None:
+        """Collects stage k's step, records it per group, and sends its next obs if asked."""
+        with self.timer("sim"):
+            outs = [self.envs[g].step_wait() for g in plan[k]]
+        for g, a, out in zip(plan[k], parts, outs):
+            step = out.empty()  # the step as the learner sees it (see m2flow.keys)
+            step.update({"obs": obs[g], "next": out["next"]})
+            step.update(a)
+            record(g, step)
+            obs[g] = out["obs"]
+        if send:
+            self._send(obs_ch, k, plan[k], obs)
 
     def _stages(self, stages: int) -> list[list[int]]:
         """Groups of each stage: contiguous runs, as even as possible."""

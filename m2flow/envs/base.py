@@ -48,6 +48,9 @@ class BatchedEnv(ABC):
     num_envs: int
     spec: EnvSpec
     device: torch.device = torch.device("cpu")
+    steps_in_background: bool = False
+    """True when ``step_async`` returns while the simulator runs elsewhere (processes), so the
+    caller can do other work (and start other envs) until ``step_wait``."""
 
     @abstractmethod
     def reset(self, seed: Optional[Sequence[int]] = None, *, rebuild: bool = False) -> TensorDict:

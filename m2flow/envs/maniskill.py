@@ -74,6 +74,7 @@ class ManiSkillEnv(BatchedEnv):
         else:
             self._impl = _ManiSkillGPU(task, cfg, kw, device, limit)
         self.num_envs, self.spec, self.device = cfg.num_envs, self._impl.spec, self._impl.device
+        self.steps_in_background = self._impl.steps_in_background
 
     def reset(self, seed: Optional[Sequence[int]] = None, *, rebuild: bool = False) -> TensorDict:
         return self._impl.reset(seed, rebuild=rebuild)

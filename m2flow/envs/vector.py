@@ -39,6 +39,7 @@ class GymVectorEnv(BatchedEnv):
     ):
         self.num_envs = len(env_fns)
         self.rebuild_options = rebuild_options
+        self.steps_in_background = processes
         if processes:
             self.vec = AsyncVectorEnv(
                 list(env_fns), context="forkserver", autoreset_mode=AutoresetMode.SAME_STEP

@@ -82,6 +82,17 @@ class Worker:
     def pid(self) -> int:
         return os.getpid()
 
+    def _m2flow_started(self) -> int:
+        """Called once the worker is built. Moves every object alive now (the libraries,
+        simulators and models it loaded) out of the garbage collector's view, so the
+        collections that a hot loop's short-lived objects trigger do not rescan them: in a
+        worker that has imported torch, Ray and a simulator a full collection takes
+        milliseconds, and it lands in the middle of a step."""
+        import gc
+
+        gc.freeze()
+        return os.getpid()
+
     # Channel plumbing: the receiving end of a channel lives in the worker that reads it.
     def _m2flow_open_channel(self, uid: str, capacity: int):
         return _channel.open_endpoint(uid, self.rank, capacity, listen=self.info.backend == "ray")
@@ -129,7 +140,7 @@ class WorkerGroup:
                 _launch_ray_actor(cluster, worker_cls, self._info(r, res), args, kwargs)
                 for r, res in enumerate(ranks)
             ]
-            self.call("pid").wait()  # surfaces constructor errors here, with the rank
+            self.call("_m2flow_started").wait()  # surfaces constructor errors here, with the rank
         else:
             self._executor = cf.ThreadPoolExecutor(
                 max_workers=MAX_CONCURRENT_CALLS * self.world_size,
