@@ -112,50 +112,55 @@ class EnvWorker(Worker):
 
     def _run(self, num_steps: int, obs: list, obs_ch: Channel, act_ch: Channel, record,
              stages: int) -> list:
-        """The pipeline. Per step, stage by stage: wait for the stage's actions and start its
-        simulation; where simulators run in the background (processes), finish the previous
-        stage only then (collect its result, record it, send its next obs), so one stage
-        simulates while the rollout worker infers for the next and while this thread hands
-        data around. When inference is quick, the next stage's actions are already there and
-        its envs start at once: stages then simulate together, as with S=1, and the hand-offs
-        are hidden behind simulation instead of adding to it. Exactly ``num_steps`` obs go out
-        per stage.
+        """The pipeline. Per step, stage by stage: wait for stage k's actions, wait for stage
+        k-1's simulation to end, start stage k's, and only then record stage k-1's step and
+        send its next obs. So one stage simulates at a time (a stage that shares the cores
+        with another would finish later, and the rollout worker would wait for its obs), the
+        rollout worker infers for the other stages meanwhile, and this worker's hand-offs
+        (record, send: ~1 ms a step here) happen while a stage simulates instead of between
+        simulations. S=1 has nothing to overlap with: finish, then wait for actions. Where the
+        env steps in this thread (no background processes) each stage finishes in turn.
+        Exactly ``num_steps`` obs go out per stage.
         """
         obs = list(obs)
         plan = self._stages(stages)
         background = all(self.envs[g].steps_in_background for groups in plan for g in groups)
         for k, groups in enumerate(plan):
             self._send(obs_ch, k, groups, obs)
-        in_flight = None  # (stage, its actions, send its obs after?) started, not yet finished
+        in_flight = None  # (stage, its actions, send its obs after?) started, not finished
         for t in range(num_steps):
             more = t + 1 < num_steps
             for k in range(len(plan)):
-                if in_flight is not None and in_flight[0] == k:  # S=1: nothing to overlap with
-                    self._finish(*in_flight, plan, obs, obs_ch, record)
+                if in_flight is not None and in_flight[0] == k:  # S=1
+                    self._record(*in_flight, self._wait(in_flight[0], plan), plan, obs, obs_ch,
+                                 record)
                     in_flight = None
                 with self.timer("wait"):
                     act = act_ch.get(key=(self.rank, k), timeout=self.timeout)
                 parts = act.split([self.sizes[g] for g in plan[k]]) if len(plan[k]) > 1 else [act]
+                done = self._wait(in_flight[0], plan) if in_flight is not None else None
                 with self.timer("sim"):
                     for g, a in zip(plan[k], parts):
                         self.envs[g].step_async(a["action"])
-                if not background:
-                    self._finish(k, parts, more, plan, obs, obs_ch, record)
-                    continue
-                if in_flight is not None:
-                    self._finish(*in_flight, plan, obs, obs_ch, record)
+                if in_flight is not None:  # while stage k simulates
+                    self._record(*in_flight, done, plan, obs, obs_ch, record)
                 in_flight = (k, parts, more)
+                if not background:
+                    self._record(*in_flight, self._wait(k, plan), plan, obs, obs_ch, record)
+                    in_flight = None
         if in_flight is not None:
-            self._finish(*in_flight, plan, obs, obs_ch, record)
+            self._record(*in_flight, self._wait(in_flight[0], plan), plan, obs, obs_ch, record)
         with self.timer("send"):
             obs_ch.flush()
         return obs
 
-    def _finish(self, k: int, parts: list, send: bool, plan: list, obs: list, obs_ch: Channel,
-                record) -> None:
-        """Collects stage k's step, records it per group, and sends its next obs if asked."""
+    def _wait(self, k: int, plan: list) -> list:
         with self.timer("sim"):
-            outs = [self.envs[g].step_wait() for g in plan[k]]
+            return [self.envs[g].step_wait() for g in plan[k]]
+
+    def _record(self, k: int, parts: list, send: bool, outs: list, plan: list, obs: list,
+                obs_ch: Channel, record) -> None:
+        """Records stage k's step per group and sends its next obs if asked."""
         for g, a, out in zip(plan[k], parts, outs):
             step = out.empty()  # the step as the learner sees it (see m2flow.keys)
             step.update({"obs": obs[g], "next": out["next"]})
