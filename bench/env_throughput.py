@@ -68,12 +68,12 @@ class M2flowCollect:
 
     def run(self, k: int) -> None:
         self.runner.cfg.runner.rollout_steps = k
-        self.runner.collect(next(self.it))
+        self.last = next(self.it)
+        self.runner.collect(self.last)
 
     def after(self) -> None:  # drains the trajectory channel; not timed
-        it = next(self.it) - 1
-        self.runner.update(it)
-        self.runner.sync_weights(it + 1)
+        self.runner.update(self.last)
+        self.runner.sync_weights(self.last + 1)
 
     def close(self) -> None:
         self.runner.close()
