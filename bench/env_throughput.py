@@ -14,15 +14,12 @@ speed drifts from minute to minute, so modes timed minutes apart are not compara
 from __future__ import annotations
 
 import argparse
-import csv
 import itertools
 import os
-import platform
 import statistics
-import subprocess
 import time
-from pathlib import Path
 
+import record
 import torch
 from tensordict import TensorDict
 
@@ -115,21 +112,7 @@ def main() -> None:
     print(f"{'mode':<14}{'env steps/s':>12}{'(min-max)':>14}{'vs plain loop':>15}")
     for name, med, lo, hi in rows:
         print(f"{name:<14}{med:>12.0f}{f'({lo:.0f}-{hi:.0f})':>14}{med / plain:>15.2f}")
-    _append_csv(c, args, rows)
-
-
-def _append_csv(cfg, args, rows) -> None:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
-    path = Path(__file__).with_name("results.csv")
-    new = not path.exists()
-    with path.open("a", newline="") as f:
-        w = csv.writer(f)
-        if new:
-            w.writerow(["bench", "env", "num_envs", "mode", "env_steps_per_s", "device", "commit"])
-        for name, med, _, _ in rows:
-            w.writerow(["env_throughput", cfg.env.name, args.num_envs, name, f"{med:.1f}", device, commit])
+    record.append("env_throughput", [(c.env.name, args.num_envs, name, med) for name, med, _, _ in rows])
 
 
 if __name__ == "__main__":

@@ -26,15 +26,12 @@ core 1, so simulation and inference have resources of their own to overlap on.
 from __future__ import annotations
 
 import argparse
-import csv
 import itertools
 import os
-import platform
 import statistics
-import subprocess
 import time
-from pathlib import Path
 
+import record
 import torch
 from tensordict import TensorDict
 
@@ -221,25 +218,11 @@ def main() -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     cases = list(CASES) if args.case == "all" else [args.case]
     results = [bench_case(c, args) for c in cases]
-    _append_csv(results)
+    record.append("pipeline", [(r["case"], r["num_envs"], m, v)
+                               for r in results for m, v in r["rates"].items()])
     d = next((r for r in results if r["case"] == DEFAULT_CASE), results[0])
     print(f"pipeline: speedup={d['speedup']:.2f} bound={d['bound']:.2f} "
           f"efficiency={d['efficiency']:.2f} overhead={d['overhead_pct']:.1f}%")
-
-
-def _append_csv(results: list[dict]) -> None:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, check=False).stdout.strip()
-    device = platform.processor() or "cpu"
-    path = Path(__file__).with_name("results.csv")
-    new = not path.exists()
-    with path.open("a", newline="") as f:
-        w = csv.writer(f)
-        if new:
-            w.writerow(["bench", "case", "num_envs", "mode", "env_steps_per_s", "device", "commit"])
-        for r in results:
-            for m, v in r["rates"].items():
-                w.writerow(["pipeline", r["case"], r["num_envs"], m, f"{v:.1f}", device, commit])
 
 
 if __name__ == "__main__":
