@@ -24,17 +24,34 @@ class ConfigError(ValueError):
     """A config that does not fit the schema, or names something that does not exist."""
 
 
+PLUGIN_GROUP = "m2flow.configs"
+"""Entry points naming packages whose config groups join m2flow's (e.g. a plugin's
+``env/<option>.yaml``, then ``env=<option>``)."""
+
+
 def load_config(config_name: str, overrides: Sequence[str] = ()) -> DictConfig:
     """The composed config (typed DictConfig), or a ConfigError naming the bad field."""
     schema.register()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module("m2flow.configs", version_base="1.3"):
-            return compose(config_name=config_name, overrides=list(overrides))
+            return compose(config_name=config_name,
+                           overrides=plugin_search_path(overrides) + list(overrides))
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(explain(e, config_name)) from None
     finally:
         GlobalHydra.instance().clear()
+
+
+def plugin_search_path(overrides: Sequence[str]) -> list[str]:
+    """A ``hydra.searchpath`` override with every plugin's config package (none if the user
+    sets the search path, or no plugin is installed)."""
+    from importlib.metadata import entry_points
+
+    if any(o.lstrip("+~").startswith("hydra.searchpath") for o in overrides):
+        return []
+    paths = [f"pkg://{ep.value}" for ep in entry_points(group=PLUGIN_GROUP)]
+    return [f"hydra.searchpath=[{','.join(paths)}]"] if paths else []
 
 
 def load_train_config(config_name: str, overrides: Sequence[str] = ()):

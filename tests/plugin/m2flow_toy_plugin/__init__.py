@@ -1,0 +1,1 @@
+"""A toy simulator plugin for m2flow (see docs/plugins.md)."""
