@@ -24,6 +24,8 @@ import tempfile
 import threading
 from typing import Any, Callable, Hashable, Optional
 
+import torch
+
 _HEADER = struct.Struct("!Q")  # frame length
 
 
@@ -48,8 +50,7 @@ class _PackedTD:
 
 
 def _pack(item: Any) -> Any:
-    td_cls = _tensordict_class()
-    if td_cls is None or type(item) is not td_cls or item.device not in (None, _CPU()):
+    if type(item) is not _TENSORDICT or item.device not in (None, _CPU):
         return item
     leaves = []
     for k, v in item.items(include_nested=True, leaves_only=True):
@@ -60,9 +61,6 @@ def _pack(item: Any) -> Any:
 def _unpack(packed: Any) -> Any:
     if type(packed) is not _PackedTD:
         return packed
-    import torch
-    from tensordict import TensorDict
-
     nested: dict = {}
     for k, v in packed.leaves:
         k = (k,) if isinstance(k, str) else k
@@ -70,7 +68,7 @@ def _unpack(packed: Any) -> Any:
         for part in k[:-1]:
             d = d.setdefault(part, {})
         d[k[-1]] = torch.from_numpy(v) if not isinstance(v, torch.Tensor) else v
-    return TensorDict(nested, batch_size=packed.batch_size)
+    return _TENSORDICT(nested, batch_size=packed.batch_size)
 
 
 def _tensordict_class():
@@ -81,20 +79,10 @@ def _tensordict_class():
     return TensorDict
 
 
-def _CPU():
-    import torch
-
-    return torch.device("cpu")
-
-
-def _numpy_dtypes():
-    import torch
-
-    return {torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.int16,
-            torch.int8, torch.uint8, torch.bool}
-
-
-_NUMPY_DTYPES = _numpy_dtypes()
+_TENSORDICT = _tensordict_class()
+_CPU = torch.device("cpu")
+_NUMPY_DTYPES = {torch.float32, torch.float64, torch.float16, torch.int64, torch.int32,
+                 torch.int16, torch.int8, torch.uint8, torch.bool}
 
 
 # -- receiving side ------------------------------------------------------------------------
@@ -188,7 +176,6 @@ class _Connection:
             raise ConnectionError(str(e)) from None
         self.lock = threading.Lock()
         self.pending: Optional[float] = None  # timeout of the frame still unanswered, if any
-        self.pending_since = 0.0
 
     def settle(self) -> None:
         """Waits for the answer to the frame in flight (raises TimeoutError if it was FULL)."""

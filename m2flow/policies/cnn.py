@@ -18,17 +18,10 @@ import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
 from torch import nn
-from torch.distributions import Normal
 
-from m2flow.policies.base import Policy, PolicyError
+from m2flow.policies.base import PolicyError
 from m2flow.policies.config import PolicyConfig
-from m2flow.policies.mlp import (
-    ACTIVATIONS,
-    ACTOR_OUT_GAIN,
-    CRITIC_OUT_GAIN,
-    _layer,
-    mlp,
-)
+from m2flow.policies.mlp import ACTIVATIONS, GaussianActorCritic, _layer
 from m2flow.policies.normalizer import RunningNorm
 
 # The unpadded convs need this many pixels per side to leave a 1x1 map; smaller images are
@@ -204,7 +197,7 @@ def _encoder(opts: CNNOptions, image_shape: tuple[int, int, int]) -> nn.Module:
     return TimmEncoder(image_shape, opts.feature_dim, model_name, opts.encoder_weights)
 
 
-class GaussianCNNPolicy(Policy):
+class GaussianCNNPolicy(GaussianActorCritic):
     """``policy.name=cnn``; ``policy.kwargs``: see ``CNNOptions``.
 
     >>> from m2flow.envs import EnvSpec
@@ -230,19 +223,15 @@ class GaussianCNNPolicy(Policy):
                 f"policy.name='cnn' reads ('obs', 'state') as a flat vector; this env gives "
                 f"{shapes['state']}. Flatten it in the env adapter."
             )
-        if cfg.activation not in ACTIVATIONS:
+        if cfg.activation not in ACTIVATIONS:  # before building an encoder for nothing
             raise PolicyError(
                 f"policy.activation={cfg.activation!r}: use one of {sorted(ACTIVATIONS)}."
             )
         opts = _options(cfg.kwargs)
         state_dim = shapes["state"][0] if "state" in shapes else 0
-        n_features, act_dim = opts.feature_dim + state_dim, env_spec.action_dim
-        hidden = list(cfg.hidden_sizes)
         self.has_state = "state" in shapes
         self.encoder = _encoder(opts, tuple(shapes["rgb"]))
-        self.actor_mean = mlp(n_features, hidden, act_dim, cfg.activation, ACTOR_OUT_GAIN)
-        self.actor_log_std = nn.Parameter(torch.full((act_dim,), float(cfg.init_log_std)))
-        self.critic = mlp(n_features, hidden, 1, cfg.activation, CRITIC_OUT_GAIN)
+        self._build_heads(opts.feature_dim + state_dim, env_spec.action_dim, cfg)
         use_norm = cfg.normalize_obs and self.has_state
         self.state_norm = RunningNorm(state_dim) if use_norm else nn.Identity()
 
@@ -252,38 +241,6 @@ class GaussianCNNPolicy(Policy):
             features = torch.cat([features, self.state_norm(obs["state"])], dim=-1)
         return features  # (B, feature_dim + D)
 
-    def _dist(self, features: torch.Tensor) -> Normal:
-        mean = self.actor_mean(features)
-        return Normal(mean, self.actor_log_std.expand_as(mean).exp())
-
-    def value(self, obs: TensorDict) -> torch.Tensor:
-        return self.critic(self._features(obs)).squeeze(-1)
-
     def observe(self, batch: TensorDict) -> None:
         if isinstance(self.state_norm, RunningNorm):
             self.state_norm.update(batch["obs", "state"])
-
-    def act(self, batch: TensorDict, deterministic: bool = False) -> TensorDict:
-        features = self._features(batch["obs"])
-        dist = self._dist(features)
-        action = dist.mean if deterministic else dist.sample()
-        return TensorDict(
-            {
-                "action": action,
-                "log_prob": dist.log_prob(action).sum(-1),
-                "value": self.critic(features).squeeze(-1),
-            },
-            batch_size=batch.batch_size,
-        )
-
-    def evaluate(self, batch: TensorDict) -> TensorDict:
-        features = self._features(batch["obs"])
-        dist = self._dist(features)
-        return TensorDict(
-            {
-                "log_prob": dist.log_prob(batch["action"]).sum(-1),
-                "entropy": dist.entropy().sum(-1),
-                "value": self.critic(features).squeeze(-1),
-            },
-            batch_size=batch.batch_size,
-        )

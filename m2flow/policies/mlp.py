@@ -38,7 +38,58 @@ def mlp(n_in: int, hidden: list[int], n_out: int, activation: str, out_gain: flo
     return nn.Sequential(*layers)
 
 
-class GaussianMLPPolicy(Policy):
+class GaussianActorCritic(Policy):
+    """A Gaussian actor and a critic, both MLPs over ``_features(obs)``: subclasses say how
+    observations become features (an MLP policy: the normalised state; a CNN: image features
+    and state); acting, scoring and the value are the same for all of them."""
+
+    def _build_heads(self, n_features: int, act_dim: int, cfg: PolicyConfig) -> None:
+        if cfg.activation not in ACTIVATIONS:
+            raise PolicyError(
+                f"policy.activation={cfg.activation!r}: use one of {sorted(ACTIVATIONS)}."
+            )
+        hidden = list(cfg.hidden_sizes)
+        self.actor_mean = mlp(n_features, hidden, act_dim, cfg.activation, ACTOR_OUT_GAIN)
+        self.actor_log_std = nn.Parameter(torch.full((act_dim,), float(cfg.init_log_std)))
+        self.critic = mlp(n_features, hidden, 1, cfg.activation, CRITIC_OUT_GAIN)
+
+    def _features(self, obs: TensorDict) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _dist(self, features: torch.Tensor) -> Normal:
+        mean = self.actor_mean(features)
+        return Normal(mean, self.actor_log_std.expand_as(mean).exp())
+
+    def value(self, obs: TensorDict) -> torch.Tensor:
+        return self.critic(self._features(obs)).squeeze(-1)
+
+    def act(self, batch: TensorDict, deterministic: bool = False) -> TensorDict:
+        features = self._features(batch["obs"])
+        dist = self._dist(features)
+        action = dist.mean if deterministic else dist.sample()
+        return TensorDict(
+            {
+                "action": action,
+                "log_prob": dist.log_prob(action).sum(-1),
+                "value": self.critic(features).squeeze(-1),
+            },
+            batch_size=batch.batch_size,
+        )
+
+    def evaluate(self, batch: TensorDict) -> TensorDict:
+        features = self._features(batch["obs"])
+        dist = self._dist(features)
+        return TensorDict(
+            {
+                "log_prob": dist.log_prob(batch["action"]).sum(-1),
+                "entropy": dist.entropy().sum(-1),
+                "value": self.critic(features).squeeze(-1),
+            },
+            batch_size=batch.batch_size,
+        )
+
+
+class GaussianMLPPolicy(GaussianActorCritic):
     """``policy.name=mlp``.
 
     >>> from m2flow.envs import EnvSpec
@@ -57,49 +108,13 @@ class GaussianMLPPolicy(Policy):
                 "policy.name='mlp' reads a flat ('obs', 'state') vector; this env gives "
                 f"{env_spec.obs_shapes}. Use env.obs_mode=state or an image policy."
             )
-        if cfg.activation not in ACTIVATIONS:
-            raise PolicyError(
-                f"policy.activation={cfg.activation!r}: use one of {sorted(ACTIVATIONS)}."
-            )
-        obs_dim, act_dim = env_spec.obs_shapes["state"][0], env_spec.action_dim
-        hidden = list(cfg.hidden_sizes)
-        self.actor_mean = mlp(obs_dim, hidden, act_dim, cfg.activation, ACTOR_OUT_GAIN)
-        self.actor_log_std = nn.Parameter(torch.full((act_dim,), float(cfg.init_log_std)))
-        self.critic = mlp(obs_dim, hidden, 1, cfg.activation, CRITIC_OUT_GAIN)
+        obs_dim = env_spec.obs_shapes["state"][0]
+        self._build_heads(obs_dim, env_spec.action_dim, cfg)
         self.obs_norm = RunningNorm(obs_dim) if cfg.normalize_obs else nn.Identity()
 
-    def _dist(self, state: torch.Tensor) -> Normal:
-        mean = self.actor_mean(state)
-        return Normal(mean, self.actor_log_std.expand_as(mean).exp())
-
-    def value(self, obs: TensorDict) -> torch.Tensor:
-        return self.critic(self.obs_norm(obs["state"])).squeeze(-1)
+    def _features(self, obs: TensorDict) -> torch.Tensor:
+        return self.obs_norm(obs["state"])
 
     def observe(self, batch: TensorDict) -> None:
         if isinstance(self.obs_norm, RunningNorm):
             self.obs_norm.update(batch["obs", "state"])
-
-    def act(self, batch: TensorDict, deterministic: bool = False) -> TensorDict:
-        state = self.obs_norm(batch["obs", "state"])
-        dist = self._dist(state)
-        action = dist.mean if deterministic else dist.sample()
-        return TensorDict(
-            {
-                "action": action,
-                "log_prob": dist.log_prob(action).sum(-1),
-                "value": self.critic(state).squeeze(-1),
-            },
-            batch_size=batch.batch_size,
-        )
-
-    def evaluate(self, batch: TensorDict) -> TensorDict:
-        state = self.obs_norm(batch["obs", "state"])
-        dist = self._dist(state)
-        return TensorDict(
-            {
-                "log_prob": dist.log_prob(batch["action"]).sum(-1),
-                "entropy": dist.entropy().sum(-1),
-                "value": self.critic(state).squeeze(-1),
-            },
-            batch_size=batch.batch_size,
-        )
