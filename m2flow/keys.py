@@ -8,6 +8,7 @@ key                               dtype      shape (per env)  written by
 ================================  =========  ==============  ===============================
 ("obs", "state")                  float32    (D,)            envs: proprio/state vector
 ("obs", "rgb")                    uint8      (H, W, 3)       envs: camera image (rgb obs modes)
+("obs", "wrist_rgb")              uint8      (H, W, 3)       envs: wrist camera (LIBERO)
 "action"                          float32    (A,)            policies.act (raw Gaussian sample)
 "log_prob"                        float32    ()              policies.act (of "action")
 "value"                           float32    ()              policies.act (critic at "obs")
@@ -18,6 +19,9 @@ key                               dtype      shape (per env)  written by
 ("next", "truncated")             bool       ()              envs.step: time limit (bootstrap)
 ("next", "done")                  bool       ()              envs.step: terminated | truncated
 ("next", "success")               bool       ()              envs.step: task predicate now true
+("next", "discarded")             bool       ()              envs.step: sim process restarted
+("obs", "task")                   int64      ()              multi-task envs: index in spec.tasks
+"valid"                           bool       ()              env worker: not in a lost episode
 ("next", "value")                 float32    ()              embodied.learner: critic at next obs
 "advantage"                       float32    ()              embodied.advantages.gae
 "return"                          float32    ()              embodied.advantages.gae
@@ -38,6 +42,8 @@ TERMINATED = ("next", "terminated")
 TRUNCATED = ("next", "truncated")
 DONE = ("next", "done")
 SUCCESS = ("next", "success")
+DISCARDED = ("next", "discarded")
+VALID = "valid"
 NEXT_OBS = ("next", "obs")
 NEXT_VALUE = ("next", "value")
 ADVANTAGE = "advantage"

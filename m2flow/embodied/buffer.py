@@ -34,6 +34,12 @@ class TrajectoryBuffer:
         self._data[:, self._t] = step
         self._t += 1
 
+    def invalidate(self, env: int, steps_back: int) -> None:
+        """Marks env ``env``'s last step and the ``steps_back`` before it (as far as this
+        trajectory goes) not valid: key ``"valid"``, which the step must carry."""
+        start = max(0, self._t - 1 - steps_back)
+        self._data["valid"][env, start : self._t] = False
+
     def data(self) -> TensorDict:
         """The full (num_envs, T) trajectory; the buffer is then empty again."""
         if self._t != self.num_steps:

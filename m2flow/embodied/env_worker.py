@@ -21,17 +21,22 @@ class EpisodeStats:
     returns: list[float] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
     successes: list[bool] = field(default_factory=list)
+    discarded: int = 0
+    """Episodes lost to a simulator process that died or hung (not in the lists above)."""
 
     def extend(self, other: "EpisodeStats") -> None:
         self.returns += other.returns
         self.lengths += other.lengths
         self.successes += other.successes
+        self.discarded += other.discarded
 
     def summary(self) -> dict[str, float]:
         n = len(self.returns)
+        lost = {"env/discarded_episodes": float(self.discarded)}
         if n == 0:
-            return {"env/episodes": 0.0}
+            return {"env/episodes": 0.0, **lost}
         return {
+            **lost,
             "env/episodes": float(n),
             "env/return": sum(self.returns) / n,
             "env/episode_len": sum(self.lengths) / n,
@@ -80,7 +85,13 @@ class EnvWorker(Worker):
         stats = EpisodeStats()
 
         def record(g: int, step: TensorDict) -> None:
+            lost = step["next"].get("discarded", None)
+            if lost is not None:  # a restarted simulator: its episode is not data
+                step["valid"] = ~lost
             buffers[g].add(step)
+            if lost is not None and lost.any():
+                for i in lost.nonzero().flatten().tolist():
+                    buffers[g].invalidate(i, steps_back=int(runs[g].len[i]))
             stats.extend(runs[g].update(step["next"]))
 
         self._obs = self._run(num_steps, self._obs, obs_ch, act_ch, record, stages)
@@ -92,23 +103,73 @@ class EnvWorker(Worker):
 
     def evaluate(self, rounds: int, obs_ch: Channel, act_ch: Channel, stages: int = 1) -> EpisodeStats:
         """``rounds`` x num_envs episodes from fixed seeds; counts each env's first episode."""
-        max_steps = self.spec().max_episode_steps
-        if not max_steps:
-            raise ValueError(f"env {self.cfg.name!r} has no time limit; set env.max_episode_steps.")
         stats = EpisodeStats()
         for r in range(rounds):
-            runs = [_Episodes(n) for n in self.sizes]
-            seen = [torch.zeros(n, dtype=torch.bool) for n in self.sizes]
-
-            def record(g: int, step: TensorDict, runs=runs, seen=seen) -> None:
-                done = step["next", "done"].cpu()
-                stats.extend(runs[g].update(step["next"], only=done & ~seen[g]))
-                seen[g] |= done
-
-            obs = self._reset(seeding.EVAL, r, rebuild=True)
-            self._run(max_steps, obs, obs_ch, act_ch, record, stages)
+            seeds = seeding.derive(self.seed, seeding.EVAL, r, self.rank, self.num_envs)
+            for ep in self.evaluate_round(obs_ch, act_ch, seeds, stages=stages):
+                if ep.discarded:
+                    stats.discarded += 1
+                else:
+                    stats.extend(EpisodeStats([ep.ret], [ep.length], [ep.success]))
         self._obs = None  # training resumes from a fresh reset
         return stats
+
+    def evaluate_round(
+        self, obs_ch: Channel, act_ch: Channel, seeds: list[int], tasks: Optional[list] = None,
+        max_steps: Optional[int] = None, video: Optional[list[bool]] = None, stages: int = 1,
+    ) -> list["EvalEpisode"]:
+        """One episode per env: env i from ``seeds[i]`` (on task ``tasks[i]``), run for
+        ``max_steps`` steps (default: the time limit); returns each env's first episode.
+
+        ``video[i]``: keep env i's frames (its image observation) until that episode ends.
+        An episode lost to a simulator restart comes back ``discarded``; the env's next
+        episode is then not counted either.
+        """
+        max_steps = max_steps or self.spec().max_episode_steps
+        if not max_steps:
+            raise ValueError(f"env {self.cfg.name!r} has no time limit; set env.max_episode_steps.")
+        n = self.num_envs
+        episodes = [EvalEpisode(seed=seeds[i], task=None if tasks is None else int(tasks[i]))
+                    for i in range(n)]
+        image_key = _image_key(self.spec().obs_shapes) if video and any(video) else None
+        keep = torch.tensor([bool(video and video[i] and image_key) for i in range(n)])
+        runs = [_Episodes(m) for m in self.sizes]
+        seen = torch.zeros(n, dtype=torch.bool)
+        offsets = [sum(self.sizes[:g]) for g in range(len(self.sizes))]
+
+        def frames(g: int, obs: TensorDict, live: torch.Tensor) -> None:
+            for j in live.nonzero().flatten().tolist():
+                episodes[offsets[g] + j].frames.append(obs[image_key][j].cpu().numpy())
+
+        def record(g: int, step: TensorDict) -> None:
+            sl = slice(offsets[g], offsets[g] + self.sizes[g])
+            nxt = step["next"]
+            lost = nxt.get("discarded", torch.zeros_like(nxt["done"])).cpu()
+            done = nxt["done"].cpu()
+            first = done & ~seen[sl]
+            runs_g = runs[g]
+            ret, length, success = runs_g.ret + nxt["reward"].cpu(), runs_g.len + 1, \
+                runs_g.success | nxt["success"].cpu()
+            if image_key is not None:
+                frames(g, nxt["obs"], keep[sl] & ~seen[sl] & ~lost)
+            for j in first.nonzero().flatten().tolist():
+                ep = episodes[offsets[g] + j]
+                ep.ret, ep.length, ep.success = float(ret[j]), int(length[j]), bool(success[j])
+                ep.discarded = bool(lost[j])
+            seen[sl] |= done
+            runs_g.update(nxt)
+
+        obs = self._reset(seeding.EVAL, 0, rebuild=True, seeds=seeds, tasks=tasks)
+        if image_key is not None:
+            for g, o in enumerate(obs):
+                frames(g, o, keep[offsets[g] : offsets[g] + self.sizes[g]])
+        self._run(max_steps, obs, obs_ch, act_ch, record, stages)
+        self._obs = None
+        for g, runs_g in enumerate(runs):  # still running after max_steps: a failure so far
+            for j in (~seen[offsets[g] : offsets[g] + self.sizes[g]]).nonzero().flatten().tolist():
+                ep = episodes[offsets[g] + j]
+                ep.ret, ep.length, ep.success = float(runs_g.ret[j]), int(runs_g.len[j]), False
+        return episodes
 
     def _run(self, num_steps: int, obs: list, obs_ch: Channel, act_ch: Channel, record,
              stages: int) -> list:
@@ -190,13 +251,22 @@ class EnvWorker(Worker):
             obs_ch.put(TensorDict({"obs": o}, batch_size=o.batch_size), key=(self.rank, k),
                        timeout=self.timeout)
 
-    def _reset(self, purpose: int, iteration: int, rebuild: bool = False) -> list:
+    def _reset(self, purpose: int, iteration: int, rebuild: bool = False,
+               seeds: Optional[list] = None, tasks: Optional[list] = None) -> list:
         # env i of this rank at this iteration: a seed derived from all of them, for any S
-        seeds = seeding.derive(self.seed, purpose, iteration, self.rank, self.num_envs)
+        if seeds is None:
+            seeds = seeding.derive(self.seed, purpose, iteration, self.rank, self.num_envs)
+        num_tasks = len(self.spec().tasks)
+        if num_tasks and tasks is None:
+            # a multi-task env: env i trains on task (rank*N + i + iteration*N) mod tasks, so
+            # every task gets envs over the iterations, and none switches when N*M covers all
+            first = (self.rank + iteration) * self.num_envs
+            tasks = [(first + i) % num_tasks for i in range(self.num_envs)]
         out, start = [], 0
         with self.timer("sim"):
             for env, n in zip(self.envs, self.sizes):
-                out.append(env.reset(seed=seeds[start : start + n], rebuild=rebuild)["obs"])
+                kw = {} if tasks is None else {"task": tasks[start : start + n]}
+                out.append(env.reset(seed=seeds[start : start + n], rebuild=rebuild, **kw)["obs"])
                 start += n
         return out
 
@@ -220,6 +290,27 @@ def stage_sizes(num_envs: int, stages: int) -> list[int]:
     return [base + (k < extra) for k in range(stages)]
 
 
+@dataclass
+class EvalEpisode:
+    """One evaluation episode: where it started and how it went."""
+
+    seed: int
+    task: Optional[int] = None
+    ret: float = 0.0
+    length: int = 0
+    success: bool = False
+    discarded: bool = False
+    frames: list = field(default_factory=list)
+    """(H, W, 3) uint8 images from the reset to the end of the episode, if asked for."""
+
+
+def _image_key(obs_shapes: dict) -> Optional[str]:
+    """The obs key videos are made of: 'rgb' if present, else the first (H, W, 3) key."""
+    if "rgb" in obs_shapes:
+        return "rgb"
+    return next((k for k, s in obs_shapes.items() if len(s) == 3 and s[-1] == 3), None)
+
+
 class _Episodes:
     """Running return/length/success of each env's current episode."""
 
@@ -233,11 +324,13 @@ class _Episodes:
         self.len += 1
         self.success |= nxt["success"].cpu()
         done = nxt["done"].cpu()
-        report = done if only is None else only
+        lost = nxt.get("discarded", torch.zeros_like(done)).cpu()
+        report = (done if only is None else only) & ~lost
         out = EpisodeStats(
             returns=self.ret[report].tolist(),
             lengths=self.len[report].tolist(),
             successes=self.success[report].tolist(),
+            discarded=int(lost.sum()),
         )
         self.ret[done], self.len[done], self.success[done] = 0.0, 0, False
         return out

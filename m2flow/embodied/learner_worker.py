@@ -56,7 +56,10 @@ class LearnerWorker(Worker):
                 group["lr"] = lr
             traj = torch.cat(parts, dim=0).to(self.device)  # (N, T)
             self._add_advantages(traj, revalue=staleness > 0)
-            metrics = self._ppo_epochs(traj.reshape(-1), iteration)  # b_: (N*T,)
+            flat = traj.reshape(-1)  # (N*T,)
+            if keys.VALID in flat.keys():  # steps of episodes a simulator crash cut short
+                flat = flat[flat[keys.VALID]]
+            metrics = self._ppo_epochs(flat, iteration) if flat.shape[0] else {}
             self.policy.observe(traj)  # statistics change between updates, never within one
             return {**metrics, "loss/learning_rate": lr, "perf/staleness": float(staleness)}
 

@@ -31,6 +31,9 @@ class EnvSpec:
     action_low: tuple[float, ...]
     action_high: tuple[float, ...]
     max_episode_steps: Optional[int]
+    tasks: tuple[str, ...] = ()
+    """Language instruction of each task the env can run (``("obs", "task")`` indexes it);
+    empty for a one-task env. Envs with tasks take ``reset(..., task=[...])``."""
 
 
 class BatchedEnv(ABC):
@@ -57,7 +60,9 @@ class BatchedEnv(ABC):
         """Resets every env (env i with ``seed[i]`` if given); returns ``{"obs": ...}``.
 
         ``rebuild=True`` also rebuilds simulator state that a reset keeps (e.g. a physics
-        scene), so the episode depends on the seed alone; slower, used for evaluation.
+        scene), so the episode depends on the seed alone; slower, used for evaluation. Envs
+        whose ``spec.tasks`` is not empty also take ``task=[...]``: env i switches to task
+        ``task[i]`` (and keeps it through its auto-resets).
         """
 
     @abstractmethod
@@ -65,7 +70,9 @@ class BatchedEnv(ABC):
         """Steps with ``action`` (num_envs, action_dim), clipped to the action bounds.
 
         Returns ``"obs"`` (to act on next) and ``"next"`` with obs, reward, terminated,
-        truncated, done, success.
+        truncated, done, success, and (envs whose simulators run in processes) discarded:
+        the process died or hung in this step and was restarted; ``"obs"`` is then the first
+        obs of a fresh episode, and the step and the episode it ended are not data.
         """
 
     def step_async(self, action: torch.Tensor) -> None:

@@ -1,8 +1,9 @@
-"""A BatchedEnv over a gymnasium vector env: one process per env, or all in this process.
+"""A BatchedEnv over single gymnasium envs: one process per env, or all in this process.
 
 Shared by every adapter whose simulator steps one env at a time (ManiSkill's CPU backend, any
-gymnasium id, LIBERO). Uses gymnasium's SAME_STEP auto-reset, which hands back the final
-observation of a finished episode in ``info["final_obs"]``.
+gymnasium id, LIBERO). Envs auto-reset in the step their episode ends (see
+:mod:`m2flow.envs.procs`); with processes, a simulator process that dies or hangs is
+restarted and its episode reported as ``("next", "discarded")``.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from typing import Callable, Optional, Sequence
 import gymnasium as gym
 import numpy as np
 import torch
-from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 from tensordict import TensorDict
 
 from m2flow.envs.base import BatchedEnv, EnvSpec
+from m2flow.envs.procs import LocalSlots, ProcessSlots, StepResult
 
 
 class GymVectorEnv(BatchedEnv):
@@ -23,10 +24,14 @@ class GymVectorEnv(BatchedEnv):
 
     Args:
         env_fns: picklable callables that each build one env (Box or Dict observations).
-        processes: True: one subprocess per env (forkserver, so a live renderer in this
-            process is never forked); False: all envs in this process.
+        processes: True: one subprocess per env, restarted if it dies or hangs; False: all
+            envs in this process.
         max_episode_steps: the time limit the envs enforce, reported in ``spec``.
         rebuild_options: reset options that rebuild the simulator (``reset(rebuild=True)``).
+        timeout: with processes, seconds a step or reset may take before the process counts
+            as hung and is replaced.
+        tasks: language descriptions of the tasks the envs can switch between at reset
+            (``reset(task=...)`` passes ``options["task"]``); empty for a one-task env.
     """
 
     def __init__(
@@ -36,22 +41,30 @@ class GymVectorEnv(BatchedEnv):
         processes: bool,
         max_episode_steps: Optional[int],
         rebuild_options: Optional[dict] = None,
+        timeout: float = 300.0,
+        tasks: Sequence[str] = (),
     ):
         self.num_envs = len(env_fns)
         self.rebuild_options = rebuild_options
         self.steps_in_background = processes
-        if processes:
-            self.vec = AsyncVectorEnv(
-                list(env_fns), context="forkserver", autoreset_mode=AutoresetMode.SAME_STEP
-            )
-        else:
-            self.vec = SyncVectorEnv(list(env_fns), autoreset_mode=AutoresetMode.SAME_STEP)
-        self.spec = _spec(self.vec, max_episode_steps)
+        self.slots = ProcessSlots(env_fns, timeout=timeout) if processes else LocalSlots(env_fns)
+        self.spec = _spec(self.slots, max_episode_steps, tuple(tasks))
 
-    def reset(self, seed: Optional[Sequence[int]] = None, *, rebuild: bool = False) -> TensorDict:
-        options = self.rebuild_options if rebuild else None
-        obs, _ = self.vec.reset(seed=None if seed is None else [int(s) for s in seed],
-                                options=options)
+    @property
+    def restarts(self) -> int:
+        """Simulator processes replaced so far (each one discarded an episode)."""
+        return self.slots.restarts
+
+    def reset(self, seed: Optional[Sequence[int]] = None, *, rebuild: bool = False,
+              task: Optional[Sequence[int]] = None) -> TensorDict:
+        seeds = [None] * self.num_envs if seed is None else [int(s) for s in seed]
+        options = []
+        for i in range(self.num_envs):
+            o = dict(self.rebuild_options) if rebuild and self.rebuild_options else {}
+            if task is not None:
+                o["task"] = int(task[i])
+            options.append(o or None)
+        obs = self.slots.reset(seeds, options)
         return TensorDict({"obs": self._obs(obs)}, batch_size=[self.num_envs])
 
     def step(self, action: torch.Tensor) -> TensorDict:
@@ -60,95 +73,55 @@ class GymVectorEnv(BatchedEnv):
 
     def step_async(self, action: torch.Tensor) -> None:
         act = self.clip_action(action.detach().float().cpu()).numpy()
-        act = act.reshape(self.vec.action_space.shape)
-        if isinstance(self.vec, AsyncVectorEnv):
-            self.vec.step_async(act)
-        else:
-            self._pending_action = act
+        self.slots.step_async(act.reshape((self.num_envs, *self.slots.action_space.shape)))
 
     def step_wait(self) -> TensorDict:
-        if isinstance(self.vec, AsyncVectorEnv):
-            result = self.vec.step_wait()
-        else:
-            act, self._pending_action = self._pending_action, None
-            result = self.vec.step(act)
-        obs, reward, terminated, truncated, info = result
-        done = np.logical_or(terminated, truncated)
-        success = _success(info, done, self.num_envs)
-        final_obs = _final_obs(obs, info, done)
+        results: list[StepResult] = self.slots.step_wait()
+        col = lambda name, dtype: torch.tensor([getattr(r, name) for r in results], dtype=dtype)  # noqa: E731
+        terminated, truncated = col("terminated", torch.bool), col("truncated", torch.bool)
         return TensorDict(
             {
-                "obs": self._obs(obs),
+                "obs": self._obs([r.obs for r in results]),
                 "next": {
-                    "obs": self._obs(final_obs),
-                    "reward": torch.as_tensor(reward, dtype=torch.float32),
-                    "terminated": torch.as_tensor(terminated, dtype=torch.bool),
-                    "truncated": torch.as_tensor(truncated, dtype=torch.bool),
-                    "done": torch.as_tensor(done, dtype=torch.bool),
-                    "success": torch.as_tensor(success, dtype=torch.bool),
+                    "obs": self._obs([r.final_obs for r in results]),
+                    "reward": col("reward", torch.float32),
+                    "terminated": terminated,
+                    "truncated": truncated,
+                    "done": terminated | truncated,
+                    "success": col("success", torch.bool),
+                    "discarded": col("discarded", torch.bool),
                 },
             },
             batch_size=[self.num_envs],
         )
 
     def close(self) -> None:
-        self.vec.close()
+        self.slots.close()
 
-    def _obs(self, obs) -> TensorDict:
-        if isinstance(obs, dict):
+    def _obs(self, obs: list) -> TensorDict:
+        if isinstance(obs[0], dict):
             return TensorDict(
-                {k: torch.as_tensor(np.asarray(v)) for k, v in obs.items()},
+                {k: torch.as_tensor(np.stack([o[k] for o in obs])) for k in obs[0]},
                 batch_size=[self.num_envs],
             )
         return TensorDict(
-            {"state": torch.as_tensor(np.asarray(obs), dtype=torch.float32)},
+            {"state": torch.as_tensor(np.stack(obs), dtype=torch.float32)},
             batch_size=[self.num_envs],
         )
 
 
-def _spec(vec, max_episode_steps: Optional[int]) -> EnvSpec:
-    space = vec.single_observation_space
+def _spec(slots, max_episode_steps: Optional[int], tasks: tuple = ()) -> EnvSpec:
+    space = slots.observation_space
     if isinstance(space, gym.spaces.Dict):
         shapes = {k: tuple(s.shape) for k, s in space.spaces.items()}
     else:
         shapes = {"state": tuple(space.shape)}
-    act = vec.single_action_space
+    act = slots.action_space
     return EnvSpec(
         obs_shapes=shapes,
         action_dim=int(np.prod(act.shape)),
-        action_low=tuple(float(x) for x in np.broadcast_to(act.low, act.shape)),
-        action_high=tuple(float(x) for x in np.broadcast_to(act.high, act.shape)),
+        action_low=tuple(float(x) for x in np.broadcast_to(act.low, act.shape).ravel()),
+        action_high=tuple(float(x) for x in np.broadcast_to(act.high, act.shape).ravel()),
         max_episode_steps=max_episode_steps,
+        tasks=tasks,
     )
-
-
-def _final_obs(obs, info: dict, done: np.ndarray):
-    """Observations the step ended in: ``obs`` with finished envs' rows replaced by final_obs."""
-    if not done.any():
-        return obs
-    finals = info["final_obs"]
-    if isinstance(obs, dict):
-        out = {k: np.array(v, copy=True) for k, v in obs.items()}
-        for i in np.flatnonzero(done):
-            for k in out:
-                out[k][i] = finals[i][k]
-        return out
-    out = np.array(obs, copy=True)
-    for i in np.flatnonzero(done):
-        out[i] = finals[i]
-    return out
-
-
-def _success(info: dict, done: np.ndarray, n: int) -> np.ndarray:
-    """The task's success flag after the step (a finished env's comes from its final info)."""
-    success = np.zeros(n, dtype=bool)
-    if "success" in info:
-        success = np.asarray(info["success"], dtype=bool) & info.get("_success", True)
-    if done.any() and "final_info" in info:
-        final = info["final_info"]
-        if "success" in final:
-            mask = np.asarray(final.get("_success", done), dtype=bool)
-            success = np.where(done, np.asarray(final["success"], dtype=bool) & mask, success)
-        else:
-            success = np.where(done, False, success)
-    return success
