@@ -33,5 +33,8 @@ class EnvConfig:
     """'none', 'cpu' or 'gpu'; 'auto': none for state obs, else gpu if present, else cpu."""
     image_size: int = 64
     """Camera width and height for image obs modes."""
+    step_timeout_s: float = 300.0
+    """Envs with one simulator process each: a step or reset that takes longer counts as a
+    hung process, which is killed and restarted (its episode is discarded)."""
     kwargs: Dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for the simulator's constructor."""

@@ -69,7 +69,7 @@ class ManiSkillEnv(BatchedEnv):
             make = functools.partial(_make_cpu_env, task, cfg.obs_mode, cfg.ignore_terminations, kw)
             self._impl: BatchedEnv = GymVectorEnv(
                 [make] * cfg.num_envs, processes=True, max_episode_steps=limit,
-                rebuild_options=REBUILD,
+                rebuild_options=REBUILD, timeout=cfg.step_timeout_s,
             )
         else:
             self._impl = _ManiSkillGPU(task, cfg, kw, device, limit)

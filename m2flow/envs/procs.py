@@ -107,7 +107,11 @@ class ProcessSlots:
         self._sent = [False] * n
         for i in range(n):  # start all first: they build their envs in parallel
             self._spawn(i)
-        spaces = [self._recv(i, self.start_timeout, "start") for i in range(n)]
+        try:
+            spaces = [self._recv(i, self.start_timeout, "start") for i in range(n)]
+        except (_Lost, SimulatorError) as e:
+            self.close()
+            raise SimulatorError(f"{e} (while building its env; no env was started)") from None
         self.observation_space, self.action_space = spaces[0]
 
     @property

