@@ -4,6 +4,7 @@
     m2flow-train --config-name maniskill_pickcube_ppo_mlp env.num_envs=4
     m2flow-train --cfg                             # print the composed config and exit
     m2flow-eval checkpoint=runs/.../checkpoints/last.pt episodes=50
+    m2flow-eval env=libero_spatial policy=cnn episodes_per_task=2
 """
 
 from __future__ import annotations
@@ -53,11 +54,11 @@ def train(argv: list[str] | None = None) -> int:
 
 
 def evaluate(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="m2flow-eval", description=__doc__,
+    parser = argparse.ArgumentParser(prog="m2flow-eval", description=EVAL_HELP,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("overrides", nargs="*",
-                        help="checkpoint=PATH [episodes=N] and dotted overrides of the "
-                             "checkpoint's config, e.g. env.num_envs=4 cluster.backend=local")
+                        help="checkpoint=PATH or config groups (env=..., policy=...), "
+                             "episodes_per_task=N, videos_per_task=K, and dotted overrides")
     args = parser.parse_args(argv)
     from m2flow.configs import ConfigError
     from m2flow.embodied.evaluate import eval_config
@@ -68,23 +69,54 @@ def evaluate(argv: list[str] | None = None) -> int:
         print(f"m2flow-eval: {e}", file=sys.stderr)
         return 2
     _setup_logging()
+    from m2flow.embodied.eval_tasks import evaluate_tasks, write_report
     from m2flow.embodied.runner import EmbodiedRunner
 
     runner = EmbodiedRunner(cfg, train=False)
     try:
-        runner.load_policy(state)
-        metrics = runner.evaluate(cfg.eval.episodes or cfg.runner.eval_episodes,
-                                  deterministic=cfg.eval.deterministic)
+        if state is not None:
+            runner.load_policy(state)
+        else:
+            runner.init_policy()
+        report = evaluate_tasks(runner, cfg, progress=cfg.runner.progress_bar)
     finally:
         runner.close()
-    print(
-        f"eval: success {metrics.get('eval/success', float('nan')):.3f} over "
-        f"{metrics['eval/episodes']:.0f} episodes of {cfg.env.name} "
-        f"(return {metrics.get('eval/return', float('nan')):.2f}, "
-        f"length {metrics.get('eval/episode_len', float('nan')):.1f})"
-    )
-    print(json.dumps(metrics))
+    out_dir = _eval_dir(cfg)
+    paths = write_report(report, out_dir)
+    print(paths["markdown"].read_text())
+    print(f"eval: mean success {report['mean_success']:.3f} over {len(report['tasks'])} task(s), "
+          f"{report['episodes']} episodes of {cfg.env.name} in {report['wall_s']:.0f} s "
+          f"({report['discarded']} discarded); report in {out_dir}")
+    n = max(1, report["episodes"])
+    print(json.dumps({
+        "eval/episodes": float(report["episodes"]),
+        "eval/success": report["mean_success"],
+        "eval/return": sum(t["mean_return"] * t["episodes"] for t in report["tasks"]) / n,
+        "eval/episode_len": sum(t["mean_length"] * t["episodes"] for t in report["tasks"]) / n,
+        "eval/discarded_episodes": float(report["discarded"]),
+    }))
     return 0
+
+
+EVAL_HELP = """m2flow-eval: N episodes per task of any registered env, with a checkpoint or a policy
+config's initial weights; writes results.json, results.md and MP4 videos.
+
+    m2flow-eval checkpoint=runs/.../checkpoints/last.pt episodes=64
+    m2flow-eval env=libero_spatial policy=cnn episodes_per_task=2 videos_per_task=1
+    m2flow-eval config=libero_spatial_ppo_cnn episodes_per_task=50
+"""
+
+
+def _eval_dir(cfg) -> "Path":
+    from datetime import datetime
+    from pathlib import Path
+
+    if cfg.eval.output_dir:
+        return Path(cfg.eval.output_dir)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    if cfg.eval.checkpoint:  # next to the run that wrote the checkpoint
+        return Path(cfg.eval.checkpoint).resolve().parent.parent / "eval" / stamp
+    return Path(cfg.runner.log_dir) / "eval" / cfg.env.name.replace("/", "_") / stamp
 
 
 def _setup_logging() -> None:

@@ -72,12 +72,21 @@ class ClusterGroupConfig(ClusterConfig):
 
 @dataclass
 class EvalConfig:
-    """``m2flow-eval``: which checkpoint and how many episodes."""
+    """``m2flow-eval``: which checkpoint, how many episodes, where the report goes."""
 
     checkpoint: Optional[str] = None
-    """Path of a checkpoint written by m2flow-train (its config is used for env and policy)."""
+    """Path of a checkpoint written by m2flow-train (its config is used for env and policy);
+    None: the policy config's initial weights (seeded by ``seed``)."""
     episodes: int = 0
-    """Episodes to run; 0: the checkpoint's runner.eval_episodes."""
+    """One-task envs: episodes to run; 0: runner.eval_episodes."""
+    episodes_per_task: int = 0
+    """Episodes per task; 0: 50 for multi-task envs (LIBERO's protocol), else ``episodes``."""
+    max_steps: Optional[int] = None
+    """Steps per episode; None: the env's limit (LIBERO: the suite's published limit)."""
+    videos_per_task: int = 2
+    """MP4s of the first K episodes of each task (from the env's image observation)."""
+    output_dir: Optional[str] = None
+    """Report folder; None: <runner.log_dir>/eval/<run_name>/<timestamp>."""
     deterministic: bool = True
     """Act with the policy's mean (True) or sample like training does (False)."""
 

@@ -114,6 +114,11 @@ class EnvWorker(Worker):
         self._obs = None  # training resumes from a fresh reset
         return stats
 
+    def evaluate_ranks(self, obs_ch: Channel, act_ch: Channel, per_rank: list[dict],
+                       stages: int = 1) -> list["EvalEpisode"]:
+        """``evaluate_round`` with this rank's entry of ``per_rank`` (one call for all ranks)."""
+        return self.evaluate_round(obs_ch, act_ch, stages=stages, **per_rank[self.rank])
+
     def evaluate_round(
         self, obs_ch: Channel, act_ch: Channel, seeds: list[int], tasks: Optional[list] = None,
         max_steps: Optional[int] = None, video: Optional[list[bool]] = None, stages: int = 1,

@@ -3,29 +3,55 @@
 from __future__ import annotations
 
 from importlib.resources import files
-from typing import Sequence
+from typing import Optional, Sequence
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from m2flow.configs.loader import ConfigError, check_names, explain, to_object
+from m2flow.configs.loader import (
+    ConfigError,
+    check_names,
+    explain,
+    load_train_config,
+    to_object,
+)
 from m2flow.embodied import checkpoint
 from m2flow.embodied.config import TrainConfig
 
 SHORTHANDS = {
     "checkpoint": "eval.checkpoint",
     "episodes": "eval.episodes",
+    "episodes_per_task": "eval.episodes_per_task",
+    "max_steps": "eval.max_steps",
+    "videos_per_task": "eval.videos_per_task",
+    "output_dir": "eval.output_dir",
     "deterministic": "eval.deterministic",
 }
+DEFAULT_EVAL_CONFIG = "eval"  # m2flow/configs/eval.yaml
 
 
-def eval_config(overrides: Sequence[str]) -> tuple[TrainConfig, dict]:
-    """(config, checkpoint state) for ``m2flow-eval checkpoint=PATH [episodes=N] [key=value...]``."""
-    dotlist, groups = [], []
+def eval_config(overrides: Sequence[str]) -> tuple[TrainConfig, Optional[dict]]:
+    """(config, checkpoint state or None) for ``m2flow-eval``:
+
+    - ``checkpoint=PATH [key=value ...]``: the checkpoint's own config, overrides on top;
+    - otherwise a Hydra-composed config (entry config ``config=NAME``, default ``eval``) with
+      the policy's initial weights: ``m2flow-eval env=libero_spatial policy=cnn``.
+    """
+    pairs = []
     for ov in overrides:
         key, sep, value = ov.partition("=")
         if not sep:
             raise ConfigError(f"config error: {ov!r} is not key=value (e.g. checkpoint=path.pt).")
+        pairs.append((key, value))
+    if not any(k in ("checkpoint", "eval.checkpoint") for k, _ in pairs):
+        name = next((v for k, v in pairs if k == "config"), DEFAULT_EVAL_CONFIG)
+        rest = [f"{SHORTHANDS.get(k, k)}={v}" for k, v in pairs if k != "config"]
+        return load_train_config(name, rest), None
+    dotlist, groups = [], []
+    for key, value in pairs:
+        if key == "config":
+            raise ConfigError("config error: config=NAME starts from an entry config; with "
+                              "checkpoint=PATH the checkpoint's own config is used. Drop one.")
         if key in GROUPS:
             groups.append(_group_option(key, value))
         else:

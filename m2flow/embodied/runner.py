@@ -128,6 +128,27 @@ class EmbodiedRunner:
         )
         return {k.replace("env/", "eval/"): v for k, v in _merge(env_out).summary().items()}
 
+    def evaluate_round(self, per_rank: list[dict], deterministic: bool = True) -> list[list]:
+        """One episode per env (``EnvWorker.evaluate_round``, one entry of ``per_rank`` per env
+        worker); returns each rank's list of ``EvalEpisode``."""
+        steps = per_rank[0]["max_steps"] or self.spec.max_episode_steps
+        env_out, _ = gather(
+            self.env.call("evaluate_ranks", self.obs_ch, self.act_ch, per_rank, self.stages),
+            self._serve(steps, 0, deterministic=deterministic),
+        )
+        return env_out
+
+    def init_policy(self) -> None:
+        """Gives every rollout worker the same initial weights (seeded by ``cfg.seed``), as
+        the learner would: evaluation without a checkpoint."""
+        import torch
+
+        from m2flow.policies import make_policy
+
+        torch.manual_seed(self.cfg.seed)
+        policy = make_policy(self.cfg.policy, self.spec)
+        self.rollout.call("set_weights", policy.state_dict()).wait()
+
     def _serve(self, steps: int, iteration: int, deterministic: bool):
         return self.rollout.call(
             "serve", steps, self.obs_ch, self.act_ch, self.lanes, iteration, deterministic

@@ -154,9 +154,11 @@ def prepare(assets: Optional[str] = None) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def suite_tasks(suite: str) -> tuple:
-    """(name, language, bddl path, init-states path) of each task of ``suite``, in order."""
-    prepare()
+def suite_tasks(suite: str, assets: Optional[str] = None) -> tuple:
+    """(name, language, bddl path, init-states path) of each task of ``suite``, in order.
+
+    ``assets``: ``env.kwargs.assets_path`` (passed on to :func:`prepare`)."""
+    prepare(assets)
     from libero.libero import benchmark, get_libero_path
 
     bench = benchmark.get_benchmark_dict()[suite]()
@@ -179,7 +181,7 @@ class LiberoEnv(GymVectorEnv):
 
     def __init__(self, cfg: EnvConfig, device: str = "cpu"):
         suite, opts = check_config(cfg)
-        tasks = suite_tasks(suite)
+        tasks = suite_tasks(suite, opts.assets_path)  # checks assets_path here, not in a child
         ids = list(range(len(tasks))) if opts.task_ids is None else [int(t) for t in opts.task_ids]
         bad = [t for t in ids if not 0 <= t < len(tasks)]
         if bad or not ids:
@@ -231,7 +233,7 @@ class LiberoTaskEnv(gym.Env):
         if opts.gl == "osmesa":
             os.environ.setdefault("PYOPENGL_PLATFORM", "osmesa")
         prepare(opts.assets_path)
-        self.tasks = suite_tasks(suite)
+        self.tasks = suite_tasks(suite, opts.assets_path)
         self.task_ids, self.task = task_ids, None
         self.render = obs_mode == "rgb"
         self.size, self.max_steps, self.opts = image_size, max_steps, opts
