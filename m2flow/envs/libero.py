@@ -232,6 +232,10 @@ class LiberoTaskEnv(gym.Env):
         os.environ["MUJOCO_GL"] = opts.gl  # robosuite picks its GL context at import
         if opts.gl == "osmesa":
             os.environ.setdefault("PYOPENGL_PLATFORM", "osmesa")
+        elif os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+            # a worker given no GPU (Ray sets ""): robosuite would parse "" as a device list
+            # and fail; take the first EGL device (Mesa's software one on a CPU machine)
+            os.environ.setdefault("MUJOCO_EGL_DEVICE_ID", "0")
         prepare(opts.assets_path)
         self.tasks = suite_tasks(suite, opts.assets_path)
         self.task_ids, self.task = task_ids, None
@@ -276,6 +280,9 @@ class LiberoTaskEnv(gym.Env):
             idx = seed % len(self.init_states)
         else:
             idx = int(self.np_random.integers(len(self.init_states)))
+        # LIBERO places the fixtures (cabinets, stoves: not in the init states) with np.random
+        # at each reset: seed it, so a seed gives one scene (and later resets follow from it)
+        np.random.seed(seed % 2**32 if seed is not None else int(self.np_random.integers(2**32)))
         self.env.reset()
         obs = self.env.set_init_state(self.init_states[idx])
         for _ in range(self.opts.settle_steps):
