@@ -60,7 +60,7 @@ class LearnerWorker(Worker):
             if keys.VALID in flat.keys():  # steps of episodes a simulator crash cut short
                 flat = flat[flat[keys.VALID]]
             metrics = self._ppo_epochs(flat, iteration) if flat.shape[0] else {}
-            self.policy.observe(traj)  # statistics change between updates, never within one
+            self.policy.observe(flat)  # statistics change between updates, never within one
             return {**metrics, "loss/learning_rate": lr, "perf/staleness": float(staleness)}
 
     def _learning_rate(self, iteration: int) -> float:

@@ -207,16 +207,20 @@ class ProcessSlots:
         proc.join(timeout=10)
         self._conns[i].close()
         self._spawn(i)
-        self._recv(i, self.start_timeout, "start")
         seed = self._seeds[i]
         if seed is not None:
             seed = (seed + RESTART_SEED_STRIDE * self.restarts) & 0x7FFFFFFF
-        self._send(i, ("reset", (seed, self._options[i])))
-        return self._recv(i, self.timeout, "reset")
+        try:
+            self._recv(i, self.start_timeout, "start")
+            self._send(i, ("reset", (seed, self._options[i])))
+            return self._recv(i, self.timeout, "reset")
+        except _Lost as e:  # the replacement failed too: not retried again
+            raise SimulatorError(f"{e}, after a restart ({cause})") from None
 
 
 class _Lost(Exception):
-    """A process died or hung (internal: always handled by a restart)."""
+    """A process died or hung (internal: handled by a restart, or a SimulatorError if the
+    replacement is lost too)."""
 
 
 def _serve(conn, env_fn: Callable[[], gym.Env]) -> None:

@@ -1,0 +1,171 @@
+"""LIBERO/<suite> on the real simulator (offline): every task of every suite builds, resets to
+its init state and steps; images are upright, equal to LIBERO's own frames turned 180 degrees;
+a seed gives one scene (init state and fixtures); bad configs raise EnvError naming the field."""
+
+import concurrent.futures
+import multiprocessing as mp
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from m2flow.envs import EnvConfig, EnvError, make_env
+from m2flow.envs.libero import SUITE_MAX_STEPS, prepare
+
+SUITE_SIZES = {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10,
+               "libero_90": 90}
+SIZE = 64
+HOLD = [0, 0, 0, 0, 0, 0, -1]  # no motion, gripper open
+
+
+def libero_languages(suite: str) -> list[str]:
+    """The suite's task instructions, read through LIBERO's own benchmark API."""
+    prepare()
+    from libero.libero import benchmark
+
+    bench = benchmark.get_benchmark_dict()[suite]()
+    return [bench.get_task(i).language for i in range(bench.n_tasks)]
+
+
+@pytest.mark.parametrize("suite", list(SUITE_SIZES))
+def test_every_task_of_the_suite_builds_resets_and_steps(suite):
+    """Two env processes walk the suite two tasks at a time, switching task in-process."""
+    n = SUITE_SIZES[suite]
+    env = make_env(EnvConfig(name=f"LIBERO/{suite}", num_envs=2, obs_mode="state",
+                             kwargs={"settle_steps": 0}))
+    try:
+        assert list(env.spec.tasks) == libero_languages(suite)
+        assert len(env.spec.tasks) == n
+        assert all(isinstance(t, str) and " " in t for t in env.spec.tasks)
+        assert env.spec.max_episode_steps == SUITE_MAX_STEPS[suite]
+        assert env.spec.obs_shapes == {"state": (8,), "task": ()}
+        assert env.spec.action_dim == 7
+        for k in range(0, n, 2):
+            tasks = [k, k + 1]
+            obs = env.reset(seed=[k, k + 1], task=tasks)["obs"]
+            assert obs["task"].tolist() == tasks, f"{suite} tasks {tasks}"
+            assert obs["state"].shape == (2, 8) and obs["state"].dtype == torch.float32
+            assert torch.isfinite(obs["state"]).all(), f"{suite} tasks {tasks}: {obs['state']}"
+            out = env.step(torch.zeros(2, 7))
+            nxt = out["next"]
+            assert nxt["reward"].dtype == torch.float32 and torch.isfinite(nxt["reward"]).all()
+            assert nxt["success"].dtype == torch.bool
+            assert nxt["reward"].tolist() == [0.0, 0.0], f"{suite} tasks {tasks} solved at start"
+            assert not nxt["success"].any() and not nxt["done"].any()
+            assert not nxt["discarded"].any()
+            assert out["obs", "task"].tolist() == tasks
+            assert torch.isfinite(out["obs", "state"]).all()
+        assert env.restarts == 0
+    finally:
+        env.close()
+
+
+# -- images -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def rgb_env():
+    env = make_env(EnvConfig(name="LIBERO/libero_spatial", num_envs=2, obs_mode="rgb",
+                             image_size=SIZE, kwargs={"settle_steps": 0}))
+    yield env
+    env.close()
+
+
+def raw_libero_frames(suite: str, task: int, seed: int, size: int):
+    """LIBERO's own env (as OpenVLA's evaluation builds it), seeded (LIBERO places the fixtures
+    with np.random) and set to init state ``seed % 50``: its raw agent-view and wrist frames.
+    Runs in a child process (robosuite picks the GL backend at import)."""
+    os.environ["MUJOCO_GL"] = "egl"
+    prepare()
+    from libero.libero import benchmark
+    from libero.libero.envs import OffScreenRenderEnv
+
+    bench = benchmark.get_benchmark_dict()[suite]()
+    env = OffScreenRenderEnv(bddl_file_name=bench.get_task_bddl_file_path(task),
+                             camera_heights=size, camera_widths=size)
+    try:
+        env.seed(seed)
+        env.reset()
+        obs = env.set_init_state(bench.get_task_init_states(task)[seed % 50])
+        return obs["agentview_image"].copy(), obs["robot0_eye_in_hand_image"].copy()
+    finally:
+        env.close()
+
+
+def test_rgb_observations_are_upright_uint8_images_of_both_cameras(rgb_env):
+    obs = rgb_env.reset(seed=[0, 1], task=[0, 1])["obs"]
+    assert set(obs.keys()) == {"rgb", "wrist_rgb", "state", "task"}
+    for key in ("rgb", "wrist_rgb"):
+        assert obs[key].shape == (2, SIZE, SIZE, 3) and obs[key].dtype == torch.uint8
+        assert rgb_env.spec.obs_shapes[key] == (SIZE, SIZE, 3)
+        assert obs[key].float().std() > 10  # a scene, not a blank frame
+    # upright agent view: the dark back of the room at the top, the bright table at the
+    # bottom (measured at 128 px: row means ~110 top quarter vs ~160 bottom quarter)
+    gray = obs["rgb"].float().mean(-1)  # (2, S, S)
+    top, bottom = gray[:, : SIZE // 4].mean((1, 2)), gray[:, -SIZE // 4 :].mean((1, 2))
+    assert (bottom - top > 25).all(), (top, bottom)
+    out = rgb_env.step(torch.tensor([HOLD, HOLD], dtype=torch.float32))
+    assert out["next", "obs", "rgb"].shape == (2, SIZE, SIZE, 3)
+    assert out["obs", "wrist_rgb"].dtype == torch.uint8
+
+
+def test_frames_are_libero_raw_frames_turned_180_degrees(rgb_env):
+    tasks, seeds = [2, 7], [3, 54]  # seed 54: init state 54 % 50 = 4
+    obs = rgb_env.reset(seed=seeds, task=tasks)["obs"]
+    ctx = mp.get_context("forkserver")
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=ctx) as pool:
+        jobs = [pool.submit(raw_libero_frames, "libero_spatial", t, s, SIZE)
+                for t, s in zip(tasks, seeds)]
+        raws = [job.result() for job in jobs]
+    for i, (agent, wrist) in enumerate(raws):
+        ours, ours_wrist = obs["rgb"][i].numpy(), obs["wrist_rgb"][i].numpy()
+        assert not np.array_equal(ours, agent)  # the raw frame is upside down
+        np.testing.assert_array_equal(ours, agent[::-1, ::-1])
+        np.testing.assert_array_equal(ours_wrist, wrist[::-1, ::-1])
+
+
+def test_the_same_seed_gives_the_same_scene(rgb_env):
+    first = rgb_env.reset(seed=[7, 7], task=[3, 3])["obs"]
+    # two processes, same task and seed: the same scene, to the pixel
+    assert torch.equal(first["rgb"][0], first["rgb"][1])
+    assert torch.equal(first["state"][0], first["state"][1])
+    for _ in range(3):  # move away, then reset with the same seed again
+        rgb_env.step(torch.tensor([[1, 0, 0, 0, 0, 0, 1]] * 2, dtype=torch.float32))
+    again = rgb_env.reset(seed=[7, 7], task=[3, 3])["obs"]
+    for key in ("rgb", "wrist_rgb", "state"):
+        assert torch.equal(again[key], first[key]), key
+    other = rgb_env.reset(seed=[8, 57], task=[3, 3])["obs"]
+    assert not torch.equal(other["rgb"][0], first["rgb"][0])
+    # seed 57 starts from init state 57 % 50 = 7, but places the fixtures its own way
+    assert not torch.equal(other["rgb"][1], first["rgb"][1])
+    assert torch.equal(other["state"][1], first["state"][1])
+
+
+# -- config errors (raised before any simulator process starts) -------------------------
+def make(name="LIBERO/libero_spatial", **kw):
+    return make_env(EnvConfig(name=name, num_envs=1, **kw))
+
+
+def test_unknown_suite_suggests_the_right_one():
+    with pytest.raises(EnvError, match=r"env\.name='LIBERO/libero_spatail'.*"
+                                       r"Did you mean 'libero_spatial'\?"):
+        make("LIBERO/libero_spatail")
+
+
+@pytest.mark.parametrize("kw, field", [
+    ({"kwargs": {"foo": 1}}, r"env\.kwargs\.foo is not an option of LIBERO/libero_spatial"),
+    ({"kwargs": {"render_quality": "ultra"}}, r"env\.kwargs\.render_quality='ultra'"),
+    ({"kwargs": {"gl": "glfw"}}, r"env\.kwargs\.gl='glfw'"),
+    ({"kwargs": {"task_ids": [3, 10]}}, r"env\.kwargs\.task_ids=\[3, 10\]: .* tasks 0-9"),
+    ({"kwargs": {"task_ids": []}}, r"env\.kwargs\.task_ids=\[\]"),
+    ({"obs_mode": "depth"}, r"env\.obs_mode='depth'"),
+    ({"reward_mode": "dense"}, r"env\.reward_mode='dense'"),
+])
+def test_bad_config_names_the_field(kw, field):
+    with pytest.raises(EnvError, match=field):
+        make(**kw)
+
+
+def test_assets_path_without_scenes_is_an_env_error(tmp_path):
+    (tmp_path / "textures").mkdir()
+    with pytest.raises(EnvError, match=r"env\.kwargs\.assets_path=.* has no scenes/ folder"):
+        make(kwargs={"assets_path": str(tmp_path)})
