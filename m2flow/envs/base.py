@@ -45,7 +45,7 @@ class BatchedEnv(ABC):
     torch.Size([2, 3])
     >>> out = env.step(torch.zeros(2, 1))
     >>> sorted(out["next"].keys())
-    ['done', 'obs', 'reward', 'success', 'terminated', 'truncated']
+    ['discarded', 'done', 'obs', 'reward', 'success', 'terminated', 'truncated']
     """
 
     num_envs: int
