@@ -1,0 +1,47 @@
+"""Embodied GRPO's advantages: pure functions on episode returns grouped by initial state.
+
+Envs come in groups of ``group_size`` that reset to the same initial state (LIBERO init-state
+id, ManiSkill seed). Each episode's advantage is its return against its group,
+``(R - mean(group)) / (std(group) + eps)``, and every action of the episode carries it. A group
+whose episodes all succeeded or all failed says nothing about which actions were better; groups
+whose success rate lies outside ``[low, high]`` are dropped (by default: keep a group unless
+all its episodes share one outcome).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def group_advantages(returns: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
+    """Per-episode advantage against its group; ``returns`` lists groups one after another.
+
+    >>> group_advantages(torch.tensor([1.0, 0.0, 0.0, 2.0, 2.0, 2.0]), group_size=3)
+    tensor([ 1.4142, -0.7071, -0.7071,  0.0000,  0.0000,  0.0000])
+    """
+    r = _grouped(returns.float(), group_size)
+    mean = r.mean(dim=1, keepdim=True)
+    std = r.std(dim=1, unbiased=False, keepdim=True)
+    return ((r - mean) / (std + eps)).reshape(-1)
+
+
+def keep_groups(success: torch.Tensor, group_size: int, low: float = 0.0,
+                high: float = 1.0) -> torch.Tensor:
+    """Per-episode mask: True where the group's success rate satisfies ``low < rate < high``;
+    the defaults drop all-failure (rate 0) and all-success (rate 1) groups.
+
+    >>> keep_groups(torch.tensor([1, 1, 0, 0, 0, 1, 1, 1]).bool(), group_size=2)
+    tensor([False, False, False, False,  True,  True, False, False])
+    """
+    rate = _grouped(success.float(), group_size).mean(dim=1)
+    keep = (rate > low) & (rate < high)
+    return keep.repeat_interleave(group_size)
+
+
+def _grouped(x: torch.Tensor, group_size: int) -> torch.Tensor:
+    if group_size < 1 or x.numel() % group_size:
+        raise ValueError(
+            f"{x.numel()} episodes do not split into groups of algorithm.group_size="
+            f"{group_size}; make env.num_envs (times env workers) a multiple of it."
+        )
+    return x.reshape(-1, group_size)
