@@ -3,7 +3,14 @@
 import pytest
 import torch
 
-from m2flow.envs import EnvConfig, EnvError, env_class, make_env, register_env, registered_envs
+from m2flow.envs import (
+    EnvConfig,
+    EnvError,
+    env_class,
+    make_env,
+    register_env,
+    registered_envs,
+)
 from m2flow.envs.gymnasium_env import GymnasiumEnv
 
 

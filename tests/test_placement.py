@@ -4,6 +4,8 @@ import pytest
 
 from m2flow.pipelines import (
     ComponentPlacement as C,
+)
+from m2flow.pipelines import (
     NodeInfo,
     Placement,
     PlacementConfig,

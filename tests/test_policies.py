@@ -7,7 +7,7 @@ from m2flow.policies import PolicyConfig, PolicyError, make_policy, registered_p
 
 STATE_SPEC = EnvSpec({"state": (7,)}, 3, (-1.0,) * 3, (1.0,) * 3, 50)
 RGB_SPEC = EnvSpec({"rgb": (64, 64, 3), "state": (5,)}, 3, (-1.0,) * 3, (1.0,) * 3, 50)
-SPECS = {"mlp": STATE_SPEC, "cnn": RGB_SPEC}  # a newly registered policy needs an entry here
+SPECS = {"mlp": STATE_SPEC, "cnn": RGB_SPEC, "openvla_oft": RGB_SPEC}  # a newly registered policy needs an entry here
 
 
 def random_obs(spec, n):
@@ -29,7 +29,9 @@ def test_every_policy_acts_and_evaluates_consistently(name, n):
     b = random_obs(SPECS[name], n)
     with torch.no_grad():
         out = pi.act(b)
-    assert out["action"].shape == (n, 3) and out["action"].dtype == torch.float32
+    # (n, 3), or (n, chunk, 3) for a policy that decodes action chunks
+    assert out["action"].shape[0] == n and out["action"].shape[-1] == 3
+    assert out["action"].dtype == torch.float32
     assert out["log_prob"].shape == (n,) and out["value"].shape == (n,)
     b.update(out)
     ev = pi.evaluate(b)

@@ -13,6 +13,8 @@ import argparse
 import json
 import logging
 import sys
+from datetime import datetime
+from pathlib import Path
 
 DEFAULT_CONFIG = "maniskill_pushcube_ppo_mlp"
 
@@ -107,10 +109,7 @@ config's initial weights; writes results.json, results.md and MP4 videos.
 """
 
 
-def _eval_dir(cfg) -> "Path":
-    from datetime import datetime
-    from pathlib import Path
-
+def _eval_dir(cfg) -> Path:
     if cfg.eval.output_dir:
         return Path(cfg.eval.output_dir)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")

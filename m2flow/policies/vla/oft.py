@@ -1,0 +1,198 @@
+"""OpenVLA-OFT-style policy: one forward pass decodes a whole action chunk in parallel.
+
+Sequence (per env): ``<s>``, the image patches (agent view, then wrist), one proprio token, the
+prompt tokens, then ``chunk x action_dim`` action placeholders. Attention is causal, except
+that the placeholders see each other (bidirectional among themselves); padding of shorter
+prompts is masked out and skipped by the rotary positions, so every env's sequence behaves as
+if unpadded. Each placeholder's hidden state goes through the LM head restricted to the 256
+action-bin ids (the last 256 of the vocabulary): a categorical over bins, sampled with
+temperature and top-k for RL, argmax when deterministic. Log-probs are of the sampled bins
+under ``softmax(logits / temperature)`` over all 256 bins, computed the same way at rollout and
+in training. An optional value head reads the mean placeholder state (for PPO).
+
+Outputs of ``act``: ``action`` (B, chunk, action_dim) float, in the env's units;
+``action_tokens`` (B, chunk * action_dim) int64 bin ids; ``token_log_prob`` (same shape);
+``log_prob`` (B,) their sum; ``value`` (B,).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from tensordict import TensorDict
+from torch import nn
+
+from m2flow.policies.action_tokenizer import N_BINS, ActionStats, ActionTokenizer
+from m2flow.policies.base import Policy, PolicyError
+from m2flow.policies.config import PolicyConfig
+from m2flow.policies.vla.prismatic import Prismatic
+from m2flow.policies.vla.text import prompt, tiny_tokenizer
+
+
+@dataclass
+class OFTOptions:
+    """``policy.kwargs`` of ``policy.name=openvla_oft``."""
+
+    vision: list = field(default_factory=lambda: ["timm/vit_tiny_patch16_224"])
+    """One timm ViT, or two fused per patch (OpenVLA: DINOv2 + SigLIP)."""
+    image_size: int = 64
+    """Backbone resolution (env images are resized to it)."""
+    image_keys: list = field(default_factory=lambda: ["rgb", "wrist_rgb"])
+    """Image observations to read, in this order (those the env has)."""
+    use_proprio: bool = True
+    """Add one token projected from ``("obs", "state")``."""
+    chunk: int = 8
+    """Actions decoded per forward pass (LIBERO's OFT uses 8)."""
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    intermediate_size: int = 256
+    text_vocab: int = 512
+    """Size of the locally built byte-level BPE (the LM vocabulary adds the 256 bins)."""
+    temperature: float = 1.0
+    top_k: int = 0
+    """Sample among the k likeliest bins (0: all)."""
+    value_head: bool = True
+    """A critic on the mean placeholder state (PPO); GRPO does not need it."""
+    unnorm: Optional[dict] = None
+    """{q01, q99, mask}: un-normalise actions into env units (None: actions are in [-1, 1])."""
+
+
+def _options(kwargs) -> OFTOptions:
+    known = [f.name for f in fields(OFTOptions)]
+    unknown = sorted(set(kwargs) - set(known))
+    if unknown:
+        raise PolicyError(f"policy.kwargs.{unknown[0]} is not an option of policy.name="
+                          f"'openvla_oft'; use one of {known}.")
+    opts = OFTOptions(**kwargs)
+    if opts.chunk < 1 or opts.temperature <= 0 or opts.top_k < 0:
+        raise PolicyError("policy.kwargs: chunk >= 1, temperature > 0 and top_k >= 0 are needed "
+                          f"(got chunk={opts.chunk}, temperature={opts.temperature}, "
+                          f"top_k={opts.top_k}).")
+    return opts
+
+
+class OpenVLAOFTPolicy(Policy):
+    def __init__(self, cfg: PolicyConfig, env_spec):
+        super().__init__()
+        from transformers import LlamaConfig
+
+        o = self.opts = _options(dict(cfg.kwargs))
+        shapes = env_spec.obs_shapes
+        self.image_keys = [k for k in o.image_keys if k in shapes]
+        if not self.image_keys:
+            raise PolicyError(
+                f"policy.name=openvla_oft reads images {list(o.image_keys)}, but the env "
+                f"observes {sorted(shapes)}; set env.obs_mode=rgb (or policy.kwargs.image_keys)."
+            )
+        self.use_proprio = o.use_proprio and "state" in shapes
+        self.action_dim = env_spec.action_dim
+        self.num_queries = o.chunk * self.action_dim
+        self.tokenizer = tiny_tokenizer(o.text_vocab)
+        vocab = len(self.tokenizer) + N_BINS  # text ids, then the action bins at the end
+        self.actions = ActionTokenizer(vocab)
+        self.stats = ActionStats(**o.unnorm) if o.unnorm else None
+        llm = LlamaConfig(
+            vocab_size=vocab, hidden_size=o.hidden_size, intermediate_size=o.intermediate_size,
+            num_hidden_layers=o.num_layers, num_attention_heads=o.num_heads,
+            num_key_value_heads=o.num_heads, max_position_embeddings=2048,
+            bos_token_id=self.tokenizer.bos_token_id, eos_token_id=self.tokenizer.eos_token_id,
+            pad_token_id=self.tokenizer.pad_token_id, tie_word_embeddings=False,
+            attn_implementation="sdpa",
+        )
+        self.vlm = Prismatic(list(o.vision), o.image_size, llm)
+        h = self.vlm.hidden_size
+        self.proprio = nn.Linear(shapes["state"][0], h) if self.use_proprio else None
+        self.queries = nn.Parameter(torch.randn(self.num_queries, h) * 0.02)
+        self.value_head = nn.Linear(h, 1) if o.value_head else None
+        tasks = list(env_spec.tasks) or [""]
+        ids = [self.tokenizer(prompt(t), add_special_tokens=False)["input_ids"] for t in tasks]
+        width = max(len(i) for i in ids)
+        pad = self.tokenizer.pad_token_id
+        self.register_buffer("prompt_ids", torch.tensor([i + [pad] * (width - len(i)) for i in ids]),
+                             persistent=False)
+        self.register_buffer("prompt_valid",
+                             torch.tensor([[True] * len(i) + [False] * (width - len(i)) for i in ids]),
+                             persistent=False)
+
+    # -- the forward pass ------------------------------------------------------------------
+    def _forward(self, obs: TensorDict) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """(bin logits (B, Q, 256), value (B,) or None)."""
+        images = torch.stack([obs[k] for k in self.image_keys], dim=1)  # (B, n, H, W, 3)
+        b = images.shape[0]
+        dev = self.queries.device
+        task = obs.get("task", None)
+        task = torch.zeros(b, dtype=torch.long, device=dev) if task is None else task.long().to(dev)
+        bos = self.vlm.embed_tokens(torch.full((b, 1), self.tokenizer.bos_token_id, device=dev))
+        parts = [bos, self.vlm.image_tokens(images.to(dev))]
+        if self.proprio is not None:
+            parts.append(self.proprio(obs["state"].float().to(dev))[:, None])
+        n_prefix = sum(p.shape[1] for p in parts)
+        parts += [self.vlm.embed_tokens(self.prompt_ids[task]),
+                  self.queries.expand(b, -1, -1).to(bos.dtype)]
+        embeds = torch.cat(parts, dim=1)
+        L, Q = embeds.shape[1], self.num_queries
+        valid = torch.ones(b, L, dtype=torch.bool, device=dev)
+        valid[:, n_prefix : n_prefix + self.prompt_ids.shape[1]] = self.prompt_valid[task]
+        is_query = torch.zeros(L, dtype=torch.bool, device=dev)
+        is_query[-Q:] = True
+        causal = torch.ones(L, L, dtype=torch.bool, device=dev).tril()
+        allowed = (causal | (is_query[:, None] & is_query[None, :]))[None] & valid[:, None, :]
+        positions = (valid.long().cumsum(-1) - 1).clamp_min(0)
+        hidden = self.vlm.hidden_states(embeds, allowed, positions)[:, -Q:]  # (B, Q, h)
+        logits = self.vlm.action_logits(hidden, N_BINS).float()
+        value = self.value_head(hidden.mean(1)).squeeze(-1).float() if self.value_head else None
+        return logits, value
+
+    def _log_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return F.log_softmax(logits / self.opts.temperature, dim=-1)
+
+    def _to_actions(self, bins: torch.Tensor) -> torch.Tensor:
+        ids = bins + self.actions.first_id
+        a = self.actions.decode(ids).reshape(bins.shape[0], self.opts.chunk, self.action_dim)
+        return self.stats.unnormalize(a) if self.stats is not None else a
+
+    # -- Policy ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def act(self, batch: TensorDict, deterministic: bool = False) -> TensorDict:
+        logits, value = self._forward(batch["obs"])
+        logp = self._log_probs(logits)
+        if deterministic:
+            bins = logits.argmax(-1)
+        else:
+            scores = logits / self.opts.temperature
+            if self.opts.top_k:
+                kth = scores.topk(self.opts.top_k, dim=-1).values[..., -1:]
+                scores = scores.masked_fill(scores < kth, float("-inf"))
+            bins = torch.distributions.Categorical(logits=scores).sample()
+        tok_logp = logp.gather(-1, bins[..., None]).squeeze(-1)
+        b = bins.shape[0]
+        return TensorDict({
+            "action": self._to_actions(bins),
+            "action_tokens": bins,
+            "token_log_prob": tok_logp,
+            "log_prob": tok_logp.sum(-1),
+            "value": value if value is not None else torch.zeros(b, device=bins.device),
+        }, batch_size=[b])
+
+    def evaluate(self, batch: TensorDict) -> TensorDict:
+        logits, value = self._forward(batch["obs"])
+        logp = self._log_probs(logits)
+        bins = batch["action_tokens"].long()
+        tok_logp = logp.gather(-1, bins[..., None]).squeeze(-1)
+        entropy = -(logp.exp() * logp).sum(-1)  # per token
+        b = bins.shape[0]
+        return TensorDict({
+            "token_log_prob": tok_logp,
+            "log_prob": tok_logp.sum(-1),
+            "entropy": entropy.mean(-1),
+            "value": value if value is not None else torch.zeros(b, device=bins.device),
+        }, batch_size=[b])
+
+    def value(self, obs: TensorDict) -> torch.Tensor:
+        if self.value_head is None:
+            return torch.zeros(obs.batch_size[0], device=self.queries.device)
+        return self._forward(obs)[1]

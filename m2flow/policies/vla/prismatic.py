@@ -1,0 +1,124 @@
+"""OpenVLA's Prismatic design: vision backbone(s) -> MLP projector -> Llama-style causal LM.
+
+Image patches from a ``timm`` ViT (or, as OpenVLA, the patch features of two ViTs side by side,
+DINOv2 + SigLIP, concatenated per patch) are projected into the LM's embedding space and
+placed after the BOS token, before the prompt. The LM is ``transformers``' ``LlamaForCausalLM``
+built from a config (random weights) or loaded from a local directory.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from m2flow.policies.base import PolicyError
+
+PIXEL_MAX = 255.0
+
+
+def vision_backbone(name: str, image_size: int) -> nn.Module:
+    """A randomly initialised timm ViT that returns patch features (no hub download)."""
+    import timm
+
+    model = name.removeprefix("timm/")
+    if model.split(".")[0] not in timm.list_models():
+        raise PolicyError(
+            f"policy.kwargs.vision={name!r}: timm has no model {model!r}; use a ViT name from "
+            "timm.list_models(), e.g. 'timm/vit_tiny_patch16_224'."
+        )
+    try:
+        return timm.create_model(model, pretrained=False, num_classes=0, img_size=image_size)
+    except TypeError:
+        raise PolicyError(
+            f"policy.kwargs.vision={name!r} is not a ViT (it takes no img_size); the VLA "
+            "policies need patch tokens from a ViT."
+        ) from None
+
+
+class Projector(nn.Module):
+    """OpenVLA's projector: 2 layers for one backbone, 3 (wider) for a fused pair."""
+
+    def __init__(self, vision_dim: int, llm_dim: int, fused: bool):
+        super().__init__()
+        if fused:
+            self.fc1 = nn.Linear(vision_dim, 4 * vision_dim)
+            self.fc2 = nn.Linear(4 * vision_dim, llm_dim)
+            self.fc3 = nn.Linear(llm_dim, llm_dim)
+        else:
+            self.fc1 = nn.Linear(vision_dim, llm_dim)
+            self.fc2 = nn.Linear(llm_dim, llm_dim)
+            self.fc3 = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.fc2(F.gelu(self.fc1(x)))
+        return self.fc3(F.gelu(x)) if self.fc3 is not None else x
+
+
+class Prismatic(nn.Module):
+    """Images + text embeddings -> LM hidden states.
+
+    Args:
+        vision: one timm ViT name, or two (fused, as OpenVLA's DINOv2 + SigLIP).
+        image_size: input resolution of the backbones.
+        llm: a ``transformers`` Llama config (random init) or a built ``LlamaForCausalLM``.
+    """
+
+    def __init__(self, vision: list[str], image_size: int, llm):
+        super().__init__()
+        from transformers import LlamaForCausalLM
+
+        self.backbones = nn.ModuleList(vision_backbone(n, image_size) for n in vision)
+        grids = {b.patch_embed.num_patches for b in self.backbones}
+        if len(grids) != 1:
+            raise PolicyError(f"policy.kwargs.vision={vision}: fused backbones must give the same "
+                              f"number of patches at {image_size} px, got {sorted(grids)}.")
+        self.num_patches = grids.pop()
+        self.image_size = image_size
+        self.llm = llm if isinstance(llm, nn.Module) else LlamaForCausalLM(llm)
+        dim = self.llm.config.hidden_size
+        self.projector = Projector(sum(b.num_features for b in self.backbones), dim,
+                                   fused=len(self.backbones) > 1)
+        for i, b in enumerate(self.backbones):
+            cfg = b.pretrained_cfg
+            self.register_buffer(f"mean{i}", torch.tensor(cfg.get("mean", (0.5,) * 3)).view(1, 3, 1, 1),
+                                 persistent=False)
+            self.register_buffer(f"std{i}", torch.tensor(cfg.get("std", (0.5,) * 3)).view(1, 3, 1, 1),
+                                 persistent=False)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.llm.config.hidden_size
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.llm.get_input_embeddings()(ids)
+
+    def image_tokens(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 (B, n_img, H, W, 3) -> (B, n_img * num_patches, hidden)."""
+        b, n = images.shape[:2]
+        x = images.reshape(b * n, *images.shape[2:]).permute(0, 3, 1, 2).float() / PIXEL_MAX
+        if x.shape[-1] != self.image_size or x.shape[-2] != self.image_size:
+            x = F.interpolate(x, size=(self.image_size, self.image_size), mode="bilinear",
+                              antialias=True, align_corners=False)
+        feats = []
+        for i, bb in enumerate(self.backbones):
+            xi = (x - getattr(self, f"mean{i}")) / getattr(self, f"std{i}")
+            f = bb.forward_features(xi.to(next(bb.parameters()).dtype))
+            feats.append(f[:, getattr(bb, "num_prefix_tokens", 0):])  # patches only
+        patches = self.projector(torch.cat(feats, dim=-1))  # (B*n, P, hidden)
+        return patches.reshape(b, n * self.num_patches, -1)
+
+    def hidden_states(self, embeds: torch.Tensor, allowed: torch.Tensor,
+                      positions: torch.Tensor) -> torch.Tensor:
+        """Last-layer hidden states for ``embeds`` (B, L, hidden) where query i may attend
+        key j iff ``allowed[b, i, j]``; ``positions`` (B, L) are the rotary positions."""
+        mask = torch.zeros(allowed.shape, dtype=embeds.dtype, device=embeds.device)
+        mask = mask.masked_fill(~allowed, torch.finfo(embeds.dtype).min)[:, None]  # (B,1,L,L)
+        out = self.llm.model(inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
+                             use_cache=False)
+        return out.last_hidden_state
+
+    def action_logits(self, hidden: torch.Tensor, n_bins: int) -> torch.Tensor:
+        """LM-head logits of the last ``n_bins`` vocabulary ids (the action bins) only."""
+        w = self.llm.get_output_embeddings().weight[-n_bins:]
+        return F.linear(hidden, w)
