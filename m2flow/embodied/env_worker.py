@@ -11,6 +11,7 @@ from tensordict import TensorDict
 from m2flow.embodied import seeding
 from m2flow.embodied.buffer import TrajectoryBuffer
 from m2flow.envs import EnvConfig, make_env
+from m2flow.envs.chunked import ChunkedEnv
 from m2flow.pipelines import Channel, Worker
 
 
@@ -56,13 +57,22 @@ class EnvWorker(Worker):
     """
 
     def __init__(self, info, cfg: EnvConfig, seed: int, groups: int = 1,
-                 channel_timeout: float = 600.0):
+                 channel_timeout: float = 600.0, reset_group_size: int = 1):
         super().__init__(info)
         self.cfg = cfg
         self.seed = seed
         self.timeout = channel_timeout
+        if reset_group_size < 1 or cfg.num_envs % reset_group_size:
+            raise ValueError(
+                f"env.num_envs={cfg.num_envs} is not a multiple of algorithm.group_size="
+                f"{reset_group_size}: each env worker holds whole groups of envs that reset to "
+                "the same initial state."
+            )
+        self.reset_group_size = reset_group_size
         self.sizes = stage_sizes(cfg.num_envs, groups)
-        self.envs = [make_env(replace(cfg, num_envs=n), device=self.device) for n in self.sizes]
+        # ChunkedEnv: a policy may return action chunks (K env steps per call)
+        self.envs = [ChunkedEnv(make_env(replace(cfg, num_envs=n), device=self.device))
+                     for n in self.sizes]
         if self.envs[0].device.type == "cpu":
             # the simulator processes keep this worker's cores; its own thread (sending actions,
             # receiving results, recording) floats, so it does not take time from them
@@ -153,7 +163,8 @@ class EnvWorker(Worker):
             done = nxt["done"].cpu()
             first = done & ~seen[sl]
             runs_g = runs[g]
-            ret, length, success = runs_g.ret + nxt["reward"].cpu(), runs_g.len + 1, \
+            steps = nxt["num_steps"].cpu() if "num_steps" in nxt.keys() else 1
+            ret, length, success = runs_g.ret + nxt["reward"].cpu(), runs_g.len + steps, \
                 runs_g.success | nxt["success"].cpu()
             if image_key is not None:
                 frames(g, nxt["obs"], keep[sl] & ~seen[sl] & ~lost)
@@ -259,14 +270,16 @@ class EnvWorker(Worker):
     def _reset(self, purpose: int, iteration: int, rebuild: bool = False,
                seeds: Optional[list] = None, tasks: Optional[list] = None) -> list:
         # env i of this rank at this iteration: a seed derived from all of them, for any S
+        g = self.reset_group_size  # envs i // g share their initial state (GRPO groups)
         if seeds is None:
-            seeds = seeding.derive(self.seed, purpose, iteration, self.rank, self.num_envs)
+            seeds = seeding.derive(self.seed, purpose, iteration, self.rank, self.num_envs // g)
+            seeds = [seeds[i // g] for i in range(self.num_envs)]
         num_tasks = len(self.spec().tasks)
         if num_tasks and tasks is None:
-            # a multi-task env: env i trains on task (rank*N + i + iteration*N) mod tasks, so
-            # every task gets envs over the iterations, and none switches when N*M covers all
-            first = (self.rank + iteration) * self.num_envs
-            tasks = [(first + i) % num_tasks for i in range(self.num_envs)]
+            # a multi-task env: group j trains on task (rank*N/g + j + iteration*N/g) mod tasks,
+            # so every task gets envs over the iterations, and none switches when N*M covers all
+            first = (self.rank + iteration) * (self.num_envs // g)
+            tasks = [(first + i // g) % num_tasks for i in range(self.num_envs)]
         out, start = [], 0
         with self.timer("sim"):
             for env, n in zip(self.envs, self.sizes):
@@ -326,7 +339,7 @@ class _Episodes:
 
     def update(self, nxt: TensorDict, only: torch.Tensor | None = None) -> EpisodeStats:
         self.ret += nxt["reward"].cpu()
-        self.len += 1
+        self.len += nxt["num_steps"].cpu() if "num_steps" in nxt.keys() else 1
         self.success |= nxt["success"].cpu()
         done = nxt["done"].cpu()
         lost = nxt.get("discarded", torch.zeros_like(done)).cpu()

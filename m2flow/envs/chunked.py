@@ -1,0 +1,96 @@
+"""Action chunks: a policy call that returns K actions per env is K env steps.
+
+``ChunkedEnv`` wraps any ``BatchedEnv``. An action (n, A) passes through unchanged. An action
+chunk (n, K, A) runs K steps; the result is one transition per chunk, as the learner sees it:
+
+- ``("next", "reward")``: the sum of the rewards up to and including the step the episode
+  ended in (the rest of the chunk belongs to the next episode);
+- ``done`` / ``terminated`` / ``truncated`` / ``success`` / ``discarded``: whether it happened
+  in the chunk (before or at the episode's end);
+- ``("next", "obs")``: the observation the episode's part of the chunk ended in (the final one
+  if the episode ended), ``"obs"``: the one after the last step (to act on next);
+- the per-step values are kept for the learner: ``("next", "step_reward")`` and
+  ``("next", "step_done")`` (n, K), and ``("next", "num_steps")`` (n,), the env steps the
+  episode's part took.
+
+After an episode ends inside a chunk, the env (auto-reset) runs the chunk's remaining actions
+in its next episode; that episode's bookkeeping starts from there.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+from tensordict import TensorDict
+
+from m2flow.envs.base import BatchedEnv
+
+FLAGS = ("terminated", "truncated", "done", "success", "discarded")
+
+
+class ChunkedEnv(BatchedEnv):
+    def __init__(self, env: BatchedEnv):
+        self.env = env
+        self.num_envs, self.spec, self.device = env.num_envs, env.spec, env.device
+        self.steps_in_background = env.steps_in_background
+        self._chunk: Optional[torch.Tensor] = None
+
+    def __getattr__(self, name: str):
+        """Anything else (``restarts``, ``slots``, ...) is the wrapped env's."""
+        if name == "env":
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+    def reset(self, seed: Optional[Sequence[int]] = None, *, rebuild: bool = False, **kw):
+        return self.env.reset(seed, rebuild=rebuild, **kw)
+
+    def step(self, action: torch.Tensor) -> TensorDict:
+        self.step_async(action)
+        return self.step_wait()
+
+    def step_async(self, action: torch.Tensor) -> None:
+        if action.ndim == 2:
+            self._chunk = None
+            self.env.step_async(action)
+        else:  # the first step starts now, the others in step_wait
+            self._chunk = action
+            self.env.step_async(action[:, 0])
+
+    def step_wait(self) -> TensorDict:
+        chunk, self._chunk = self._chunk, None
+        if chunk is None:
+            return self.env.step_wait()
+        outs = []
+        for j in range(chunk.shape[1]):
+            outs.append(self.env.step_wait())
+            if j + 1 < chunk.shape[1]:
+                self.env.step_async(chunk[:, j + 1])
+        return combine(outs)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def combine(outs: list[TensorDict]) -> TensorDict:
+    """K single-step results -> one chunk transition (see the module docstring)."""
+    n = outs[0].batch_size[0]
+    done = torch.stack([o["next", "done"] for o in outs], dim=1)  # (n, K)
+    reward = torch.stack([o["next", "reward"] for o in outs], dim=1)
+    # steps that belong to the episode the chunk started in: up to its first done
+    ended_before = torch.cumsum(done.long(), dim=1) - done.long() > 0
+    own = ~ended_before
+    last = torch.where(done.any(1), done.float().argmax(1), torch.full((n,), len(outs) - 1))
+    rows = torch.arange(n)
+    nxt = {
+        "reward": (reward * own).sum(1),
+        "obs": torch.stack([o["next", "obs"] for o in outs], dim=1)[rows, last],
+        "step_reward": reward,
+        "step_done": done,
+        "num_steps": own.sum(1),
+    }
+    for flag in FLAGS:
+        if flag in outs[0]["next"].keys():
+            v = torch.stack([o["next", flag] for o in outs], dim=1)
+            nxt[flag] = (v & own).any(1)
+    return TensorDict({"obs": outs[-1]["obs"], "next": nxt}, batch_size=[n])
