@@ -40,7 +40,9 @@ def test_group_size_must_divide_the_envs():
 
 
 def test_a_chunk_is_k_steps_with_the_episode_boundary_kept():
-    from tests.fakes import register  # test/Counter: episodes of 5 steps, reward = action
+    from tests.fakes import (
+        register,  # test/Counter: episodes of 5 steps, reward = action
+    )
 
     register()
     env = ChunkedEnv(make_env(EnvConfig(name="test/Counter", num_envs=2)))
