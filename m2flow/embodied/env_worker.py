@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
@@ -111,12 +112,13 @@ class EnvWorker(Worker):
             traj_ch.flush()
         return stats
 
-    def evaluate(self, rounds: int, obs_ch: Channel, act_ch: Channel, stages: int = 1) -> EpisodeStats:
+    def evaluate(self, rounds: int, obs_ch: Channel, act_ch: Channel, stages: int = 1,
+                 chunk: int = 1) -> EpisodeStats:
         """``rounds`` x num_envs episodes from fixed seeds; counts each env's first episode."""
         stats = EpisodeStats()
         for r in range(rounds):
             seeds = seeding.derive(self.seed, seeding.EVAL, r, self.rank, self.num_envs)
-            for ep in self.evaluate_round(obs_ch, act_ch, seeds, stages=stages):
+            for ep in self.evaluate_round(obs_ch, act_ch, seeds, stages=stages, chunk=chunk):
                 if ep.discarded:
                     stats.discarded += 1
                 else:
@@ -132,10 +134,12 @@ class EnvWorker(Worker):
     def evaluate_round(
         self, obs_ch: Channel, act_ch: Channel, seeds: list[int], tasks: Optional[list] = None,
         max_steps: Optional[int] = None, video: Optional[list[bool]] = None, stages: int = 1,
+        chunk: int = 1,
     ) -> list["EvalEpisode"]:
         """One episode per env: env i from ``seeds[i]`` (on task ``tasks[i]``), run for
         ``max_steps`` steps (default: the time limit); returns each env's first episode.
 
+        ``chunk``: env steps per policy call (``max_steps / chunk`` calls, rounded up).
         ``video[i]``: keep env i's frames (its image observation) until that episode ends.
         An episode lost to a simulator restart comes back ``discarded``; the env's next
         episode is then not counted either.
@@ -179,7 +183,7 @@ class EnvWorker(Worker):
         if image_key is not None:
             for g, o in enumerate(obs):
                 frames(g, o, keep[offsets[g] : offsets[g] + self.sizes[g]])
-        self._run(max_steps, obs, obs_ch, act_ch, record, stages)
+        self._run(math.ceil(max_steps / chunk), obs, obs_ch, act_ch, record, stages)
         self._obs = None
         for g, runs_g in enumerate(runs):  # still running after max_steps: a failure so far
             for j in (~seen[offsets[g] : offsets[g] + self.sizes[g]]).nonzero().flatten().tolist():

@@ -45,3 +45,18 @@ def _grouped(x: torch.Tensor, group_size: int) -> torch.Tensor:
             f"{group_size}; make env.num_envs (times env workers) a multiple of it."
         )
     return x.reshape(-1, group_size)
+
+
+def first_episodes(reward: torch.Tensor, done: torch.Tensor,
+                   success: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each env's first episode in an (N, T) trajectory: (return (N,), success (N,), the mask
+    (N, T) of its steps). An episode still running at T counts with what it has so far.
+
+    >>> d = torch.tensor([[False, True, False], [False, False, False]])
+    >>> ret, ok, steps = first_episodes(torch.ones(2, 3), d, d)
+    >>> ret.tolist(), ok.tolist(), steps.tolist()
+    ([2.0, 3.0], [True, False], [[True, True, False], [True, True, True]])
+    """
+    ended_before = (torch.cumsum(done.long(), dim=1) - done.long()) > 0
+    steps = ~ended_before
+    return (reward * steps).sum(1), (success & steps).any(1), steps

@@ -8,7 +8,14 @@ from tensordict import TensorDict
 from m2flow import keys
 from m2flow.embodied import seeding
 from m2flow.embodied.advantages import gae
-from m2flow.embodied.ppo import PPOConfig, ppo_loss, total_loss
+from m2flow.embodied.grpo import first_episodes, group_advantages, keep_groups
+from m2flow.embodied.ppo import (
+    LOGPROB_LEVELS,
+    PPOConfig,
+    grpo_loss,
+    ppo_loss,
+    total_loss,
+)
 from m2flow.pipelines import Channel, Worker
 from m2flow.policies import PolicyConfig, make_policy
 
@@ -28,6 +35,12 @@ class LearnerWorker(Worker):
         self.num_iterations = num_iterations
         self.timeout = channel_timeout
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=algo.learning_rate, eps=1e-5)
+        self.action_dim = env_spec.action_dim
+        if algo.name not in ("ppo", "grpo"):
+            raise ValueError(f"algorithm.name={algo.name!r}: use 'ppo' or 'grpo'.")
+        if algo.logprob_level not in LOGPROB_LEVELS:
+            raise ValueError(f"algorithm.logprob_level={algo.logprob_level!r}: use one of "
+                             f"{list(LOGPROB_LEVELS)}.")
 
     def get_weights(self) -> dict:
         return {k: v.detach().to("cpu", copy=True) for k, v in self.policy.state_dict().items()}
@@ -55,13 +68,18 @@ class LearnerWorker(Worker):
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             traj = torch.cat(parts, dim=0).to(self.device)  # (N, T)
-            self._add_advantages(traj, revalue=staleness > 0)
+            extra = {}
+            if self.algo.name == "grpo":
+                extra = self._add_group_advantages(traj)
+            else:
+                self._add_advantages(traj, revalue=staleness > 0)
             flat = traj.reshape(-1)  # (N*T,)
             if keys.VALID in flat.keys():  # steps of episodes a simulator crash cut short
                 flat = flat[flat[keys.VALID]]
             metrics = self._ppo_epochs(flat, iteration) if flat.shape[0] else {}
             self.policy.observe(flat)  # statistics change between updates, never within one
-            return {**metrics, "loss/learning_rate": lr, "perf/staleness": float(staleness)}
+            return {**metrics, **extra, "loss/learning_rate": lr,
+                    "perf/staleness": float(staleness)}
 
     def _learning_rate(self, iteration: int) -> float:
         """A function of the iteration alone, so a resumed run uses the same schedule."""
@@ -88,6 +106,26 @@ class LearnerWorker(Worker):
         )
         traj[keys.ADVANTAGE], traj[keys.RETURN] = adv, ret
 
+    @torch.no_grad()
+    def _add_group_advantages(self, traj: TensorDict) -> dict:
+        """GRPO: each env's first episode is one sample of its group; its advantage against
+        the group goes to every step of it; other steps and filtered groups are not valid."""
+        a = self.algo
+        ret, success, steps = first_episodes(traj[keys.REWARD], traj[keys.DONE],
+                                             traj[keys.SUCCESS])
+        if keys.VALID in traj.keys():  # an episode a simulator restart lost is not a sample
+            steps &= traj[keys.VALID]
+            lost = ~traj[keys.VALID].all(1)
+            success = success & ~lost
+        keep = keep_groups(success, a.group_size, a.filter_low, a.filter_high)
+        adv = group_advantages(ret, a.group_size)
+        traj[keys.ADVANTAGE] = adv[:, None].expand(traj.shape).clone()
+        traj[keys.RETURN] = ret[:, None].expand(traj.shape).clone()
+        traj[keys.VALID] = steps & keep[:, None]
+        return {"grpo/groups_kept": float(keep.float().mean()),
+                "grpo/episode_success": float(success.float().mean()),
+                "grpo/episode_return": float(ret.mean())}
+
     def _ppo_epochs(self, b: TensorDict, iteration: int) -> dict:
         a = self.algo
         gen = torch.Generator().manual_seed(seeding.derive(self.seed, seeding.LEARN, iteration, 0)[0])
@@ -98,10 +136,15 @@ class LearnerWorker(Worker):
             perm = torch.randperm(b.shape[0], generator=gen)
             for start in range(0, b.shape[0], mb_size):
                 mb = b[perm[start : start + mb_size].to(self.device)]
-                terms = ppo_loss(
-                    self.policy, mb, clip_coef=a.clip_coef, vf_coef=a.vf_coef,
-                    ent_coef=a.ent_coef, clip_vloss=a.clip_vloss, norm_adv=a.norm_adv,
-                )
+                if a.name == "grpo":
+                    terms = grpo_loss(self.policy, mb, clip_coef=a.clip_coef,
+                                      ent_coef=a.ent_coef, level=a.logprob_level,
+                                      action_dim=self.action_dim)
+                else:
+                    terms = ppo_loss(
+                        self.policy, mb, clip_coef=a.clip_coef, vf_coef=a.vf_coef,
+                        ent_coef=a.ent_coef, clip_vloss=a.clip_vloss, norm_adv=a.norm_adv,
+                    )
                 loss = total_loss(terms)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -117,7 +160,8 @@ class LearnerWorker(Worker):
         metrics = {f"loss/{k}": v / count for k, v in sums.items()}
         metrics["loss/total"] = sum(v for k, v in metrics.items() if "/loss_" in k)
         metrics["loss/early_stop"] = float(stopped_early)
-        metrics["loss/explained_variance"] = _explained_variance(b[keys.VALUE], b[keys.RETURN])
+        if a.name == "ppo":
+            metrics["loss/explained_variance"] = _explained_variance(b[keys.VALUE], b[keys.RETURN])
         return metrics
 
 

@@ -13,10 +13,10 @@ from m2flow.policies import Policy
 
 @dataclass
 class PPOConfig:
-    """PPO hyper-parameters, named as in the paper and cleanRL."""
+    """PPO (and embodied GRPO) hyper-parameters, named as in the papers and cleanRL."""
 
     name: str = "ppo"
-    """Algorithm id."""
+    """'ppo' (GAE with a critic) or 'grpo' (group-relative episode advantages, no critic)."""
     learning_rate: float = 3e-4
     """Adam step size."""
     anneal_lr: bool = False
@@ -43,6 +43,16 @@ class PPOConfig:
     """Normalise advantages per minibatch."""
     target_kl: Optional[float] = 0.1
     """Stop the epoch loop early once approx KL exceeds this (None: never)."""
+    group_size: int = 8
+    """GRPO: envs per group; a group resets to one initial state (env.num_envs must be a
+    multiple). Each env's first episode of an iteration is its sample."""
+    filter_low: float = 0.0
+    """GRPO: keep a group only if its success rate is > filter_low ..."""
+    filter_high: float = 1.0
+    """... and < filter_high (defaults: drop all-failure and all-success groups)."""
+    logprob_level: str = "chunk"
+    """GRPO: the unit of the policy ratio: 'token' (each action token), 'action' (the tokens
+    of one action summed) or 'chunk' (everything one policy call decided, summed)."""
 
 
 def ppo_loss(
@@ -81,6 +91,46 @@ def ppo_loss(
         {
             "loss_policy": pg_loss,
             "loss_value": vf_coef * v_loss,
+            "loss_entropy": -ent_coef * entropy,
+            "approx_kl": approx_kl,
+            "clip_fraction": clip_fraction,
+            "entropy": entropy.detach(),
+        },
+        batch_size=[],
+    )
+
+
+LOGPROB_LEVELS = ("token", "action", "chunk")
+
+
+def grpo_loss(policy: Policy, mb: TensorDict, *, clip_coef: float, ent_coef: float,
+              level: str = "chunk", action_dim: int = 1) -> TensorDict:
+    """GRPO's clipped policy loss (no critic) for minibatch ``mb`` (obs, the actions, the
+    behaviour log-probs and a per-sample ``advantage``), at log-prob ``level``."""
+    out = policy.evaluate(mb)
+    if level == "chunk":
+        new, old = out["log_prob"], mb["log_prob"]
+    else:
+        if "token_log_prob" not in mb.keys():
+            raise ValueError(
+                f"algorithm.logprob_level={level!r} needs per-token log-probs, which this "
+                "policy does not produce; use 'chunk' (or a VLA policy)."
+            )
+        new, old = out["token_log_prob"], mb["token_log_prob"]  # (B, Q)
+        if level == "action":
+            new = new.reshape(new.shape[0], -1, action_dim).sum(-1)
+            old = old.reshape(old.shape[0], -1, action_dim).sum(-1)
+    log_ratio = new - old
+    ratio = log_ratio.exp()
+    adv = mb["advantage"].reshape(-1, *([1] * (ratio.ndim - 1))).expand_as(ratio)
+    pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
+    entropy = out["entropy"].mean()
+    with torch.no_grad():
+        approx_kl = ((ratio - 1) - log_ratio).mean()
+        clip_fraction = ((ratio - 1.0).abs() > clip_coef).float().mean()
+    return TensorDict(
+        {
+            "loss_policy": pg_loss,
             "loss_entropy": -ent_coef * entropy,
             "approx_kl": approx_kl,
             "clip_fraction": clip_fraction,

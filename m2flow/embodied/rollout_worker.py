@@ -29,6 +29,10 @@ class RolloutWorker(Worker):
         self.served: Counter = Counter()  # requests answered per lane
         self._lock = threading.Lock()
 
+    def chunk(self) -> int:
+        """Env steps per policy call (action chunks; 1 for single actions)."""
+        return int(getattr(self.policy, "chunk", 1))
+
     def set_weights(self, state_dict: dict, version: int = 0) -> None:
         with self.timer("weight_sync"), self._lock:
             self.policy.load_state_dict(state_dict)

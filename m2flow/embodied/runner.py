@@ -45,11 +45,14 @@ class EmbodiedRunner:
         check_config(cfg)
         self.groups: list[WorkerGroup] = []
         groups = cfg.rollout.env_groups or cfg.rollout.pipeline_stages
-        self.env = self._group("env", EnvWorker, cfg.env, cfg.seed, groups, r.channel_timeout_s)
+        group_size = cfg.algorithm.group_size if cfg.algorithm.name == "grpo" else 1
+        self.env = self._group("env", EnvWorker, cfg.env, cfg.seed, groups, r.channel_timeout_s,
+                               group_size)
         self.spec = self.env.call("spec", ranks=[0]).wait()[0]
         self.rollout = self._group(
             "rollout", RolloutWorker, cfg.policy, self.spec, cfg.seed, r.channel_timeout_s
         )
+        self.chunk = self.rollout.call("chunk", ranks=[0]).wait()[0]  # env steps per call
         self.env_ranks = list(range(self.env.world_size))
         # lane (env rank e, stage k) goes to rollout rank (e * groups + k) mod N: M env workers
         # -> N rollout workers, no relay
@@ -121,9 +124,9 @@ class EmbodiedRunner:
         """Episodes from fixed seeds (mean actions by default): ``eval/success`` and friends."""
         episodes = episodes or self.cfg.runner.eval_episodes
         rounds = max(1, math.ceil(episodes / self.num_envs))
-        steps = rounds * self.spec.max_episode_steps
+        steps = rounds * math.ceil(self.spec.max_episode_steps / self.chunk)
         env_out, _ = gather(
-            self.env.call("evaluate", rounds, self.obs_ch, self.act_ch, self.stages),
+            self.env.call("evaluate", rounds, self.obs_ch, self.act_ch, self.stages, self.chunk),
             self._serve(steps, 0, deterministic=deterministic),
         )
         return {k.replace("env/", "eval/"): v for k, v in _merge(env_out).summary().items()}
@@ -132,6 +135,8 @@ class EmbodiedRunner:
         """One episode per env (``EnvWorker.evaluate_round``, one entry of ``per_rank`` per env
         worker); returns each rank's list of ``EvalEpisode``."""
         steps = per_rank[0]["max_steps"] or self.spec.max_episode_steps
+        steps = math.ceil(steps / self.chunk)
+        per_rank = [{**p, "chunk": self.chunk} for p in per_rank]
         env_out, _ = gather(
             self.env.call("evaluate_ranks", self.obs_ch, self.act_ch, per_rank, self.stages),
             self._serve(steps, 0, deterministic=deterministic),
@@ -171,7 +176,7 @@ class EmbodiedRunner:
         call (or by ``drain``).
         """
         r = self.cfg.runner
-        steps = r.rollout_steps * self.num_envs
+        steps = r.rollout_steps * self.num_envs * self.chunk  # env steps (a call runs a chunk)
         t0 = time.perf_counter()
         collection = self._pending if self._pending is not None else self.start_collect(it)
         self._pending = None

@@ -90,6 +90,7 @@ class OpenVLAOFTPolicy(Policy):
             )
         self.use_proprio = o.use_proprio and "state" in shapes
         self.action_dim = env_spec.action_dim
+        self.chunk = o.chunk  # env steps per call (the env worker runs the chunk)
         self.num_queries = o.chunk * self.action_dim
         self.tokenizer = tiny_tokenizer(o.text_vocab)
         vocab = len(self.tokenizer) + N_BINS  # text ids, then the action bins at the end
