@@ -87,3 +87,40 @@ def test_state_only_env_is_refused_with_the_fix():
         make_policy(PolicyConfig(name="openvla_oft", kwargs=KW), s)
     with pytest.raises(PolicyError, match="policy.kwargs.chunks"):
         make_policy(PolicyConfig(name="openvla_oft", kwargs={"chunks": 8}), spec())
+
+
+def ar_policy(**kw):
+    torch.manual_seed(0)
+    kwargs = {**KW, **kw}
+    kwargs.pop("chunk")
+    return make_policy(PolicyConfig(name="openvla", kwargs=kwargs), spec())
+
+
+def test_openvla_autoregressive_log_probs_equal_and_tokens_depend_on_earlier_ones():
+    p = ar_policy(value_head=True)
+    o = obs()
+    out = p.act(TensorDict({"obs": o}, batch_size=[3]))
+    assert out["action"].shape == (3, 1, 7) and out["action_tokens"].shape == (3, 7)
+    ev = p.evaluate(TensorDict({"obs": o, "action_tokens": out["action_tokens"]}, batch_size=[3]))
+    assert torch.allclose(ev["token_log_prob"], out["token_log_prob"], atol=1e-5, rtol=0)
+    assert torch.allclose(ev["value"], out["value"], atol=1e-5)
+    # causal: token 0's logits ignore the later tokens; token 3's depend on token 2
+    a = out["action_tokens"].clone()
+    b = a.clone()
+    b[:, 2] = (b[:, 2] + 7) % 256
+    la, lb = p._forward(o, a)[0], p._forward(o, b)[0]
+    assert torch.allclose(la[:, :3], lb[:, :3], atol=1e-6)
+    assert not torch.allclose(la[:, 3], lb[:, 3])
+
+
+def test_openvla_greedy_decoding_is_each_steps_argmax():
+    p = ar_policy()
+    o = obs(b=2)
+    out = p.act(TensorDict({"obs": o}, batch_size=[2]), deterministic=True)
+    logits = p._forward(o, out["action_tokens"])[0]
+    assert torch.equal(logits.argmax(-1), out["action_tokens"])
+
+
+def test_openvla_refuses_chunks():
+    with pytest.raises(PolicyError, match="openvla_oft"):
+        make_policy(PolicyConfig(name="openvla", kwargs={**KW, "chunk": 4}), spec())

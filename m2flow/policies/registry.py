@@ -20,6 +20,7 @@ POLICIES = Registry(
     {
         "mlp": "m2flow.policies.mlp:GaussianMLPPolicy",
         "cnn": "m2flow.policies.cnn:GaussianCNNPolicy",
+        "openvla": "m2flow.policies.vla.openvla:OpenVLAPolicy",
         "openvla_oft": "m2flow.policies.vla.oft:OpenVLAOFTPolicy",
     },
 )

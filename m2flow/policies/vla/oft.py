@@ -3,8 +3,8 @@
 Sequence (per env): ``<s>``, the image patches (agent view, then wrist), one proprio token, the
 prompt tokens, then ``chunk x action_dim`` action placeholders. Attention is causal, except
 that the placeholders see each other (bidirectional among themselves); padding of shorter
-prompts is masked out and skipped by the rotary positions, so every env's sequence behaves as
-if unpadded. Each placeholder's hidden state goes through the LM head restricted to the 256
+prompts goes in front, masked out and skipped by the rotary positions, so every env's sequence
+behaves as if unpadded. Each placeholder's hidden state goes through the LM head restricted to the 256
 action-bin ids (the last 256 of the vocabulary): a categorical over bins, sampled with
 temperature and top-k for RL, argmax when deterministic. Log-probs are of the sampled bins
 under ``softmax(logits / temperature)`` over all 256 bins, computed the same way at rollout and
@@ -121,10 +121,20 @@ class OpenVLAOFTPolicy(Policy):
 
     # -- the forward pass ------------------------------------------------------------------
     def _forward(self, obs: TensorDict) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """(bin logits (B, Q, 256), value (B,) or None)."""
+        """(bin logits (B, Q, 256), value (B,) or None): the placeholders decoded at once."""
+        b = obs.batch_size[0]
+        hidden = self._hidden(obs, self.queries.expand(b, -1, -1), bidirectional_tail=True)
+        logits = self.vlm.action_logits(hidden, N_BINS).float()
+        value = self.value_head(hidden.mean(1)).squeeze(-1).float() if self.value_head else None
+        return logits, value
+
+    def _hidden(self, obs: TensorDict, tail: torch.Tensor, bidirectional_tail: bool,
+                keep: Optional[int] = None) -> torch.Tensor:
+        """LM hidden states of the last ``keep`` positions (default: the tail's length) of
+        ``<s>, images, proprio, prompt, tail``; the tail sees itself bidirectionally or not."""
         images = torch.stack([obs[k] for k in self.image_keys], dim=1)  # (B, n, H, W, 3)
         b = images.shape[0]
-        dev = self.queries.device
+        dev = self.vlm.projector.fc1.weight.device
         task = obs.get("task", None)
         task = torch.zeros(b, dtype=torch.long, device=dev) if task is None else task.long().to(dev)
         bos = self.vlm.embed_tokens(torch.full((b, 1), self.tokenizer.bos_token_id, device=dev))
@@ -132,21 +142,35 @@ class OpenVLAOFTPolicy(Policy):
         if self.proprio is not None:
             parts.append(self.proprio(obs["state"].float().to(dev))[:, None])
         n_prefix = sum(p.shape[1] for p in parts)
-        parts += [self.vlm.embed_tokens(self.prompt_ids[task]),
-                  self.queries.expand(b, -1, -1).to(bos.dtype)]
+        parts += [self.vlm.embed_tokens(self.prompt_ids[task]), tail.to(bos.dtype)]
         embeds = torch.cat(parts, dim=1)
-        L, Q = embeds.shape[1], self.num_queries
+        L, Q = embeds.shape[1], tail.shape[1]
         valid = torch.ones(b, L, dtype=torch.bool, device=dev)
         valid[:, n_prefix : n_prefix + self.prompt_ids.shape[1]] = self.prompt_valid[task]
-        is_query = torch.zeros(L, dtype=torch.bool, device=dev)
-        is_query[-Q:] = True
-        causal = torch.ones(L, L, dtype=torch.bool, device=dev).tril()
-        allowed = (causal | (is_query[:, None] & is_query[None, :]))[None] & valid[:, None, :]
+        # move the padding of shorter prompts to the front (stable), so the last prompt token
+        # is right before the tail in every row
+        order = torch.sort(valid.long(), dim=1, stable=True).indices
+        embeds = embeds.gather(1, order[..., None].expand_as(embeds))
+        valid = valid.gather(1, order)
+        allowed = torch.ones(L, L, dtype=torch.bool, device=dev).tril()
+        if bidirectional_tail and Q:
+            is_tail = torch.zeros(L, dtype=torch.bool, device=dev)
+            is_tail[L - Q :] = True
+            allowed = allowed | (is_tail[:, None] & is_tail[None, :])
+        allowed = allowed[None] & valid[:, None, :]
         positions = (valid.long().cumsum(-1) - 1).clamp_min(0)
-        hidden = self.vlm.hidden_states(embeds, allowed, positions)[:, -Q:]  # (B, Q, h)
-        logits = self.vlm.action_logits(hidden, N_BINS).float()
-        value = self.value_head(hidden.mean(1)).squeeze(-1).float() if self.value_head else None
-        return logits, value
+        keep = Q if keep is None else keep
+        return self.vlm.hidden_states(embeds, allowed, positions)[:, L - keep :]
+
+    def _sample(self, logits: torch.Tensor, deterministic: bool) -> torch.Tensor:
+        """Bins from bin logits (..., 256): argmax, or sampled with temperature and top-k."""
+        if deterministic:
+            return logits.argmax(-1)
+        scores = logits / self.opts.temperature
+        if self.opts.top_k:
+            kth = scores.topk(self.opts.top_k, dim=-1).values[..., -1:]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        return torch.distributions.Categorical(logits=scores).sample()
 
     def _log_probs(self, logits: torch.Tensor) -> torch.Tensor:
         return F.log_softmax(logits / self.opts.temperature, dim=-1)
@@ -161,14 +185,7 @@ class OpenVLAOFTPolicy(Policy):
     def act(self, batch: TensorDict, deterministic: bool = False) -> TensorDict:
         logits, value = self._forward(batch["obs"])
         logp = self._log_probs(logits)
-        if deterministic:
-            bins = logits.argmax(-1)
-        else:
-            scores = logits / self.opts.temperature
-            if self.opts.top_k:
-                kth = scores.topk(self.opts.top_k, dim=-1).values[..., -1:]
-                scores = scores.masked_fill(scores < kth, float("-inf"))
-            bins = torch.distributions.Categorical(logits=scores).sample()
+        bins = self._sample(logits, deterministic)
         tok_logp = logp.gather(-1, bins[..., None]).squeeze(-1)
         b = bins.shape[0]
         return TensorDict({
@@ -195,5 +212,5 @@ class OpenVLAOFTPolicy(Policy):
 
     def value(self, obs: TensorDict) -> torch.Tensor:
         if self.value_head is None:
-            return torch.zeros(obs.batch_size[0], device=self.queries.device)
+            return torch.zeros(obs.batch_size[0], device=self.vlm.projector.fc1.weight.device)
         return self._forward(obs)[1]

@@ -1,0 +1,92 @@
+"""OpenVLA-style policy: the action's tokens are decoded one after another after the prompt.
+
+Same Prismatic model, inputs and action bins as :mod:`m2flow.policies.vla.oft`, but no
+placeholders: token j of the action is predicted from the prompt and tokens 1..j-1 (causal),
+one action per call (OpenVLA's 7 tokens). Sampling is restricted to the 256 action bins
+(temperature, top-k); the training forward recomputes every token's log-prob in one
+teacher-forced pass. The value head reads the hidden state of the last prompt token.
+
+Rollout runs ``action_dim`` full forward passes (no KV cache yet): fine for tiny models; a
+full-size OpenVLA would want the cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Optional
+
+import torch
+from tensordict import TensorDict
+
+from m2flow.policies.action_tokenizer import N_BINS
+from m2flow.policies.base import PolicyError
+from m2flow.policies.config import PolicyConfig
+from m2flow.policies.vla.oft import OpenVLAOFTPolicy
+
+
+class OpenVLAPolicy(OpenVLAOFTPolicy):
+    def __init__(self, cfg: PolicyConfig, env_spec):
+        kwargs = dict(cfg.kwargs)
+        if kwargs.get("chunk", 1) != 1:
+            raise PolicyError(
+                f"policy.kwargs.chunk={kwargs['chunk']}: policy.name=openvla decodes one action "
+                "per call; use policy.name=openvla_oft for action chunks."
+            )
+        super().__init__(replace(cfg, kwargs={**kwargs, "chunk": 1}), env_spec)
+        del self.queries  # no placeholders: the tail is the action tokens themselves
+
+    def _step(self, obs: TensorDict, bins: torch.Tensor, keep: int):
+        """Hidden states and bin logits of the last ``keep`` positions, after the prompt and
+        the action tokens ``bins`` (B, j) chosen so far."""
+        tail = self.vlm.embed_tokens(bins + self.actions.first_id)
+        hidden = self._hidden(obs, tail, bidirectional_tail=False, keep=keep)
+        return hidden, self.vlm.action_logits(hidden, N_BINS).float()
+
+    def _value(self, hidden_last_prompt: torch.Tensor) -> Optional[torch.Tensor]:
+        if self.value_head is None:
+            return None
+        return self.value_head(hidden_last_prompt).squeeze(-1).float()
+
+    def _forward(self, obs: TensorDict, bins: Optional[torch.Tensor] = None):
+        """Teacher-forced: logits (B, A, 256) of each of ``bins``' tokens, and the value."""
+        b, a = obs.batch_size[0], self.action_dim
+        dev = self.vlm.projector.fc1.weight.device
+        if bins is None:
+            bins = torch.zeros(b, a, dtype=torch.long, device=dev)
+        hidden, logits = self._step(obs, bins[:, : a - 1].to(dev), keep=a)
+        return logits, self._value(hidden[:, 0])
+
+    @torch.no_grad()
+    def act(self, batch: TensorDict, deterministic: bool = False) -> TensorDict:
+        obs = batch["obs"]
+        b = obs.batch_size[0]
+        dev = self.vlm.projector.fc1.weight.device
+        bins = torch.zeros(b, 0, dtype=torch.long, device=dev)
+        value = None
+        for j in range(self.action_dim):
+            hidden, logits = self._step(obs, bins, keep=1)
+            if j == 0:
+                value = self._value(hidden[:, 0])
+            bins = torch.cat([bins, self._sample(logits[:, 0], deterministic)[:, None]], dim=1)
+        logits, _ = self._forward(obs, bins)  # the same numbers the learner will compute
+        tok_logp = self._log_probs(logits).gather(-1, bins[..., None]).squeeze(-1)
+        return TensorDict({
+            "action": self._to_actions(bins),
+            "action_tokens": bins,
+            "token_log_prob": tok_logp,
+            "log_prob": tok_logp.sum(-1),
+            "value": value if value is not None else torch.zeros(b, device=dev),
+        }, batch_size=[b])
+
+    def evaluate(self, batch: TensorDict) -> TensorDict:
+        bins = batch["action_tokens"].long()
+        logits, value = self._forward(batch["obs"], bins)
+        logp = self._log_probs(logits)
+        tok_logp = logp.gather(-1, bins[..., None]).squeeze(-1)
+        b = bins.shape[0]
+        return TensorDict({
+            "token_log_prob": tok_logp,
+            "log_prob": tok_logp.sum(-1),
+            "entropy": -(logp.exp() * logp).sum(-1).mean(-1),
+            "value": value if value is not None else torch.zeros(b, device=bins.device),
+        }, batch_size=[b])
