@@ -20,6 +20,7 @@ core 1, so simulation and inference have resources of their own to overlap on.
 
     python bench/pipeline.py                  # the default case (rgb 128 px, ResNet-50 CNN)
     python bench/pipeline.py --case state     # state obs, MLP: inference is tiny
+    python bench/pipeline.py --case vla       # tiny VLA on PickCube rgb 64 px
     python bench/pipeline.py --case all
 """
 
@@ -46,7 +47,10 @@ CASES = {
     "rgb": ("maniskill_pushcube_ppo_cnn",
             ["env.image_size=128", "policy=cnn_resnet18", "policy.kwargs.encoder=timm/resnet50"]),
     "state": ("maniskill_pushcube_ppo_mlp", []),
+    # the tiny OpenVLA-OFT-style VLA (ViT-tiny 64 px + 2-layer Llama, chunk 1) on PickCube rgb
+    "vla": ("maniskill_pickcube_ppo_openvla_tiny", []),
 }
+FEW_STEPS = ("rgb", "vla")  # slow cases: fewer steps per round
 DEFAULT_CASE = "rgb"
 STAGES = (1, 2, 4)
 
@@ -89,9 +93,10 @@ class Local:
 
     def plain(self, k: int) -> None:
         """cleanRL style: preallocated storage, act, step, write."""
+        chunk = int(getattr(self.policy, "chunk", 1))  # VLA policies return (n, chunk, A)
         buf = {
             "obs": self.obs.unsqueeze(0).expand(k, *self.obs.batch_size).clone(),
-            "action": torch.zeros(k, self.n, self.env.spec.action_dim),
+            "action": torch.zeros(k, self.n, chunk * self.env.spec.action_dim),
             "log_prob": torch.zeros(k, self.n), "value": torch.zeros(k, self.n),
             "reward": torch.zeros(k, self.n), "done": torch.zeros(k, self.n, dtype=torch.bool),
         }
@@ -101,7 +106,7 @@ class Local:
             out = self.env.step(act["action"])
             buf["obs"][t] = self.obs
             buf["action"][t], buf["log_prob"][t], buf["value"][t] = (
-                act["action"], act["log_prob"], act["value"])
+                act["action"].reshape(self.n, -1), act["log_prob"], act["value"])
             buf["reward"][t], buf["done"][t] = out["next", "reward"], out["next", "done"]
             self.obs = out["obs"]
 
@@ -143,7 +148,7 @@ def bench_case(case: str, args) -> dict:
     m2 = M2flow(cfg)  # first: its workers must not inherit this process's pinning
     local = Local(cfg, m2.runner.placement)
     n = args.num_envs
-    steps = args.steps or (20 if case == "rgb" else 200)
+    steps = args.steps or (20 if case in FEW_STEPS else 200)
     modes = {
         "T_sim": local.sim, "T_infer": local.infer, "plain": local.plain,
         **{f"S={s}": (lambda k, s=s: m2.run(s, k)) for s in STAGES},

@@ -28,6 +28,7 @@ from torch import nn
 from m2flow.policies.action_tokenizer import N_BINS, ActionStats, ActionTokenizer
 from m2flow.policies.base import Policy, PolicyError
 from m2flow.policies.config import PolicyConfig
+from m2flow.policies.vla import checkpoint as vla_checkpoint
 from m2flow.policies.vla.prismatic import Prismatic
 from m2flow.policies.vla.text import prompt, tiny_tokenizer
 
@@ -59,6 +60,11 @@ class OFTOptions:
     """A critic on the mean placeholder state (PPO); GRPO does not need it."""
     unnorm: Optional[dict] = None
     """{q01, q99, mask}: un-normalise actions into env units (None: actions are in [-1, 1])."""
+    checkpoint: Optional[str] = None
+    """A local directory in OpenVLA's Hugging Face layout: its vision backbones, projector, LM
+    and tokenizer replace the tiny ones (vision, image_size and the LM sizes are then its)."""
+    unnorm_key: Optional[str] = None
+    """With a checkpoint: the dataset whose action statistics (``norm_stats``) un-normalise."""
 
 
 def _options(kwargs) -> OFTOptions:
@@ -78,8 +84,6 @@ def _options(kwargs) -> OFTOptions:
 class OpenVLAOFTPolicy(Policy):
     def __init__(self, cfg: PolicyConfig, env_spec):
         super().__init__()
-        from transformers import LlamaConfig
-
         o = self.opts = _options(dict(cfg.kwargs))
         shapes = env_spec.obs_shapes
         self.image_keys = [k for k in o.image_keys if k in shapes]
@@ -92,19 +96,19 @@ class OpenVLAOFTPolicy(Policy):
         self.action_dim = env_spec.action_dim
         self.chunk = o.chunk  # env steps per call (the env worker runs the chunk)
         self.num_queries = o.chunk * self.action_dim
-        self.tokenizer = tiny_tokenizer(o.text_vocab)
-        vocab = len(self.tokenizer) + N_BINS  # text ids, then the action bins at the end
-        self.actions = ActionTokenizer(vocab)
         self.stats = ActionStats(**o.unnorm) if o.unnorm else None
-        llm = LlamaConfig(
-            vocab_size=vocab, hidden_size=o.hidden_size, intermediate_size=o.intermediate_size,
-            num_hidden_layers=o.num_layers, num_attention_heads=o.num_heads,
-            num_key_value_heads=o.num_heads, max_position_embeddings=2048,
-            bos_token_id=self.tokenizer.bos_token_id, eos_token_id=self.tokenizer.eos_token_id,
-            pad_token_id=self.tokenizer.pad_token_id, tie_word_embeddings=False,
-            attn_implementation="sdpa",
-        )
-        self.vlm = Prismatic(list(o.vision), o.image_size, llm)
+        if o.checkpoint:
+            self.vlm, config = vla_checkpoint.load(o.checkpoint)
+            self.tokenizer = vla_checkpoint.load_tokenizer(o.checkpoint)
+            if o.unnorm_key:
+                self.stats = ActionStats.from_openvla(config.get("norm_stats", {}), o.unnorm_key)
+        else:
+            self.tokenizer = tiny_tokenizer(o.text_vocab)
+            self.vlm = Prismatic(list(o.vision), o.image_size,
+                                 self._tiny_llm(len(self.tokenizer)))
+        # as OpenVLA: the bins are the last 256 ids of the tokenizer's base vocabulary (the
+        # LM's embedding table may be padded beyond it)
+        self.actions = ActionTokenizer(self.tokenizer.vocab_size)
         h = self.vlm.hidden_size
         self.proprio = nn.Linear(shapes["state"][0], h) if self.use_proprio else None
         self.queries = nn.Parameter(torch.randn(self.num_queries, h) * 0.02)
@@ -119,12 +123,25 @@ class OpenVLAOFTPolicy(Policy):
                              torch.tensor([[True] * len(i) + [False] * (width - len(i)) for i in ids]),
                              persistent=False)
 
+    def _tiny_llm(self, vocab: int):
+        from transformers import LlamaConfig
+
+        o = self.opts
+        return LlamaConfig(
+            vocab_size=vocab, hidden_size=o.hidden_size, intermediate_size=o.intermediate_size,
+            num_hidden_layers=o.num_layers, num_attention_heads=o.num_heads,
+            num_key_value_heads=o.num_heads, max_position_embeddings=2048,
+            bos_token_id=self.tokenizer.bos_token_id, eos_token_id=self.tokenizer.eos_token_id,
+            pad_token_id=self.tokenizer.pad_token_id, tie_word_embeddings=False,
+            attn_implementation="sdpa",
+        )
+
     # -- the forward pass ------------------------------------------------------------------
     def _forward(self, obs: TensorDict) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """(bin logits (B, Q, 256), value (B,) or None): the placeholders decoded at once."""
         b = obs.batch_size[0]
         hidden = self._hidden(obs, self.queries.expand(b, -1, -1), bidirectional_tail=True)
-        logits = self.vlm.action_logits(hidden, N_BINS).float()
+        logits = self.vlm.action_logits(hidden, self.actions.first_id, N_BINS).float()
         value = self.value_head(hidden.mean(1)).squeeze(-1).float() if self.value_head else None
         return logits, value
 

@@ -40,7 +40,7 @@ class OpenVLAPolicy(OpenVLAOFTPolicy):
         the action tokens ``bins`` (B, j) chosen so far."""
         tail = self.vlm.embed_tokens(bins + self.actions.first_id)
         hidden = self._hidden(obs, tail, bidirectional_tail=False, keep=keep)
-        return hidden, self.vlm.action_logits(hidden, N_BINS).float()
+        return hidden, self.vlm.action_logits(hidden, self.actions.first_id, N_BINS).float()
 
     def _value(self, hidden_last_prompt: torch.Tensor) -> Optional[torch.Tensor]:
         if self.value_head is None:

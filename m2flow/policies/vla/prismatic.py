@@ -1,7 +1,8 @@
 """OpenVLA's Prismatic design: vision backbone(s) -> MLP projector -> Llama-style causal LM.
 
 Image patches from a ``timm`` ViT (or, as OpenVLA, the patch features of two ViTs side by side,
-DINOv2 + SigLIP, concatenated per patch) are projected into the LM's embedding space and
+DINOv2 + SigLIP, concatenated per patch), taken after the second-to-last block as OpenVLA does,
+are projected into the LM's embedding space and
 placed after the BOS token, before the prompt. The LM is ``transformers``' ``LlamaForCausalLM``
 built from a config (random weights) or loaded from a local directory.
 """
@@ -103,8 +104,10 @@ class Prismatic(nn.Module):
         feats = []
         for i, bb in enumerate(self.backbones):
             xi = (x - getattr(self, f"mean{i}")) / getattr(self, f"std{i}")
-            f = bb.forward_features(xi.to(next(bb.parameters()).dtype))
-            feats.append(f[:, getattr(bb, "num_prefix_tokens", 0):])  # patches only
+            # as OpenVLA: the patch tokens of the second-to-last block (no final norm)
+            (f,) = bb.get_intermediate_layers(xi.to(next(bb.parameters()).dtype),
+                                              n={len(bb.blocks) - 2})
+            feats.append(f)
         patches = self.projector(torch.cat(feats, dim=-1))  # (B*n, P, hidden)
         return patches.reshape(b, n * self.num_patches, -1)
 
@@ -118,7 +121,8 @@ class Prismatic(nn.Module):
                              use_cache=False)
         return out.last_hidden_state
 
-    def action_logits(self, hidden: torch.Tensor, n_bins: int) -> torch.Tensor:
-        """LM-head logits of the last ``n_bins`` vocabulary ids (the action bins) only."""
-        w = self.llm.get_output_embeddings().weight[-n_bins:]
+    def action_logits(self, hidden: torch.Tensor, first_id: int, n_bins: int) -> torch.Tensor:
+        """LM-head logits of the action-bin ids ``first_id .. first_id + n_bins - 1`` only (the
+        last ids of the tokenizer's vocabulary; the LM's may be padded beyond it)."""
+        w = self.llm.get_output_embeddings().weight[first_id : first_id + n_bins]
         return F.linear(hidden, w)
