@@ -124,3 +124,25 @@ def test_openvla_greedy_decoding_is_each_steps_argmax():
 def test_openvla_refuses_chunks():
     with pytest.raises(PolicyError, match="openvla_oft"):
         make_policy(PolicyConfig(name="openvla", kwargs={**KW, "chunk": 4}), spec())
+
+
+def test_lora_trains_adapters_only_and_starts_as_the_base_model():
+    base, lora = policy(), policy(lora_rank=4)
+    lora.load_state_dict(base.state_dict(), strict=False)  # same base weights
+    o = obs()
+    assert torch.allclose(base._forward(o)[0], lora._forward(o)[0], atol=1e-6)  # B = 0 at init
+    trainable = {n for n, p in lora.vlm.llm.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    out = lora.act(TensorDict({"obs": o}, batch_size=[3]))
+    lora.evaluate(TensorDict({"obs": o, "action_tokens": out["action_tokens"]},
+                             batch_size=[3]))["log_prob"].sum().backward()
+    assert any(p.grad is not None for n, p in lora.vlm.llm.named_parameters() if "lora_B" in n)
+
+
+def test_bfloat16_forward_gives_the_same_log_probs_at_rollout_and_training():
+    p = policy(dtype="bfloat16")
+    assert p.vlm.llm.get_input_embeddings().weight.dtype == torch.bfloat16
+    o = obs()
+    out = p.act(TensorDict({"obs": o}, batch_size=[3]))
+    ev = p.evaluate(TensorDict({"obs": o, "action_tokens": out["action_tokens"]}, batch_size=[3]))
+    assert torch.equal(ev["token_log_prob"], out["token_log_prob"])

@@ -65,6 +65,12 @@ class OFTOptions:
     and tokenizer replace the tiny ones (vision, image_size and the LM sizes are then its)."""
     unnorm_key: Optional[str] = None
     """With a checkpoint: the dataset whose action statistics (``norm_stats``) un-normalise."""
+    lora_rank: int = 0
+    """> 0: train LoRA adapters (``peft``) of this rank on the LM's linear layers, the LM's own
+    weights frozen; 0: train everything."""
+    lora_alpha: int = 16
+    dtype: str = "auto"
+    """'float32', 'bfloat16', or 'auto' (bfloat16 where CUDA is available)."""
 
 
 def _options(kwargs) -> OFTOptions:
@@ -109,6 +115,10 @@ class OpenVLAOFTPolicy(Policy):
         # as OpenVLA: the bins are the last 256 ids of the tokenizer's base vocabulary (the
         # LM's embedding table may be padded beyond it)
         self.actions = ActionTokenizer(self.tokenizer.vocab_size)
+        if o.lora_rank > 0:
+            _add_lora(self.vlm.llm, o.lora_rank, o.lora_alpha)
+        dtype = _dtype(o.dtype)
+        self.vlm.to(dtype)
         h = self.vlm.hidden_size
         self.proprio = nn.Linear(shapes["state"][0], h) if self.use_proprio else None
         self.queries = nn.Parameter(torch.randn(self.num_queries, h) * 0.02)
@@ -142,7 +152,8 @@ class OpenVLAOFTPolicy(Policy):
         b = obs.batch_size[0]
         hidden = self._hidden(obs, self.queries.expand(b, -1, -1), bidirectional_tail=True)
         logits = self.vlm.action_logits(hidden, self.actions.first_id, N_BINS).float()
-        value = self.value_head(hidden.mean(1)).squeeze(-1).float() if self.value_head else None
+        value = (self.value_head(hidden.float().mean(1)).squeeze(-1) if self.value_head
+                 else None)
         return logits, value
 
     def _hidden(self, obs: TensorDict, tail: torch.Tensor, bidirectional_tail: bool,
@@ -157,7 +168,7 @@ class OpenVLAOFTPolicy(Policy):
         bos = self.vlm.embed_tokens(torch.full((b, 1), self.tokenizer.bos_token_id, device=dev))
         parts = [bos, self.vlm.image_tokens(images.to(dev))]
         if self.proprio is not None:
-            parts.append(self.proprio(obs["state"].float().to(dev))[:, None])
+            parts.append(self.proprio(obs["state"].float().to(dev))[:, None].to(bos.dtype))
         n_prefix = sum(p.shape[1] for p in parts)
         parts += [self.vlm.embed_tokens(self.prompt_ids[task]), tail.to(bos.dtype)]
         embeds = torch.cat(parts, dim=1)
@@ -231,3 +242,26 @@ class OpenVLAOFTPolicy(Policy):
         if self.value_head is None:
             return torch.zeros(obs.batch_size[0], device=self.vlm.projector.fc1.weight.device)
         return self._forward(obs)[1]
+
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def _add_lora(llm: nn.Module, rank: int, alpha: int) -> None:
+    """LoRA adapters in place (peft's ``inject_adapter_in_model``: the module tree keeps its
+    names); the LM's own weights stop training."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0,
+                                       target_modules=LORA_TARGETS), llm)
+    for name, param in llm.named_parameters():
+        param.requires_grad = "lora_" in name
+
+
+def _dtype(name: str) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    if name not in table:
+        raise PolicyError(f"policy.kwargs.dtype={name!r}: use 'auto', 'float32' or 'bfloat16'.")
+    return table[name]

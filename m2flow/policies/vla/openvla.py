@@ -45,7 +45,7 @@ class OpenVLAPolicy(OpenVLAOFTPolicy):
     def _value(self, hidden_last_prompt: torch.Tensor) -> Optional[torch.Tensor]:
         if self.value_head is None:
             return None
-        return self.value_head(hidden_last_prompt).squeeze(-1).float()
+        return self.value_head(hidden_last_prompt.float()).squeeze(-1)
 
     def _forward(self, obs: TensorDict, bins: Optional[torch.Tensor] = None):
         """Teacher-forced: logits (B, A, 256) of each of ``bins``' tokens, and the value."""
