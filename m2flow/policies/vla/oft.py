@@ -126,7 +126,7 @@ class OpenVLAOFTPolicy(Policy):
         tasks = list(env_spec.tasks) or [""]
         ids = [self.tokenizer(prompt(t), add_special_tokens=False)["input_ids"] for t in tasks]
         width = max(len(i) for i in ids)
-        pad = self.tokenizer.pad_token_id
+        pad = self.tokenizer.pad_token_id or 0  # masked out: any id does
         self.register_buffer("prompt_ids", torch.tensor([i + [pad] * (width - len(i)) for i in ids]),
                              persistent=False)
         self.register_buffer("prompt_valid",
