@@ -146,3 +146,9 @@ def test_bfloat16_forward_gives_the_same_log_probs_at_rollout_and_training():
     out = p.act(TensorDict({"obs": o}, batch_size=[3]))
     ev = p.evaluate(TensorDict({"obs": o, "action_tokens": out["action_tokens"]}, batch_size=[3]))
     assert torch.equal(ev["token_log_prob"], out["token_log_prob"])
+
+
+def test_prompt_suffix_ids_end_every_prompt():
+    p = policy(prompt_suffix_ids=[5])
+    last = [row[valid].tolist()[-1] for row, valid in zip(p.prompt_ids, p.prompt_valid)]
+    assert last == [5, 5]

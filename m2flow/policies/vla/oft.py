@@ -65,6 +65,9 @@ class OFTOptions:
     and tokenizer replace the tiny ones (vision, image_size and the LM sizes are then its)."""
     unnorm_key: Optional[str] = None
     """With a checkpoint: the dataset whose action statistics (``norm_stats``) un-normalise."""
+    prompt_suffix_ids: list = field(default_factory=list)
+    """Token ids appended to every prompt; OpenVLA with Llama-2's tokenizer ends prompts with
+    the empty token 29871 (its ``predict_action`` adds it)."""
     lora_rank: int = 0
     """> 0: train LoRA adapters (``peft``) of this rank on the LM's linear layers, the LM's own
     weights frozen; 0: train everything."""
@@ -124,7 +127,8 @@ class OpenVLAOFTPolicy(Policy):
         self.queries = nn.Parameter(torch.randn(self.num_queries, h) * 0.02)
         self.value_head = nn.Linear(h, 1) if o.value_head else None
         tasks = list(env_spec.tasks) or [""]
-        ids = [self.tokenizer(prompt(t), add_special_tokens=False)["input_ids"] for t in tasks]
+        ids = [self.tokenizer(prompt(t), add_special_tokens=False)["input_ids"]
+               + [int(i) for i in o.prompt_suffix_ids] for t in tasks]
         width = max(len(i) for i in ids)
         pad = self.tokenizer.pad_token_id or 0  # masked out: any id does
         self.register_buffer("prompt_ids", torch.tensor([i + [pad] * (width - len(i)) for i in ids]),
@@ -160,6 +164,12 @@ class OpenVLAOFTPolicy(Policy):
                 keep: Optional[int] = None) -> torch.Tensor:
         """LM hidden states of the last ``keep`` positions (default: the tail's length) of
         ``<s>, images, proprio, prompt, tail``; the tail sees itself bidirectionally or not."""
+        embeds, allowed, positions, _ = self._sequence(obs, tail, bidirectional_tail)
+        keep = tail.shape[1] if keep is None else keep
+        return self.vlm.hidden_states(embeds, allowed, positions)[:, embeds.shape[1] - keep :]
+
+    def _sequence(self, obs: TensorDict, tail: torch.Tensor, bidirectional_tail: bool):
+        """(embeds (B, L, h), allowed (B, L, L), rotary positions (B, L), valid (B, L))."""
         images = torch.stack([obs[k] for k in self.image_keys], dim=1)  # (B, n, H, W, 3)
         b = images.shape[0]
         dev = self.vlm.projector.fc1.weight.device
@@ -187,8 +197,7 @@ class OpenVLAOFTPolicy(Policy):
             allowed = allowed | (is_tail[:, None] & is_tail[None, :])
         allowed = allowed[None] & valid[:, None, :]
         positions = (valid.long().cumsum(-1) - 1).clamp_min(0)
-        keep = Q if keep is None else keep
-        return self.vlm.hidden_states(embeds, allowed, positions)[:, L - keep :]
+        return embeds, allowed, positions, valid
 
     def _sample(self, logits: torch.Tensor, deterministic: bool) -> torch.Tensor:
         """Bins from bin logits (..., 256): argmax, or sampled with temperature and top-k."""

@@ -6,8 +6,8 @@ one action per call (OpenVLA's 7 tokens). Sampling is restricted to the 256 acti
 (temperature, top-k); the training forward recomputes every token's log-prob in one
 teacher-forced pass. The value head reads the hidden state of the last prompt token.
 
-Rollout runs ``action_dim`` full forward passes (no KV cache yet): fine for tiny models; a
-full-size OpenVLA would want the cache.
+Rollout encodes the prefix once and then decodes token by token against a KV cache; the
+log-probs it reports come from the same teacher-forced pass the learner runs.
 """
 
 from __future__ import annotations
@@ -61,13 +61,25 @@ class OpenVLAPolicy(OpenVLAOFTPolicy):
         obs = batch["obs"]
         b = obs.batch_size[0]
         dev = self.vlm.projector.fc1.weight.device
-        bins = torch.zeros(b, 0, dtype=torch.long, device=dev)
-        value = None
+        from transformers import DynamicCache
+
+        # the prefix once, then one token at a time against the KV cache
+        empty = torch.zeros(b, 0, self.vlm.hidden_size, device=dev)
+        embeds, allowed, positions, valid = self._sequence(obs, empty, bidirectional_tail=False)
+        cache = DynamicCache(config=self.vlm.llm.config)
+        hidden = self.vlm.hidden_states(embeds, allowed, positions, cache=cache)[:, -1:]
+        value = self._value(hidden[:, 0])
+        keys_valid, pos = valid, positions[:, -1:]
+        chosen = []
         for j in range(self.action_dim):
-            hidden, logits = self._step(obs, bins, keep=1)
-            if j == 0:
-                value = self._value(hidden[:, 0])
-            bins = torch.cat([bins, self._sample(logits[:, 0], deterministic)[:, None]], dim=1)
+            if j:
+                pos = pos + 1
+                keys_valid = torch.cat([keys_valid, keys_valid.new_ones(b, 1)], dim=1)
+                tok = self.vlm.embed_tokens(chosen[-1][:, None] + self.actions.first_id)
+                hidden = self.vlm.hidden_states(tok, keys_valid[:, None, :], pos, cache=cache)
+            logits = self.vlm.action_logits(hidden, self.actions.first_id, N_BINS).float()
+            chosen.append(self._sample(logits[:, 0], deterministic))
+        bins = torch.stack(chosen, dim=1)
         logits, _ = self._forward(obs, bins)  # the same numbers the learner will compute
         tok_logp = self._log_probs(logits).gather(-1, bins[..., None]).squeeze(-1)
         return TensorDict({

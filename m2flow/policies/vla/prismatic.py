@@ -112,13 +112,14 @@ class Prismatic(nn.Module):
         return patches.reshape(b, n * self.num_patches, -1)
 
     def hidden_states(self, embeds: torch.Tensor, allowed: torch.Tensor,
-                      positions: torch.Tensor) -> torch.Tensor:
+                      positions: torch.Tensor, cache=None) -> torch.Tensor:
         """Last-layer hidden states for ``embeds`` (B, L, hidden) where query i may attend
-        key j iff ``allowed[b, i, j]``; ``positions`` (B, L) are the rotary positions."""
+        key j iff ``allowed[b, i, j]`` (keys: the cached ones, then these); ``positions``
+        (B, L) are the rotary positions. ``cache``: a ``DynamicCache`` to read and extend."""
         mask = torch.zeros(allowed.shape, dtype=embeds.dtype, device=embeds.device)
-        mask = mask.masked_fill(~allowed, torch.finfo(embeds.dtype).min)[:, None]  # (B,1,L,L)
+        mask = mask.masked_fill(~allowed, torch.finfo(embeds.dtype).min)[:, None]  # (B,1,L,K)
         out = self.llm.model(inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
-                             use_cache=False)
+                             past_key_values=cache, use_cache=cache is not None)
         return out.last_hidden_state
 
     def action_logits(self, hidden: torch.Tensor, first_id: int, n_bins: int) -> torch.Tensor:
