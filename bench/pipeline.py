@@ -49,8 +49,12 @@ CASES = {
     "state": ("maniskill_pushcube_ppo_mlp", []),
     # the tiny OpenVLA-OFT-style VLA (ViT-tiny 64 px + 2-layer Llama, chunk 1) on PickCube rgb
     "vla": ("maniskill_pickcube_ppo_openvla_tiny", []),
+    # a larger small VLA (backbone at 128 px, 4-layer Llama of width 256): inference ~ simulation
+    "vla128": ("maniskill_pickcube_ppo_openvla_tiny",
+               ["policy.kwargs.image_size=128", "policy.kwargs.hidden_size=256",
+                "policy.kwargs.num_layers=4", "policy.kwargs.intermediate_size=512"]),
 }
-FEW_STEPS = ("rgb", "vla")  # slow cases: fewer steps per round
+FEW_STEPS = ("rgb", "vla", "vla128")  # slow cases: fewer steps per round
 DEFAULT_CASE = "rgb"
 STAGES = (1, 2, 4)
 
