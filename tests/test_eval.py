@@ -77,3 +77,12 @@ def test_eval_config_errors_name_the_fix():
         eval_config(["env=libero_spatail"])
     with pytest.raises(ConfigError, match="Drop one"):
         eval_config(["checkpoint=x.pt", "config=eval"])
+
+
+def test_videos_of_a_chunked_policy_have_every_env_step(tmp_path):
+    rc = evaluate(["env=libero_spatial", "policy=openvla_oft_tiny", "episodes_per_task=1",
+                   "max_steps=16", "env.kwargs.task_ids=[0]", "env.image_size=64",
+                   "videos_per_task=1", f"output_dir={tmp_path}", *QUIET])
+    assert rc == 0
+    (video,) = (tmp_path / "videos").iterdir()
+    assert len(list(imageio.get_reader(video).iter_data())) == 1 + 16  # 2 chunks of 8

@@ -61,3 +61,22 @@ def test_a_chunk_is_k_steps_with_the_episode_boundary_kept():
     assert second["obs", "state"][0, 1].item() == 1  # acting on: step 1 of the new episode
     plain = env.step(torch.ones(2, 1))  # (n, A) passes through
     assert "num_steps" not in plain["next"].keys()
+
+
+def test_a_chunk_can_hand_back_every_steps_frame_for_videos():
+    from tensordict import TensorDict
+
+    from m2flow.envs.chunked import combine
+
+    def step(t, done):
+        img = torch.full((2, 4, 4, 3), t, dtype=torch.uint8)
+        flag = torch.tensor([done, False])
+        return TensorDict({"obs": {"rgb": img}, "next": {
+            "obs": {"rgb": img}, "reward": torch.ones(2), "done": flag, "terminated": flag,
+            "truncated": torch.zeros(2, dtype=torch.bool), "success": flag}}, batch_size=[2])
+
+    out = combine([step(1, False), step(2, True), step(3, False)], frames_key="rgb")
+    assert out["next", "frames"].shape == (2, 3, 4, 4, 3)
+    assert out["next", "num_steps"].tolist() == [2, 3]  # env 0's episode ended at step 2
+    assert out["next", "frames"][0, :, 0, 0, 0].tolist() == [1, 2, 3]
+    assert "frames" not in combine([step(1, False)])["next"].keys()

@@ -170,7 +170,11 @@ class EnvWorker(Worker):
             steps = nxt["num_steps"].cpu() if "num_steps" in nxt.keys() else 1
             ret, length, success = runs_g.ret + nxt["reward"].cpu(), runs_g.len + steps, \
                 runs_g.success | nxt["success"].cpu()
-            if image_key is not None:
+            if image_key is not None and "frames" in nxt.keys():  # a chunk: every step's frame
+                for j in (keep[sl] & ~seen[sl] & ~lost).nonzero().flatten().tolist():
+                    for k in range(int(nxt["num_steps"][j])):
+                        episodes[offsets[g] + j].frames.append(nxt["frames"][j, k].cpu().numpy())
+            elif image_key is not None:
                 frames(g, nxt["obs"], keep[sl] & ~seen[sl] & ~lost)
             for j in first.nonzero().flatten().tolist():
                 ep = episodes[offsets[g] + j]
@@ -183,7 +187,13 @@ class EnvWorker(Worker):
         if image_key is not None:
             for g, o in enumerate(obs):
                 frames(g, o, keep[offsets[g] : offsets[g] + self.sizes[g]])
-        self._run(math.ceil(max_steps / chunk), obs, obs_ch, act_ch, record, stages)
+        for env in self.envs:
+            env.frames_key = image_key
+        try:
+            self._run(math.ceil(max_steps / chunk), obs, obs_ch, act_ch, record, stages)
+        finally:
+            for env in self.envs:
+                env.frames_key = None
         self._obs = None
         for g, runs_g in enumerate(runs):  # still running after max_steps: a failure so far
             for j in (~seen[offsets[g] : offsets[g] + self.sizes[g]]).nonzero().flatten().tolist():

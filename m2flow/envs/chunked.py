@@ -30,6 +30,10 @@ FLAGS = ("terminated", "truncated", "done", "success", "discarded")
 
 
 class ChunkedEnv(BatchedEnv):
+    frames_key: Optional[str] = None
+    """Set to an image obs key to also get every step's frame of a chunk, ``("next",
+    "frames")`` (n, K, H, W, 3): evaluation videos at the env's own frame rate."""
+
     def __init__(self, env: BatchedEnv):
         self.env = env
         self.num_envs, self.spec, self.device = env.num_envs, env.spec, env.device
@@ -66,13 +70,13 @@ class ChunkedEnv(BatchedEnv):
             outs.append(self.env.step_wait())
             if j + 1 < chunk.shape[1]:
                 self.env.step_async(chunk[:, j + 1])
-        return combine(outs)
+        return combine(outs, self.frames_key)
 
     def close(self) -> None:
         self.env.close()
 
 
-def combine(outs: list[TensorDict]) -> TensorDict:
+def combine(outs: list[TensorDict], frames_key: Optional[str] = None) -> TensorDict:
     """K single-step results -> one chunk transition (see the module docstring)."""
     n = outs[0].batch_size[0]
     done = torch.stack([o["next", "done"] for o in outs], dim=1)  # (n, K)
@@ -89,6 +93,8 @@ def combine(outs: list[TensorDict]) -> TensorDict:
         "step_done": done,
         "num_steps": own.sum(1),
     }
+    if frames_key is not None:
+        nxt["frames"] = torch.stack([o["next", "obs", frames_key] for o in outs], dim=1)
     for flag in FLAGS:
         if flag in outs[0]["next"].keys():
             v = torch.stack([o["next", flag] for o in outs], dim=1)
