@@ -72,11 +72,10 @@ def ppo_loss(
     """
     out = policy.evaluate(mb)
     log_ratio = out["log_prob"] - mb["log_prob"]
-    ratio = log_ratio.exp()
     adv = mb["advantage"]
     if norm_adv and adv.numel() > 1:
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-    pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
+    pg_loss = clipped_surrogate(log_ratio, adv, clip_coef)
     value, ret = out["value"], mb["return"]
     if clip_vloss:
         clipped = mb["value"] + (value - mb["value"]).clamp(-clip_coef, clip_coef)
@@ -84,16 +83,12 @@ def ppo_loss(
     else:
         v_loss = 0.5 * ((value - ret) ** 2).mean()
     entropy = out["entropy"].mean()
-    with torch.no_grad():
-        approx_kl = ((ratio - 1) - log_ratio).mean()
-        clip_fraction = ((ratio - 1.0).abs() > clip_coef).float().mean()
     return TensorDict(
         {
             "loss_policy": pg_loss,
             "loss_value": vf_coef * v_loss,
             "loss_entropy": -ent_coef * entropy,
-            "approx_kl": approx_kl,
-            "clip_fraction": clip_fraction,
+            **_ratio_stats(log_ratio, clip_coef),
             "entropy": entropy.detach(),
         },
         batch_size=[],
@@ -121,23 +116,30 @@ def grpo_loss(policy: Policy, mb: TensorDict, *, clip_coef: float, ent_coef: flo
             new = new.reshape(new.shape[0], -1, action_dim).sum(-1)
             old = old.reshape(old.shape[0], -1, action_dim).sum(-1)
     log_ratio = new - old
-    ratio = log_ratio.exp()
-    adv = mb["advantage"].reshape(-1, *([1] * (ratio.ndim - 1))).expand_as(ratio)
-    pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
+    adv = mb["advantage"].reshape(-1, *([1] * (log_ratio.ndim - 1))).expand_as(log_ratio)
     entropy = out["entropy"].mean()
-    with torch.no_grad():
-        approx_kl = ((ratio - 1) - log_ratio).mean()
-        clip_fraction = ((ratio - 1.0).abs() > clip_coef).float().mean()
     return TensorDict(
         {
-            "loss_policy": pg_loss,
+            "loss_policy": clipped_surrogate(log_ratio, adv, clip_coef),
             "loss_entropy": -ent_coef * entropy,
-            "approx_kl": approx_kl,
-            "clip_fraction": clip_fraction,
+            **_ratio_stats(log_ratio, clip_coef),
             "entropy": entropy.detach(),
         },
         batch_size=[],
     )
+
+
+def clipped_surrogate(log_ratio: torch.Tensor, adv: torch.Tensor, clip_coef: float) -> torch.Tensor:
+    """PPO's clipped policy objective, as a loss: mean of max(-A r, -A clip(r))."""
+    ratio = log_ratio.exp()
+    return torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
+
+
+@torch.no_grad()
+def _ratio_stats(log_ratio: torch.Tensor, clip_coef: float) -> dict:
+    ratio = log_ratio.exp()
+    return {"approx_kl": ((ratio - 1) - log_ratio).mean(),
+            "clip_fraction": ((ratio - 1.0).abs() > clip_coef).float().mean()}
 
 
 def total_loss(terms: TensorDict) -> torch.Tensor:

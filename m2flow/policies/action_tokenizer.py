@@ -66,18 +66,20 @@ class ActionStats:
     mask: Optional[Sequence[bool]] = None
     """True where a dimension is normalised (None: all)."""
 
-    def unnormalize(self, x: torch.Tensor) -> torch.Tensor:
+    def _as(self, x: torch.Tensor):
+        """(q01, q99, mask) as tensors beside ``x``."""
         q01 = torch.as_tensor(self.q01, dtype=x.dtype, device=x.device)
         q99 = torch.as_tensor(self.q99, dtype=x.dtype, device=x.device)
         mask = (torch.ones_like(q01, dtype=torch.bool) if self.mask is None
                 else torch.as_tensor(self.mask, dtype=torch.bool, device=x.device))
+        return q01, q99, mask
+
+    def unnormalize(self, x: torch.Tensor) -> torch.Tensor:
+        q01, q99, mask = self._as(x)
         return torch.where(mask, 0.5 * (x + 1) * (q99 - q01) + q01, x)
 
     def normalize(self, a: torch.Tensor) -> torch.Tensor:
-        q01 = torch.as_tensor(self.q01, dtype=a.dtype, device=a.device)
-        q99 = torch.as_tensor(self.q99, dtype=a.dtype, device=a.device)
-        mask = (torch.ones_like(q01, dtype=torch.bool) if self.mask is None
-                else torch.as_tensor(self.mask, dtype=torch.bool, device=a.device))
+        q01, q99, mask = self._as(a)
         return torch.where(mask, (2 * (a - q01) / (q99 - q01).clamp_min(1e-8) - 1).clamp(-1, 1), a)
 
     @classmethod
