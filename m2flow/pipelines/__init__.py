@@ -6,6 +6,12 @@ Knows nothing about RL maths or simulators (nothing here imports ``m2flow.embodi
 
 from m2flow.pipelines.channel import Channel, ChannelTimeout
 from m2flow.pipelines.cluster import Cluster, ClusterConfig, NodeInfo
+from m2flow.pipelines.context_switch import (
+    ContextSwitcher,
+    DeviceContext,
+    SwitchStats,
+    switch_plan,
+)
 from m2flow.pipelines.errors import PlacementError, WorkerError
 from m2flow.pipelines.placement import (
     ComponentPlacement,
@@ -20,17 +26,21 @@ __all__ = [
     "Channel",
     "ChannelTimeout",
     "Cluster",
+    "DeviceContext",
     "ClusterConfig",
     "ComponentPlacement",
+    "ContextSwitcher",
     "Futures",
     "NodeInfo",
     "Placement",
     "PlacementConfig",
     "PlacementError",
     "RankResources",
+    "SwitchStats",
     "Timer",
     "Worker",
     "WorkerError",
     "WorkerGroup",
     "WorkerInfo",
+    "switch_plan",
 ]

@@ -28,6 +28,10 @@ class ClusterConfig:
     """GPUs a local Ray may use (None: all visible ones)."""
     object_store_memory_mb: int = 512
     """Size of a local Ray's object store; bounded so Ray does not take a third of RAM."""
+    context_switch: str = "auto"
+    """auto: components placed on a common GPU take turns on it (offload/onload of weights,
+    gradients, optimiser state); always: switch even on CPU (copies; for tests and dry runs);
+    never: keep everything resident (the device must hold it all)."""
 
 
 @dataclass(frozen=True)

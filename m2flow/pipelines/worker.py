@@ -24,6 +24,7 @@ from typing import Any, Optional, Sequence
 
 from m2flow.pipelines import channel as _channel
 from m2flow.pipelines.cluster import Cluster
+from m2flow.pipelines.context_switch import DeviceContext
 from m2flow.pipelines.errors import WorkerError
 from m2flow.pipelines.placement import RankResources
 from m2flow.pipelines.timer import Timer
@@ -74,6 +75,31 @@ class Worker:
         unpinned = getattr(self, "_unpinned", None)
         if unpinned is not None and self.info.resources.cpu_ids:
             pin_process((unpinned - set(self.info.resources.cpu_ids)) or unpinned)
+
+    # Context switching: a worker registers its models and optimisers in ``self.context``; the
+    # runner calls offload/onload when the placement has it share a device with another.
+    @property
+    def context(self) -> DeviceContext:
+        """This worker's device-resident state (empty until the worker registers some)."""
+        if getattr(self, "_context", None) is None:
+            self._context = DeviceContext(self.device)
+        return self._context
+
+    def set_context_force(self, force: bool) -> None:
+        """Copy on offload even when this worker computes on the CPU (context_switch=always)."""
+        self.context.force = force
+
+    def offload(self) -> dict[str, float]:
+        """Moves this worker's registered state to host memory; bytes and seconds moved."""
+        stats = self.context.offload()
+        self.timer.add("offload", stats.seconds)
+        return {"bytes": float(stats.bytes), "seconds": stats.seconds}
+
+    def onload(self) -> dict[str, float]:
+        """Moves this worker's registered state back onto its device."""
+        stats = self.context.onload()
+        self.timer.add("onload", stats.seconds)
+        return {"bytes": float(stats.bytes), "seconds": stats.seconds}
 
     def pop_timings(self) -> dict[str, float]:
         """Seconds per phase since the last call (the runner gathers these every iteration)."""
