@@ -35,6 +35,8 @@ class LearnerWorker(Worker):
         self.num_iterations = num_iterations
         self.timeout = channel_timeout
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=algo.learning_rate, eps=1e-5)
+        # Adam's moments appear at its first step; the context finds them in its state then
+        self.context.register(modules={"policy": self.policy}, optimizers={"adam": self.optimizer})
         self.action_dim = env_spec.action_dim
         if algo.name not in ("ppo", "grpo"):
             raise ValueError(f"algorithm.name={algo.name!r}: use 'ppo' or 'grpo'.")
@@ -43,6 +45,7 @@ class LearnerWorker(Worker):
                              f"{list(LOGPROB_LEVELS)}.")
 
     def get_weights(self) -> dict:
+        """CPU copies of the policy's weights; works offloaded too (the copy is then host to host)."""
         return {k: v.detach().to("cpu", copy=True) for k, v in self.policy.state_dict().items()}
 
     def state_dict(self) -> dict:

@@ -23,6 +23,7 @@ class RolloutWorker(Worker):
     def __init__(self, info, cfg: PolicyConfig, env_spec, seed: int, channel_timeout: float = 600.0):
         super().__init__(info)
         self.policy = make_policy(cfg, env_spec).to(self.device).eval()
+        self.context.register(modules={"policy": self.policy})  # offloaded while the learner runs
         self.seed = seed
         self.timeout = channel_timeout
         self.version = 0
@@ -34,6 +35,8 @@ class RolloutWorker(Worker):
         return int(getattr(self.policy, "chunk", 1))
 
     def set_weights(self, state_dict: dict, version: int = 0) -> None:
+        """Copies into the policy's own tensors: into host memory while it is offloaded (the
+        next onload carries them to the device)."""
         with self.timer("weight_sync"), self._lock:
             self.policy.load_state_dict(state_dict)
             self.version = version

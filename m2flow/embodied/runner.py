@@ -4,6 +4,10 @@ One iteration reads top to bottom: collect -> update (advantages + PPO) -> sync 
 evaluate (sometimes) -> log -> checkpoint (sometimes). With ``runner.overlap_learner`` the
 collection of iteration k+1 starts when the update of iteration k does, and the new weights
 reach the rollout workers as soon as that update ends, while they serve.
+
+When rollout and learner share a GPU (``cluster.context_switch``), they take turns on it: the
+runner hands the device to the rollout before each collection and evaluation, and to the
+learner before each update (``pipelines.ContextSwitcher``).
 """
 
 from __future__ import annotations
@@ -23,7 +27,14 @@ from m2flow.embodied.env_worker import EnvWorker, EpisodeStats, stage_sizes
 from m2flow.embodied.learner_worker import LearnerWorker
 from m2flow.embodied.logger import RunLogger, log
 from m2flow.embodied.rollout_worker import RolloutWorker
-from m2flow.pipelines import Channel, Cluster, Placement, WorkerGroup
+from m2flow.pipelines import (
+    Channel,
+    Cluster,
+    ContextSwitcher,
+    Placement,
+    WorkerGroup,
+    switch_plan,
+)
 from m2flow.pipelines.worker import Futures, gather
 
 COMPONENTS = ("env", "rollout", "learner")
@@ -42,7 +53,10 @@ class EmbodiedRunner:
         r = cfg.runner
         self.cluster = Cluster(cfg.cluster)
         self.placement = Placement(cfg.cluster.placement, self.cluster.nodes)
-        check_config(cfg)
+        # who steps aside for whom on a shared device (without a learner: only checks the mode)
+        plan = switch_plan(self.placement.shares_device, ["rollout", "learner"] if train else [],
+                           cfg.cluster.context_switch)
+        check_config(cfg, plan)
         self.groups: list[WorkerGroup] = []
         groups = cfg.rollout.env_groups or cfg.rollout.pipeline_stages
         group_size = cfg.algorithm.group_size if cfg.algorithm.name == "grpo" else 1
@@ -68,10 +82,15 @@ class EmbodiedRunner:
         self._pending: Optional[_Collection] = None  # a collection started ahead (overlap)
         self._last_end: Optional[float] = None
         self.learner = None
+        self.switcher = ContextSwitcher({}, {})  # evaluation only: nobody to take turns with
         if train:
             self.learner = self._group(
                 "learner", LearnerWorker, cfg.policy, cfg.algorithm, self.spec, cfg.seed,
                 r.num_iterations, r.channel_timeout_s,
+            )
+            self.switcher = ContextSwitcher(
+                {"rollout": self.rollout, "learner": self.learner}, plan,
+                force=cfg.cluster.context_switch == "always",
             )
             self.traj_ch = Channel("trajectory", self.learner, item_type=TensorDict,
                                    routes={e: 0 for e in self.env_ranks})
@@ -123,6 +142,7 @@ class EmbodiedRunner:
     def evaluate(self, episodes: Optional[int] = None, deterministic: bool = True) -> dict:
         """Episodes from fixed seeds (mean actions by default): ``eval/success`` and friends."""
         episodes = episodes or self.cfg.runner.eval_episodes
+        self.switcher.activate("rollout")  # its cost is part of time/eval
         rounds = max(1, math.ceil(episodes / self.num_envs))
         steps = rounds * math.ceil(self.spec.max_episode_steps / self.chunk)
         env_out, _ = gather(
@@ -137,6 +157,7 @@ class EmbodiedRunner:
         steps = per_rank[0]["max_steps"] or self.spec.max_episode_steps
         steps = math.ceil(steps / self.chunk)
         per_rank = [{**p, "chunk": self.chunk} for p in per_rank]
+        self.switcher.activate("rollout")
         env_out, _ = gather(
             self.env.call("evaluate_ranks", self.obs_ch, self.act_ch, per_rank, self.stages),
             self._serve(steps, 0, deterministic=deterministic),
@@ -178,9 +199,11 @@ class EmbodiedRunner:
         r = self.cfg.runner
         steps = r.rollout_steps * self.num_envs * self.chunk  # env steps (a call runs a chunk)
         t0 = time.perf_counter()
+        switch = self.switcher.activate("rollout")  # (off with overlap: check_config)
         collection = self._pending if self._pending is not None else self.start_collect(it)
         self._pending = None
         episodes = collection.result()
+        switch = _sum(switch, self.switcher.activate("learner"))
         update = self.start_update(it)
         if r.overlap_learner and it + 1 < r.num_iterations:
             self._pending = self.start_collect(it + 1)  # with the weights at hand
@@ -198,6 +221,7 @@ class EmbodiedRunner:
             **metrics,
             **episodes.summary(),
             **self.timings(),
+            **(switch if self.switcher.enabled else {}),
             "perf/env_steps_per_s": steps / collection.seconds,
             "perf/steps_per_s_overall": steps / wall,
             "perf/iteration_s": wall,
@@ -304,8 +328,9 @@ class _Collection:
         return self._result
 
 
-def check_config(cfg: TrainConfig) -> None:
-    """Config errors that only show in combination, before any worker starts."""
+def check_config(cfg: TrainConfig, plan: Optional[dict[str, list[str]]] = None) -> None:
+    """Config errors that only show in combination, before any worker starts. ``plan``: the
+    run's ``switch_plan`` (who offloads for whom), when it has a learner."""
     stage_sizes(cfg.env.num_envs, cfg.rollout.pipeline_stages)
     groups = cfg.rollout.env_groups
     if groups is not None:
@@ -322,6 +347,18 @@ def check_config(cfg: TrainConfig) -> None:
             f"runner.overlap_learner=true needs runner.max_staleness >= 1 (got "
             f"{r.max_staleness}): overlapped collection uses weights one update old."
         )
+    if r.overlap_learner and plan and any(plan.values()):
+        raise ValueError(
+            f"runner.overlap_learner=true trains while the rollout serves, but with "
+            f"cluster.context_switch={cfg.cluster.context_switch!r} rollout and learner take "
+            "turns on their device (placed on a common GPU, or 'always'). Set "
+            "runner.overlap_learner=false, give them disjoint GPUs, or set "
+            "cluster.context_switch=never if the device holds both."
+        )
+
+
+def _sum(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    return {k: a.get(k, 0.0) + b.get(k, 0.0) for k in a.keys() | b.keys()}
 
 
 def _merge(parts: list[EpisodeStats]) -> EpisodeStats:

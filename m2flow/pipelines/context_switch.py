@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Iterator, Mapping, Optional
 
 import torch
@@ -94,6 +95,10 @@ class DeviceContext:
             drop()
         pin = self.device.type == "cuda"
         stats = self._move(lambda t: _copy(t, torch.device("cpu"), pin))
+        if pin:
+            # the component that takes the device next may live in another process (a Ray
+            # actor): give the freed blocks back to the driver, not to this process's cache
+            torch.cuda.empty_cache()
         self.on_device = False
         return stats
 
@@ -108,64 +113,65 @@ class DeviceContext:
 
     def nbytes(self) -> int:
         """Bytes of state this context moves (parameters, gradients, buffers, optimiser)."""
-        return sum(t.numel() * t.element_size() for t in self._tensors())
+        return sum(t.numel() * t.element_size() for t, _ in self._slots())
 
     # -- internals ---------------------------------------------------------------------------
     def _move(self, copy: Callable[[torch.Tensor], torch.Tensor]) -> SwitchStats:
         t0 = time.perf_counter()
         stats = SwitchStats()
-        seen: dict[int, torch.Tensor] = {}  # shared tensors (tied weights) move once
-
-        def moved(t: torch.Tensor) -> torch.Tensor:
-            key = id(t)
-            if key not in seen:
-                seen[key] = copy(t)
+        with torch.no_grad():
+            for t, put in self._slots():
+                new = copy(t)
+                put(new)
                 stats.bytes += t.numel() * t.element_size()
                 stats.tensors += 1
-            return seen[key]
-
-        with torch.no_grad():
-            for module in self.modules.values():
-                for p in _unique_params(module):
-                    p.data = moved(p.data)
-                    if p.grad is not None:
-                        p.grad = moved(p.grad)
-                for sub in module.modules():
-                    for name, buf in sub._buffers.items():
-                        if buf is not None:
-                            sub._buffers[name] = moved(buf)
-            for opt in self.optimizers.values():
-                for state in opt.state.values():
-                    for k, v in state.items():
-                        if _movable(v, self.device):
-                            state[k] = moved(v)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         stats.seconds = time.perf_counter() - t0
         return stats
 
-    def _tensors(self) -> Iterator[torch.Tensor]:
-        seen = set()
+    def _slots(self) -> Iterator[tuple[torch.Tensor, Callable[[torch.Tensor], None]]]:
+        """Each tensor to move, once, with a function that puts its copy in its place.
+
+        Tensors are told apart by object, and every one seen is held until the walk ends: an
+        ``id`` is unique only among live objects, and ``p.data`` is a new object at each access
+        (keyed on ids of dropped tensors, one parameter would receive another's copy).
+        Parameters are told apart by the ``Parameter`` itself, so a tied weight moves once.
+        """
+        held: dict[int, torch.Tensor] = {}
+
+        def first(t: torch.Tensor) -> bool:
+            if id(t) in held:
+                return False
+            held[id(t)] = t
+            return True
+
+        params: dict[int, torch.nn.Parameter] = {}
         for module in self.modules.values():
-            for p in _unique_params(module):
-                for t in (p.data, p.grad):
-                    if t is not None and id(t) not in seen:
-                        seen.add(id(t))
-                        yield t
-            for buf in module.buffers():
-                if id(buf) not in seen:
-                    seen.add(id(buf))
-                    yield buf
+            for p in module.parameters():
+                params.setdefault(id(p), p)
+        for p in params.values():
+            yield p.data, partial(_set_data, p)
+            if p.grad is not None and first(p.grad):
+                yield p.grad, partial(_set_grad, p)
+        for module in self.modules.values():
+            for sub in module.modules():
+                for name, buf in sub._buffers.items():
+                    if buf is not None and first(buf):
+                        yield buf, partial(sub._buffers.__setitem__, name)
         for opt in self.optimizers.values():
             for state in opt.state.values():
-                for v in state.values():
-                    if isinstance(v, torch.Tensor) and v.dim() > 0 and id(v) not in seen:
-                        seen.add(id(v))
-                        yield v
+                for k, v in state.items():
+                    if _movable(v, self.device) and first(v):
+                        yield v, partial(state.__setitem__, k)
 
 
-def _unique_params(module: torch.nn.Module) -> Iterator[torch.nn.Parameter]:
-    return module.parameters()  # parameters() already skips tied duplicates
+def _set_data(p: torch.nn.Parameter, t: torch.Tensor) -> None:
+    p.data = t
+
+
+def _set_grad(p: torch.nn.Parameter, t: torch.Tensor) -> None:
+    p.grad = t
 
 
 def _movable(v, device: torch.device) -> bool:
@@ -176,7 +182,9 @@ def _movable(v, device: torch.device) -> bool:
 
 def _copy(t: torch.Tensor, device: torch.device, pin: bool) -> torch.Tensor:
     """A copy of ``t`` in fresh storage on ``device`` (the source is then free to go)."""
-    out = torch.empty(t.shape, dtype=t.dtype, device=device, pin_memory=pin)
+    # empty_like keeps the strides (a channels-last weight stays channels-last), so kernels
+    # after a round trip take the same paths and give the same bits.
+    out = torch.empty_like(t, device=device, pin_memory=pin)
     out.copy_(t, non_blocking=pin or device.type == "cuda")
     return out
 
