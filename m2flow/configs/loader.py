@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from pathlib import Path
 from typing import Sequence
 
 from hydra import compose, initialize_config_module
@@ -60,6 +61,42 @@ def load_train_config(config_name: str, overrides: Sequence[str] = ()):
     obj = to_object(cfg)
     check_names(obj)
     return obj
+
+
+def load_run_config(config_name: str, overrides: Sequence[str] = ()):
+    """Any entry config as its object: a ``TrainConfig`` (embodied) or a ``ReasoningConfig``,
+    with names checked."""
+    from m2flow.reasoning.config import ReasoningConfig
+
+    cfg = load_config(config_name, overrides)
+    obj = to_object(cfg)
+    if isinstance(obj, ReasoningConfig):
+        check_reasoning(obj)
+    else:
+        check_names(obj)
+    return obj
+
+
+def check_reasoning(cfg) -> None:
+    """Engine, reward and data source names at startup."""
+    from m2flow.reasoning.engine import ENGINES
+    from m2flow.reasoning.reward import REWARDS
+
+    checks = [
+        ("rollout.engine", cfg.rollout.engine, sorted(ENGINES)),
+        ("algorithm.reward", cfg.algorithm.reward, sorted(REWARDS)),
+        ("data.source", cfg.data.source, ["arithmetic", "jsonl", "parquet"]),
+        ("model.dtype", cfg.model.dtype, ["auto", "float32", "bfloat16", "float16"]),
+    ]
+    for field, value, known in checks:
+        if value not in known:
+            raise ConfigError(f"config error: {field}={value!r} is not one of {known}.")
+    if cfg.model.path is not None and not (Path(cfg.model.path).expanduser() / "config.json").is_file():
+        raise ConfigError(
+            f"config error: model.path={cfg.model.path!r} is not a local Hugging Face model "
+            "directory (no config.json there); point it at one, or set model.path=null for "
+            "the tiny preset."
+        )
 
 
 def to_object(cfg: DictConfig):
@@ -146,8 +183,9 @@ def _fields_of(owner: str) -> list[str]:
     from m2flow.envs import config as envc
     from m2flow.pipelines import cluster, placement
     from m2flow.policies import config as pc
+    from m2flow.reasoning import config as rc
 
-    for mod in (ec, ppo, envc, cluster, placement, pc):
+    for mod in (ec, ppo, envc, cluster, placement, pc, rc):
         cls = getattr(mod, owner, None)
         if cls is not None and dataclasses.is_dataclass(cls):
             return [f.name for f in dataclasses.fields(cls)]

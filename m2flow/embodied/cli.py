@@ -27,10 +27,10 @@ def train(argv: list[str] | None = None) -> int:
     parser.add_argument("--cfg", action="store_true", help="print the composed config and exit")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. env.num_envs=4 cluster=inprocess")
     args = parser.parse_args(argv)
-    from m2flow.configs import ConfigError, load_train_config
+    from m2flow.configs import ConfigError, load_run_config
 
     try:
-        cfg = load_train_config(args.config_name, args.overrides)
+        cfg = load_run_config(args.config_name, args.overrides)
     except ConfigError as e:
         print(f"m2flow-train: {e}", file=sys.stderr)
         return 2
@@ -40,6 +40,10 @@ def train(argv: list[str] | None = None) -> int:
         print(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
         return 0
     _setup_logging()
+    if getattr(cfg, "workload", "embodied") == "reasoning":
+        from m2flow.reasoning.cli import train_reasoning
+
+        return train_reasoning(cfg)
     from m2flow.embodied.runner import EmbodiedRunner
 
     runner = EmbodiedRunner(cfg)
@@ -71,6 +75,10 @@ def evaluate(argv: list[str] | None = None) -> int:
         print(f"m2flow-eval: {e}", file=sys.stderr)
         return 2
     _setup_logging()
+    if getattr(cfg, "workload", "embodied") == "reasoning":
+        from m2flow.reasoning.cli import evaluate_reasoning
+
+        return evaluate_reasoning(cfg, state)
     from m2flow.embodied.eval_tasks import evaluate_tasks, write_report
     from m2flow.embodied.runner import EmbodiedRunner
 
@@ -106,6 +114,7 @@ config's initial weights; writes results.json, results.md and MP4 videos.
     m2flow-eval checkpoint=runs/.../checkpoints/last.pt episodes=64
     m2flow-eval env=libero_spatial policy=cnn episodes_per_task=2 videos_per_task=1
     m2flow-eval config=libero_spatial_ppo_cnn episodes_per_task=50
+    m2flow-eval checkpoint=runs/reasoning_arith_grpo_tiny/.../checkpoints/last.pt size=200
 """
 
 

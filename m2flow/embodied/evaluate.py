@@ -11,8 +11,9 @@ from omegaconf.errors import OmegaConfBaseException
 from m2flow.configs.loader import (
     ConfigError,
     check_names,
+    check_reasoning,
     explain,
-    load_train_config,
+    load_run_config,
     to_object,
 )
 from m2flow.embodied import checkpoint
@@ -26,6 +27,8 @@ SHORTHANDS = {
     "videos_per_task": "eval.videos_per_task",
     "output_dir": "eval.output_dir",
     "deterministic": "eval.deterministic",
+    "size": "eval.size",
+    "samples": "eval.samples",
 }
 DEFAULT_EVAL_CONFIG = "eval"  # m2flow/configs/eval.yaml
 
@@ -46,7 +49,7 @@ def eval_config(overrides: Sequence[str]) -> tuple[TrainConfig, Optional[dict]]:
     if not any(k in ("checkpoint", "eval.checkpoint") for k, _ in pairs):
         name = next((v for k, v in pairs if k == "config"), DEFAULT_EVAL_CONFIG)
         rest = [f"{SHORTHANDS.get(k, k)}={v}" for k, v in pairs if k != "config"]
-        return load_train_config(name, rest), None
+        return load_run_config(name, rest), None
     dotlist, groups = [], []
     for key, value in pairs:
         if key == "config":
@@ -61,14 +64,17 @@ def eval_config(overrides: Sequence[str]) -> tuple[TrainConfig, Optional[dict]]:
     if not path:
         raise ConfigError("config error: checkpoint is missing; run m2flow-eval checkpoint=PATH.")
     state = checkpoint.load(path)
+    reasoning = state.get("workload") == "reasoning"
+    if reasoning:
+        from m2flow.reasoning.config import ReasoningConfig as schema
+    else:
+        schema = TrainConfig
     try:
-        cfg = OmegaConf.merge(
-            OmegaConf.structured(TrainConfig), OmegaConf.create(state["config"]), given
-        )
+        cfg = OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.create(state["config"]), given)
     except OmegaConfBaseException as e:
         raise ConfigError(explain(e, "")) from None
     obj = to_object(cfg)
-    check_names(obj)
+    check_reasoning(obj) if reasoning else check_names(obj)
     return obj, state
 
 

@@ -1,0 +1,159 @@
+"""Configs of a reasoning run (GRPO for a causal language model), composed by Hydra like the
+embodied ones. The ``cluster`` group is the same: placement decides collocated (rollout and
+learner take turns on one device) or disaggregated-pipelined execution."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from m2flow.embodied.config import ClusterGroupConfig
+
+
+@dataclass
+class DataConfig:
+    """Prompts with reference answers: generated arithmetic, or local JSONL/Parquet files."""
+
+    source: str = "arithmetic"
+    """arithmetic (built-in word problems with exact answers) | jsonl | parquet."""
+    train_path: Optional[str] = None
+    """jsonl/parquet: the training file (one problem per line/row)."""
+    test_path: Optional[str] = None
+    """jsonl/parquet: the held-out file (None: the last ``test_size`` rows of train_path)."""
+    prompt_key: str = "prompt"
+    """Field holding the question."""
+    answer_key: str = "answer"
+    """Field holding the reference answer."""
+    template: str = "Q: {prompt}\nA:"
+    """How a question becomes the model's prompt."""
+    train_size: int = 20000
+    """arithmetic: problems generated for training (file sources: at most this many)."""
+    test_size: int = 200
+    """Held-out problems (arithmetic: generated from another seed, none shared with train)."""
+    max_operand: int = 20
+    """arithmetic: operands are drawn from 0..max_operand."""
+    max_terms: int = 2
+    """arithmetic: numbers per problem (2 or 3)."""
+
+
+@dataclass
+class TinyModelConfig:
+    """A random-init causal LM from ``transformers`` for CPU runs (used when model.path is None)."""
+
+    architecture: str = "qwen2"
+    """qwen2 | llama."""
+    hidden_size: int = 128
+    intermediate_size: int = 512
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 256
+
+
+@dataclass
+class ModelConfig:
+    path: Optional[str] = None
+    """A local Hugging Face causal-LM directory (config.json, safetensors, tokenizer files);
+    loaded with from_pretrained and no network. None: the tiny preset below."""
+    dtype: str = "auto"
+    """auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16."""
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class GenerationConfig:
+    """The rollout worker: ``n`` sampled completions per prompt."""
+
+    engine: str = "hf"
+    """Generation backend: hf (transformers generate, KV cache). vLLM/SGLang backends plug in
+    through m2flow.reasoning.engine.ENGINES."""
+    n: int = 8
+    """Completions per prompt (the GRPO group)."""
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int = 0
+    """0: no top-k cut."""
+    prompts_per_call: int = 8
+    """Prompts per generate call; each call's groups stream on as soon as it returns."""
+    eval_batch_size: int = 64
+    """Prompts per greedy generate call during evaluation."""
+
+
+@dataclass
+class ReasoningGRPOConfig:
+    """GRPO for language models: group-normalised advantages, token-level clipped loss."""
+
+    name: str = "grpo"
+    learning_rate: float = 1e-4
+    prompts_per_step: int = 16
+    """Prompts (groups) per GRPO step."""
+    micro_batch_size: int = 32
+    """Completions per forward/backward; gradients accumulate over the step."""
+    clip_coef: float = 0.2
+    kl_coef: float = 0.0
+    """Weight of the KL to the reference (the initial) model; 0: no reference model kept."""
+    max_grad_norm: float = 1.0
+    eps: float = 1e-6
+    """Added to the group std."""
+    filter_groups: bool = True
+    """Skip groups whose completions all got the same reward (their advantages are 0)."""
+    reward: str = "exact"
+    """exact (the last number in the completion equals the answer) | math_verify."""
+    weight_decay: float = 0.0
+
+
+@dataclass
+class WarmStartConfig:
+    """Optional supervised warm start on the training set's reference solutions, before GRPO."""
+
+    steps: int = 0
+    """SFT steps (0: none)."""
+    batch_size: int = 64
+    learning_rate: float = 1e-3
+
+
+@dataclass
+class ReasoningRunnerConfig:
+    num_steps: int = 100
+    """GRPO steps at most."""
+    max_minutes: Optional[float] = None
+    """Stop after this much wall time (None: run num_steps)."""
+    eval_interval: int = 10
+    """Evaluate held-out accuracy every N steps (and before the first and after the last)."""
+    checkpoint_interval: int = 50
+    """Save every N steps (and after the warm start and the last step); 0: only those."""
+    log_dir: str = "runs"
+    channel_timeout_s: float = 600.0
+    progress_bar: bool = True
+
+
+@dataclass
+class ReasoningEvalConfig:
+    """``m2flow-eval`` on a reasoning checkpoint: held-out accuracy, greedy decoding."""
+
+    checkpoint: Optional[str] = None
+    """A .pt written by m2flow-train for a reasoning config; None: the initial weights."""
+    size: int = 0
+    """Held-out problems to score (0: all of data.test_size)."""
+    output_dir: Optional[str] = None
+    samples: int = 20
+    """Problems whose completions are written into the report."""
+
+
+@dataclass
+class ReasoningConfig:
+    """The root config of a reasoning run."""
+
+    workload: str = "reasoning"
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: GenerationConfig = field(default_factory=GenerationConfig)
+    algorithm: ReasoningGRPOConfig = field(default_factory=ReasoningGRPOConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    cluster: ClusterGroupConfig = field(default_factory=ClusterGroupConfig)
+    runner: ReasoningRunnerConfig = field(default_factory=ReasoningRunnerConfig)
+    eval: ReasoningEvalConfig = field(default_factory=ReasoningEvalConfig)
+    seed: int = 0
+    resume: Optional[str] = None
+    run_name: str = "reasoning"

@@ -1,0 +1,170 @@
+"""The learner worker: GRPO steps on scored groups, micro-batch by micro-batch as they arrive."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from tensordict import TensorDict
+
+from m2flow.embodied import seeding
+from m2flow.pipelines import Channel, Worker
+from m2flow.reasoning.batch import collate, sequences
+from m2flow.reasoning.config import ReasoningConfig
+from m2flow.reasoning.data import make_datasets
+from m2flow.reasoning.grpo import group_advantages, token_loss
+from m2flow.reasoning.model import load_model, sequence_logprobs
+
+
+class ReasoningLearner(Worker):
+    """Owns the trained model, its optimiser and (with a KL term) a frozen reference copy."""
+
+    def __init__(self, info, cfg: ReasoningConfig):
+        super().__init__(info)
+        self.cfg = cfg
+        torch.manual_seed(cfg.seed)
+        self.model, self.tokenizer = load_model(cfg.model, self.device)
+        a = cfg.algorithm
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=a.learning_rate,
+                                           weight_decay=a.weight_decay)
+        self.ref = None
+        modules = {"model": self.model}
+        if a.kl_coef > 0:
+            self.ref = copy.deepcopy(self.model).eval().requires_grad_(False)
+            modules["reference"] = self.ref
+        self.context.register(modules=modules, optimizers={"adamw": self.optimizer})
+
+    # -- weights -----------------------------------------------------------------------------
+    def get_weights(self) -> dict:
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def state_dict(self) -> dict:
+        return {"model": self.get_weights(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        if "optimizer" in state:
+            self.optimizer.load_state_dict(state["optimizer"])
+        if self.ref is not None:
+            self.ref.load_state_dict(state.get("reference", state["model"]))
+
+    # -- supervised warm start ---------------------------------------------------------------
+    def warm_start(self, steps: int) -> dict:
+        """``steps`` of next-token training on the training set's worked solutions (prompt
+        tokens masked out); its own AdamW, so GRPO's optimiser starts fresh. The reference
+        model (KL) becomes the warmed-up model."""
+        cfg, ws = self.cfg, self.cfg.warm_start
+        train, _ = make_datasets(cfg.data, cfg.seed)
+        train = [p for p in train if p.solution is not None]
+        if not train:
+            raise ValueError("warm_start.steps > 0 needs worked solutions, which only "
+                             "data.source=arithmetic has; set warm_start.steps=0.")
+        opt = torch.optim.AdamW(self.model.parameters(), lr=ws.learning_rate)
+        g = torch.Generator().manual_seed(seeding.derive(cfg.seed, seeding.LEARN, 0, 1)[0])
+        losses = []
+        self.model.train()
+        with self.timer("warm_start"):
+            for s in range(steps):
+                idx = torch.randint(len(train), (ws.batch_size,), generator=g).tolist()
+                batch = self._sft_batch([train[i] for i in idx])
+                ids, mask, start = sequences(batch)
+                lr = ws.learning_rate * min(1.0, (s + 1) / 20) * (1 - s / steps)
+                for group in opt.param_groups:
+                    group["lr"] = lr
+                lp = sequence_logprobs(self.model, ids.to(self.device), mask.to(self.device), start)
+                m = batch["completion_mask"].to(self.device).float()
+                loss = -(lp * m).sum() / m.sum()
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+                opt.step()
+                losses.append(loss.item())
+        self.model.zero_grad(set_to_none=True)
+        if self.ref is not None:
+            self.ref.load_state_dict(self.model.state_dict())
+        return {"warm_start/loss_first": losses[0], "warm_start/loss_last": losses[-1],
+                "warm_start/steps": float(steps)}
+
+    def _sft_batch(self, problems) -> TensorDict:
+        tok, template = self.tokenizer, self.cfg.data.template
+        enc = tok([p.prompt(template) for p in problems], return_tensors="pt", padding=True,
+                  add_special_tokens=False)
+        c = self.cfg.rollout.max_new_tokens
+        comp = torch.full((len(problems), c), tok.pad_token_id, dtype=torch.long)
+        for i, p in enumerate(problems):
+            t = tok(p.solution, add_special_tokens=False)["input_ids"][: c - 1] + [tok.eos_token_id]
+            comp[i, : len(t)] = torch.tensor(t)
+        from m2flow.reasoning.engine import completion_mask
+
+        return TensorDict({"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"].bool(),
+                           "completion_ids": comp,
+                           "completion_mask": completion_mask(comp, tok.eos_token_id)},
+                          batch_size=[len(problems)])
+
+    # -- GRPO --------------------------------------------------------------------------------
+    def update(self, in_ch: Channel, num_groups: int, step: int) -> dict:
+        """One GRPO step over ``num_groups`` scored groups read from ``in_ch`` as they come.
+
+        A micro-batch runs forward and backward as soon as ``micro_batch_size`` completions
+        of kept groups are in; gradients accumulate as token sums and are divided by the
+        step's token count before the optimiser step.
+        """
+        a, timeout = self.cfg.algorithm, self.cfg.runner.channel_timeout_s
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        pending: list[TensorDict] = []
+        sums = {"tokens": 0.0, "loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "kl_ref": 0.0}
+        kept = staleness = 0
+        for _ in range(num_groups):
+            with self.timer("wait"):
+                group = in_ch.get(key=0, timeout=timeout)
+            staleness = max(staleness, step - int(group["version"].min()))
+            r = group["reward"].float()
+            if a.filter_groups and bool((r == r[0]).all()):
+                continue
+            kept += 1
+            group["advantage"] = group_advantages(r, r.numel(), a.eps)
+            pending.append(group)
+            if sum(g.batch_size[0] for g in pending) >= a.micro_batch_size:
+                self._micro_batch(pending, sums)
+                pending = []
+        if pending:
+            self._micro_batch(pending, sums)
+        with self.timer("learn"):
+            grad_norm = 0.0
+            if sums["tokens"] > 0:
+                for p in self.model.parameters():
+                    if p.grad is not None:
+                        p.grad.div_(sums["tokens"])
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+                                                           a.max_grad_norm).item()
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        n = max(sums["tokens"], 1.0)
+        out = {"loss/policy": sums["loss"] / n, "loss/clip_fraction": sums["clip_fraction"] / n,
+               "loss/approx_kl": sums["approx_kl"] / n, "loss/grad_norm": grad_norm,
+               "train/groups_kept": float(kept), "train/tokens_trained": sums["tokens"],
+               "train/staleness": float(staleness)}
+        if self.ref is not None:
+            out["loss/kl_ref"] = sums["kl_ref"] / n
+        return out
+
+    def _micro_batch(self, groups: list[TensorDict], sums: dict) -> None:
+        a = self.cfg.algorithm
+        with self.timer("learn"):
+            batch = collate(groups, self.tokenizer.pad_token_id).to(self.device)
+            ids, mask, start = sequences(batch)
+            temp = self.cfg.rollout.temperature
+            logp = sequence_logprobs(self.model, ids, mask, start, temp)
+            ref = None
+            if self.ref is not None:
+                with torch.no_grad():
+                    ref = sequence_logprobs(self.ref, ids, mask, start, temp)
+            cmask = batch["completion_mask"]
+            loss, stats = token_loss(logp, batch["logprobs"], batch["advantage"], cmask,
+                                     a.clip_coef, ref, a.kl_coef)
+            loss.backward()
+            sums["tokens"] += float(cmask.sum())
+            sums["loss"] += loss.item()
+            for k, v in stats.items():
+                sums[k] += float(v)

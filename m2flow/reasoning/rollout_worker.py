@@ -1,0 +1,105 @@
+"""The rollout worker: samples ``n`` completions per prompt and streams each group on."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from m2flow.embodied import seeding
+from m2flow.pipelines import Channel, Worker
+from m2flow.reasoning.config import ReasoningConfig
+from m2flow.reasoning.data import make_datasets
+from m2flow.reasoning.engine import make_engine
+from m2flow.reasoning.model import load_model
+from m2flow.reasoning.reward import reward_fn
+
+
+class ReasoningRollout(Worker):
+    """Holds the generation engine and the prompts; knows which prompts each step uses."""
+
+    def __init__(self, info, cfg: ReasoningConfig):
+        super().__init__(info)
+        self.cfg = cfg
+        torch.manual_seed(cfg.seed)  # the same initial weights as the learner's
+        self.model, self.tokenizer = load_model(cfg.model, self.device)
+        self.engine = make_engine(self.model, self.tokenizer, cfg.rollout, self.device)
+        self.train, self.test = make_datasets(cfg.data, cfg.seed)
+        self.version = 0
+        self._perm: tuple[int, list[int]] = (-1, [])
+        self.context.register(modules={"model": self.model},
+                              caches={"kv_cache": self.engine.release_cache})
+
+    def set_weights(self, state_dict: dict, version: int) -> None:
+        with self.timer("weight_sync"):
+            self.engine.load_weights(state_dict)
+            self.version = version
+
+    def problems_of_step(self, step: int) -> list[int]:
+        """Indices of the training problems of ``step``: epochs of seeded permutations."""
+        k, n = self.cfg.algorithm.prompts_per_step, len(self.train)
+        out = []
+        for i in range(step * k, (step + 1) * k):
+            epoch, j = divmod(i, n)
+            if self._perm[0] != epoch:
+                g = torch.Generator().manual_seed(
+                    seeding.derive(self.cfg.seed, seeding.TRAIN, epoch, 0)[0])
+                self._perm = (epoch, torch.randperm(n, generator=g).tolist())
+            out.append(self._perm[1][j])
+        return out
+
+    def generate_step(self, step: int, out_ch: Channel) -> dict:
+        """Generates the step's groups call by call; each group goes to ``out_ch`` (key 0) as
+        soon as its call returns, tagged with its problem index and the weights' version."""
+        cfg = self.cfg.rollout
+        problems = self.problems_of_step(step)
+        tokens, t0 = 0, time.perf_counter()
+        for c in range(0, len(problems), cfg.prompts_per_call):
+            idx = problems[c : c + cfg.prompts_per_call]
+            prompts = [self.train[i].prompt(self.cfg.data.template) for i in idx]
+            seed = seeding.derive(self.cfg.seed, seeding.SAMPLE, step, c)[0]
+            with self.timer("generate"):
+                out = self.engine.generate(prompts, cfg.n, seed=seed)
+            tokens += int(out["completion_mask"].sum())
+            for g, i in enumerate(idx):
+                group = out[g * cfg.n : (g + 1) * cfg.n]
+                group["problem"] = torch.full((cfg.n,), i, dtype=torch.long)
+                group["version"] = torch.full((cfg.n,), self.version, dtype=torch.long)
+                with self.timer("send"):
+                    out_ch.put(group, key=0, timeout=self.cfg.runner.channel_timeout_s)
+        out_ch.flush()
+        seconds = time.perf_counter() - t0
+        return {"perf/gen_tokens": float(tokens), "perf/gen_s": seconds}
+
+    def evaluate(self, size: int = 0, samples: int = 0) -> dict:
+        """Greedy held-out accuracy: {"accuracy", "response_len", "samples": [...]}."""
+        return evaluate_problems(self.engine, self.tokenizer, self.test[: size or None],
+                                 self.cfg, samples)
+
+
+def evaluate_problems(engine, tokenizer, problems, cfg: ReasoningConfig, samples: int = 0) -> dict:
+    """Greedy decoding of every problem, scored with the run's reward function."""
+    score = reward_fn(cfg.algorithm.reward)
+    correct, lengths, shown = [], [], []
+    bs = cfg.rollout.eval_batch_size
+    for c in range(0, len(problems), bs):
+        batch = problems[c : c + bs]
+        out = engine.generate([p.prompt(cfg.data.template) for p in batch], 1, greedy=True)
+        texts = decode(tokenizer, out)
+        for p, text, n in zip(batch, texts, out["completion_mask"].sum(-1).tolist()):
+            ok = score(text, p.answer)
+            correct.append(ok)
+            lengths.append(n)
+            if len(shown) < samples:
+                shown.append({"question": p.question, "answer": p.answer, "completion": text,
+                              "correct": bool(ok)})
+    n = max(1, len(correct))
+    return {"accuracy": sum(correct) / n, "response_len": sum(lengths) / n,
+            "problems": len(correct), "samples": shown}
+
+
+def decode(tokenizer, batch) -> list[str]:
+    """Completion texts, without EOS and padding."""
+    ids, mask = batch["completion_ids"], batch["completion_mask"]
+    return [tokenizer.decode(row[m].tolist(), skip_special_tokens=True)
+            for row, m in zip(ids, mask)]
