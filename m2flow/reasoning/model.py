@@ -78,7 +78,7 @@ def load_model(cfg: ModelConfig, device: str = "cpu"):
         tokenizer = tiny_tokenizer()
         model = tiny_model(cfg, tokenizer)
     else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         path = Path(cfg.path).expanduser()
         if not (path / "config.json").is_file():
@@ -87,12 +87,10 @@ def load_model(cfg: ModelConfig, device: str = "cpu"):
                 "give a local directory written by save_pretrained (or model.path=null for the "
                 "tiny preset)."
             )
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, padding_side="left")
+        tokenizer = load_tokenizer(cfg)
         model = AutoModelForCausalLM.from_pretrained(
             path, local_files_only=True, dtype=resolve_dtype(cfg.dtype, device)
         )
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
     model = model.to(device=device, dtype=resolve_dtype(cfg.dtype, device))
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -119,7 +117,20 @@ def load_tokenizer(cfg: ModelConfig):
     """The tokenizer alone (the reward worker decodes; it needs no model)."""
     if cfg.path is None:
         return tiny_tokenizer()
-    from transformers import AutoTokenizer
+    import json
 
-    return AutoTokenizer.from_pretrained(Path(cfg.path).expanduser(), local_files_only=True,
-                                         padding_side="left")
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    path = Path(cfg.path).expanduser()
+    config = path / "tokenizer_config.json"
+    cls = json.loads(config.read_text()).get("tokenizer_class") if config.is_file() else None
+    # A plain tokenizer.json (like the tiny preset's) saved next to a Qwen2/Llama config: Auto
+    # would pick the model type's tokenizer class and replace its pre-tokenizer.
+    loader = PreTrainedTokenizerFast if cls in GENERIC_TOKENIZERS else AutoTokenizer
+    tokenizer = loader.from_pretrained(path, local_files_only=True, padding_side="left")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+GENERIC_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
