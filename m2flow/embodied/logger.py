@@ -46,10 +46,15 @@ class RunLogger:
                 self.writer.add_scalar(k, v, step)
         self.writer.flush()
         self.info(summary_line(iteration, step, metrics))
-        self.bar.set_postfix_str(
-            f"sps={metrics.get('perf/env_steps_per_s', 0):.0f} "
-            f"success={metrics.get('eval/success', metrics.get('env/success', float('nan'))):.2f}"
-        )
+        if "train/reward" in metrics:  # reasoning
+            self._last_acc = metrics.get("eval/accuracy", getattr(self, "_last_acc", float("nan")))
+            self.bar.set_postfix_str(f"reward={metrics['train/reward']:.3f} "
+                                     f"eval_acc={self._last_acc:.3f}")
+        else:
+            self.bar.set_postfix_str(
+                f"sps={metrics.get('perf/env_steps_per_s', 0):.0f} "
+                f"success={metrics.get('eval/success', metrics.get('env/success', float('nan'))):.2f}"
+            )
         self.bar.update(1)
 
     def info(self, line: str) -> None:
@@ -87,6 +92,10 @@ def summary_line(iteration: int, step: int, m: dict[str, float]) -> str:
         ("eval/success", "eval_success {:.2f}"),
         ("loss/approx_kl", "kl {:.4f}"),
         ("loss/loss_value", "vloss {:.4f}"),
+        ("train/reward", "reward {:.3f}"),
+        ("train/response_len", "len {:.1f}"),
+        ("eval/accuracy", "eval_acc {:.3f}"),
+        ("perf/gen_tokens_per_s", "gen_tok/s {:.0f}"),
     ]:
         if key in m:
             parts.append(fmt.format(m[key]))

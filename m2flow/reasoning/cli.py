@@ -19,7 +19,8 @@ def train_reasoning(cfg: ReasoningConfig) -> int:
     finally:
         runner.close()
     print(
-        f"done: {result['steps']} GRPO steps, {result['wall_s']:.0f} s; held-out accuracy "
+        f"done: {result['steps']} GRPO steps in {result['grpo_s'] / 60:.1f} min ({result['wall_s']:.0f} s "
+        f"with warm start and evals); held-out accuracy "
         f"{result.get('eval/accuracy_start', float('nan')):.3f} before GRPO -> "
         f"{result.get('eval/accuracy', float('nan')):.3f} after; checkpoint {result['checkpoint']}"
     )

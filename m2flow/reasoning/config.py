@@ -118,7 +118,7 @@ class ReasoningRunnerConfig:
     num_steps: int = 100
     """GRPO steps at most."""
     max_minutes: Optional[float] = None
-    """Stop after this much wall time (None: run num_steps)."""
+    """Stop GRPO after this much wall time (the warm start not counted; None: num_steps)."""
     eval_interval: int = 10
     """Evaluate held-out accuracy every N steps (and before the first and after the last)."""
     checkpoint_interval: int = 50

@@ -159,9 +159,12 @@ class ReasoningRunner:
                 logger.info(f"held-out accuracy before GRPO: {ev['accuracy']:.3f} "
                             f"({ev['problems']} problems)")
                 self.save({"eval/accuracy": ev["accuracy"]})
+                self.timings()  # the warm start's and evaluation's time is not step 0's
+            grpo_start = time.perf_counter()  # runner.max_minutes counts GRPO steps only
             for step in range(self.step, r.num_steps):
                 metrics = self.iterate(step)
-                over = r.max_minutes is not None and time.perf_counter() - start > 60 * r.max_minutes
+                over = (r.max_minutes is not None
+                        and time.perf_counter() - grpo_start > 60 * r.max_minutes)
                 last = self.step == r.num_steps or over
                 if last or (r.eval_interval > 0 and self.step % r.eval_interval == 0):
                     t0 = time.perf_counter()
@@ -180,6 +183,7 @@ class ReasoningRunner:
         finally:
             logger.close()
         return {**result, "steps": self.step, "wall_s": time.perf_counter() - start,
+                "grpo_s": time.perf_counter() - grpo_start,
                 "checkpoint": str(self.run_dir / "checkpoints" / "last.pt")}
 
     # -- checkpoints -------------------------------------------------------------------------
