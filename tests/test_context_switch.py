@@ -149,10 +149,10 @@ def test_switcher_alternates_worker_groups_and_repeats_move_nothing():
     try:
         switcher = ContextSwitcher(groups, {"a": ["b"], "b": ["a"]}, force=True)
         first = switcher.activate("a")  # both start on the device: only b moves out
-        assert first["switch/bytes"] == 60 and first["time/onload"] == 0.0
+        assert first["switch/bytes"] == 60 and first["time/switch_onload"] == 0.0
         assert groups["b"].call("on_device").wait() == [False]
         second = switcher.activate("b")  # a out, b in
-        assert second["switch/bytes"] == 120 and second["time/offload"] > 0
+        assert second["switch/bytes"] == 120 and second["time/switch_offload"] > 0
         assert groups["a"].call("on_device").wait() == [False]
         assert switcher.activate("b")["switch/bytes"] == 0
     finally:
@@ -187,7 +187,7 @@ def train(tmp_path, mode):
 def test_switching_every_turn_trains_to_the_same_weights(tmp_path):
     switched, a = train(tmp_path, "always")
     resident, b = train(tmp_path, "never")
-    assert switched["time/offload"] > 0 and switched["switch/bytes"] > 0
+    assert switched["time/switch_offload"] > 0 and switched["switch/bytes"] > 0
     assert "switch/bytes" not in resident
     for k, w in a["learner"]["policy"].items():
         assert torch.equal(w, b["learner"]["policy"][k]), k

@@ -234,20 +234,20 @@ class ContextSwitcher:
 
     def activate(self, name: str) -> dict[str, float]:
         """Gives the device to ``name``; seconds and bytes moved, for the run's metrics."""
-        out = {"time/offload": 0.0, "time/onload": 0.0, "switch/bytes": 0.0}
+        out = {"time/switch_offload": 0.0, "time/switch_onload": 0.0, "switch/bytes": 0.0}
         if not self.enabled:
             return out
         for other in self.plan.get(name, []):
             if other in self._on:
                 t0 = time.perf_counter()
                 stats = self.groups[other].call("offload").wait()
-                out["time/offload"] += time.perf_counter() - t0
+                out["time/switch_offload"] += time.perf_counter() - t0
                 out["switch/bytes"] += sum(s["bytes"] for s in stats)
                 self._on.discard(other)
         if name not in self._on:
             t0 = time.perf_counter()
             stats = self.groups[name].call("onload").wait()
-            out["time/onload"] += time.perf_counter() - t0
+            out["time/switch_onload"] += time.perf_counter() - t0
             out["switch/bytes"] += sum(s["bytes"] for s in stats)
             self._on.add(name)
         return out

@@ -97,7 +97,7 @@ class ReasoningRunner:
         t0 = time.perf_counter()
         weights = self.learner.call("get_weights").as_arg()
         self.rollout.call("set_weights", weights, version).wait()
-        return {"time/weight_sync": time.perf_counter() - t0}
+        return {"time/driver_weight_sync": time.perf_counter() - t0}
 
     def iterate(self, step: int) -> dict:
         """One GRPO step; its metrics."""
@@ -115,7 +115,7 @@ class ReasoningRunner:
             for k, v in self.switcher.activate("learner").items():
                 metrics[k] += v
             learn_out = self.learner.call("update", self.scored_ch, p, step).wait()
-            metrics["time/phase_generate"] = t_gen
+            metrics["time/driver_generate"] = t_gen
         metrics.update(self.sync_weights(step + 1))
         metrics.update(gen_out[0], **score_out[0], **learn_out[0], **self.timings())
         wall = time.perf_counter() - t0
