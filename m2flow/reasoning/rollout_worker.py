@@ -62,7 +62,8 @@ class ReasoningRollout(Worker):
                 out = self.engine.generate(prompts, cfg.n, seed=seed)
             tokens += int(out["completion_mask"].sum())
             for g, i in enumerate(idx):
-                group = out[g * cfg.n : (g + 1) * cfg.n]
+                group = out[g * cfg.n : (g + 1) * cfg.n].clone()  # own storage: a view
+                # would pickle the whole call's tensors into every group's message
                 group["problem"] = torch.full((cfg.n,), i, dtype=torch.long)
                 group["version"] = torch.full((cfg.n,), self.version, dtype=torch.long)
                 with self.timer("send"):
