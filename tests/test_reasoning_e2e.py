@@ -73,3 +73,33 @@ def test_pipelined_mode_refuses_a_shared_device(tmp_path):
         *SMALL])
     with pytest.raises(PlacementError, match="placement.mode=collocated"):
         ReasoningRunner(cfg)
+
+
+def test_gpu_config_runs_a_step_on_cpu_with_a_local_model_and_jsonl(tmp_path, monkeypatch, capsys):
+    """reasoning_math_grpo_qwen's code path (a local HF directory, JSONL data, math-verify,
+    KL to the reference, gradient checkpointing) on a tiny model saved here, on CPU."""
+    from m2flow.reasoning.config import ModelConfig
+    from m2flow.reasoning.model import load_model
+
+    torch.manual_seed(0)
+    cfg = ModelConfig()
+    cfg.tiny.num_hidden_layers = 1
+    model, tok = load_model(cfg)
+    model.save_pretrained(tmp_path / "qwen")
+    tok.save_pretrained(tmp_path / "qwen")
+    rows = [{"problem": f"What is {i} + {i}?", "answer": f"\\frac{{{4 * i}}}{{2}}"} for i in range(8)]
+    for name in ("train", "test"):
+        (tmp_path / f"{name}.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    monkeypatch.setenv("M2FLOW_QWEN_PATH", str(tmp_path / "qwen"))
+    monkeypatch.setenv("M2FLOW_MATH_TRAIN", str(tmp_path / "train.jsonl"))
+    monkeypatch.setenv("M2FLOW_MATH_TEST", str(tmp_path / "test.jsonl"))
+    rc = train(["--config-name", "reasoning_math_grpo_qwen", "cluster=inprocess",
+                "model.dtype=float32", "rollout.n=2", "rollout.max_new_tokens=6",
+                "rollout.prompts_per_call=2", "algorithm.prompts_per_step=2",
+                "algorithm.micro_batch_size=2", "algorithm.filter_groups=false",
+                "data.test_size=2", "runner.num_steps=1", "runner.progress_bar=false",
+                f"runner.log_dir={tmp_path / 'runs'}"])
+    assert rc == 0
+    assert "done: 1 GRPO steps" in capsys.readouterr().out
+    log = next((tmp_path / "runs").glob("*/*/train.log")).read_text()
+    assert "reward" in log
