@@ -2,14 +2,28 @@
 
 import pytest
 
-from m2flow.configs import ConfigError, load_train_config
+from m2flow.configs import ConfigError, load_run_config, load_train_config
 from m2flow.configs.loader import entry_configs
 
 
 @pytest.mark.parametrize("name", entry_configs())
-def test_every_entry_config_composes_and_validates(name):
+def test_every_entry_config_composes_and_validates(name, tmp_path, monkeypatch):
+    if name.startswith("reasoning_"):
+        (tmp_path / "config.json").write_text("{}")  # a local model directory (not loaded here)
+        monkeypatch.setenv("M2FLOW_QWEN_PATH", str(tmp_path))
+        cfg = load_run_config(name)
+        assert cfg.workload == "reasoning" and cfg.runner.num_steps > 0 and cfg.rollout.n > 1
+        with pytest.raises(ConfigError, match="reasoning config, not an embodied one"):
+            load_train_config(name)
+        return
     cfg = load_train_config(name)
     assert cfg.env.name and cfg.policy.name and cfg.runner.num_iterations > 0
+
+
+def test_gpu_reasoning_config_without_its_model_names_the_variable(monkeypatch):
+    monkeypatch.delenv("M2FLOW_QWEN_PATH", raising=False)
+    with pytest.raises(ConfigError, match="model.path"):
+        load_run_config("reasoning_math_grpo_qwen")
 
 
 def check(overrides, *fragments):

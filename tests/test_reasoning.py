@@ -5,14 +5,23 @@ import math
 
 import pytest
 import torch
-from tensordict import TensorDict
 
 from m2flow.configs import ConfigError, load_run_config
-from m2flow.reasoning.config import DataConfig, GenerationConfig, ModelConfig, ReasoningConfig
+from m2flow.reasoning.config import (
+    DataConfig,
+    GenerationConfig,
+    ModelConfig,
+    ReasoningConfig,
+)
 from m2flow.reasoning.data import DataError, make_datasets
 from m2flow.reasoning.engine import HFEngine
 from m2flow.reasoning.grpo import group_advantages, token_loss
-from m2flow.reasoning.model import ModelError, load_model, sequence_logprobs, tiny_tokenizer
+from m2flow.reasoning.model import (
+    ModelError,
+    load_model,
+    sequence_logprobs,
+    tiny_tokenizer,
+)
 from m2flow.reasoning.reward import exact_match, math_verify_reward
 
 

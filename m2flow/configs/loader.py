@@ -57,9 +57,14 @@ def plugin_search_path(overrides: Sequence[str]) -> list[str]:
 
 def load_train_config(config_name: str, overrides: Sequence[str] = ()):
     """The composed config as a ``TrainConfig`` object, with env and policy names checked."""
-    cfg = load_config(config_name, overrides)
-    obj = to_object(cfg)
-    check_names(obj)
+    from m2flow.embodied.config import TrainConfig
+
+    obj = load_run_config(config_name, overrides)
+    if not isinstance(obj, TrainConfig):
+        raise ConfigError(
+            f"config error: {config_name!r} is a {obj.workload} config, not an embodied one; "
+            "run it with m2flow-train --config-name " + config_name + "."
+        )
     return obj
 
 
