@@ -23,7 +23,7 @@ import record
 import torch
 from tensordict import TensorDict
 
-from m2flow.configs import load_train_config
+from m2flow.cli import load_run_config
 from m2flow.embodied.runner import EmbodiedRunner
 from m2flow.envs import make_env
 from m2flow.policies import make_policy
@@ -84,7 +84,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args()
     base = [f"env.num_envs={args.num_envs}", "runner.progress_bar=false"]
-    cfg = lambda *o: load_train_config(args.config, [*base, *o])  # noqa: E731
+    cfg = lambda *o: load_run_config(args.config, [*base, *o])  # noqa: E731
     modes = {
         "sim alone": SimAlone(cfg()),
         "plain loop": PlainLoop(cfg()),

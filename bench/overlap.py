@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import os
 
-from m2flow.configs import load_train_config
+from m2flow.cli import load_run_config
 from m2flow.embodied.runner import EmbodiedRunner
 
 
 def train(config: str, overlap: bool, overrides: list[str]) -> dict:
-    cfg = load_train_config(config, [
+    cfg = load_run_config(config, [
         f"runner.overlap_learner={str(overlap).lower()}", "runner.progress_bar=false",
         f"run_name=bench_overlap_{'on' if overlap else 'off'}", *overrides,
     ])

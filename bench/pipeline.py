@@ -36,7 +36,7 @@ import record
 import torch
 from tensordict import TensorDict
 
-from m2flow.configs import load_train_config
+from m2flow.cli import load_run_config
 from m2flow.embodied.runner import EmbodiedRunner
 from m2flow.envs import make_env
 from m2flow.pipelines import Channel, Placement, WorkerGroup
@@ -136,7 +136,7 @@ class M2flow:
         self.runner.collect(next(self.it))
 
     def after(self) -> None:
-        self.sink.call("drain", self.runner.traj_ch, self.runner.env_ranks).wait()
+        self.sink.call(Sink.drain, self.runner.traj_ch, self.runner.env_ranks).wait()
 
     def close(self) -> None:
         self.sink.shutdown()
@@ -145,7 +145,7 @@ class M2flow:
 
 def bench_case(case: str, args) -> dict:
     name, overrides = CASES[case]
-    cfg = load_train_config(name, [
+    cfg = load_run_config(name, [
         *overrides, f"env.num_envs={args.num_envs}", "cluster=split_cores",
         "rollout.env_groups=4", "runner.progress_bar=false",
     ])

@@ -103,7 +103,7 @@ class EchoPolicy(Policy):
         return TensorDict({"action": mean, "log_prob": zeros, "value": zeros},
                           batch_size=batch.batch_size)
 
-    def evaluate(self, batch):
+    def evaluate_actions(self, batch):
         lp = -((batch["action"] - self._mean(batch["obs"])) ** 2).sum(-1)
         return TensorDict({"log_prob": lp, "entropy": torch.zeros_like(lp),
                            "value": torch.zeros_like(lp)}, batch_size=batch.batch_size)

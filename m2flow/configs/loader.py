@@ -1,8 +1,7 @@
 """Composes a config with Hydra and turns every mistake into one sentence naming the field.
 
->>> cfg = load_train_config("maniskill_pushcube_ppo_mlp", ["env.num_envs=2"])
->>> cfg.env.num_envs
-2
+Knows no workload: the caller registers the schemas (``m2flow.configs.schema.store``) first;
+``m2flow.cli`` does that for every workload.
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ PLUGIN_GROUP = "m2flow.configs"
 
 def load_config(config_name: str, overrides: Sequence[str] = ()) -> DictConfig:
     """The composed config (typed DictConfig), or a ConfigError naming the bad field."""
-    schema.register()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module("m2flow.configs", version_base="1.3"):
@@ -55,79 +53,11 @@ def plugin_search_path(overrides: Sequence[str]) -> list[str]:
     return [f"hydra.searchpath=[{','.join(paths)}]"] if paths else []
 
 
-def load_train_config(config_name: str, overrides: Sequence[str] = ()):
-    """The composed config as a ``TrainConfig`` object, with env and policy names checked."""
-    from m2flow.embodied.config import TrainConfig
-
-    obj = load_run_config(config_name, overrides)
-    if not isinstance(obj, TrainConfig):
-        raise ConfigError(
-            f"config error: {config_name!r} is a {obj.workload} config, not an embodied one; "
-            "run it with m2flow-train --config-name " + config_name + "."
-        )
-    return obj
-
-
-def load_run_config(config_name: str, overrides: Sequence[str] = ()):
-    """Any entry config as its object: a ``TrainConfig`` (embodied) or a ``ReasoningConfig``,
-    with names checked."""
-    from m2flow.reasoning.config import ReasoningConfig
-
-    cfg = load_config(config_name, overrides)
-    obj = to_object(cfg)
-    if isinstance(obj, ReasoningConfig):
-        check_reasoning(obj)
-    else:
-        check_names(obj)
-    return obj
-
-
-def check_reasoning(cfg) -> None:
-    """Engine, reward and data source names at startup."""
-    from m2flow.reasoning.engine import ENGINES
-    from m2flow.reasoning.reward import REWARDS
-
-    checks = [
-        ("rollout.engine", cfg.rollout.engine, sorted(ENGINES)),
-        ("algorithm.reward", cfg.algorithm.reward, sorted(REWARDS)),
-        ("data.source", cfg.data.source, ["arithmetic", "jsonl", "parquet"]),
-        ("model.dtype", cfg.model.dtype, ["auto", "float32", "bfloat16", "float16"]),
-    ]
-    for field, value, known in checks:
-        if value not in known:
-            raise ConfigError(f"config error: {field}={value!r} is not one of {known}.")
-    if cfg.model.path is not None and not (Path(cfg.model.path).expanduser() / "config.json").is_file():
-        raise ConfigError(
-            f"config error: model.path={cfg.model.path!r} is not a local Hugging Face model "
-            "directory (no config.json there); point it at one, or set model.path=null for "
-            "the tiny preset."
-        )
-
-
 def to_object(cfg: DictConfig):
     try:
         return OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
         raise ConfigError(explain(e, "")) from None
-
-
-def check_names(cfg) -> None:
-    """Registry lookups at startup, not 300 lines into a rollout."""
-    from m2flow.envs import EnvError, env_class
-    from m2flow.policies import PolicyError
-    from m2flow.policies.registry import policy_class
-
-    try:
-        cls = env_class(cfg.env.name)
-        check = getattr(cls, "check_config", None)
-        if check is not None:
-            check(cfg.env)
-    except EnvError as e:
-        raise ConfigError(f"config error: {e}") from None
-    try:
-        policy_class(cfg.policy.name)
-    except PolicyError as e:
-        raise ConfigError(f"config error: policy.name: {e}") from None
 
 
 def entry_configs() -> list[str]:
@@ -183,15 +113,33 @@ def _grab(pattern: str, text: str):
 def _fields_of(owner: str) -> list[str]:
     import dataclasses
 
-    from m2flow.embodied import config as ec
-    from m2flow.embodied import ppo
-    from m2flow.envs import config as envc
-    from m2flow.pipelines import cluster, placement
-    from m2flow.policies import config as pc
-    from m2flow.reasoning import config as rc
+    cls = schema.dataclass_named(owner)
+    return [f.name for f in dataclasses.fields(cls)] if cls is not None else []
 
-    for mod in (ec, ppo, envc, cluster, placement, pc, rc):
-        cls = getattr(mod, owner, None)
-        if cls is not None and dataclasses.is_dataclass(cls):
-            return [f.name for f in dataclasses.fields(cls)]
-    return []
+
+def group_option(group: str, option: str) -> DictConfig:
+    """``cluster=inprocess`` -> the YAML of that group option, placed under its group key
+    (for merging onto a config that was not composed by Hydra, e.g. a checkpoint's)."""
+    from importlib.resources import files
+
+    path = files("m2flow.configs") / group / f"{option}.yaml"
+    if not path.is_file():
+        known = sorted(p.name[:-5] for p in (files("m2flow.configs") / group).iterdir()
+                       if p.name.endswith(".yaml"))
+        raise ConfigError(
+            f"config error: {group}={option}: no such option. Available: {', '.join(known)}."
+        )
+    node = OmegaConf.create(path.read_text()) or OmegaConf.create({})
+    node.pop("defaults", None)  # a group's schema line: the checkpoint's config already has it
+    return OmegaConf.create({group: node})
+
+
+def merge_onto(base, *configs) -> DictConfig:
+    """``configs`` merged in order onto ``base`` (a schema dataclass, whose defaults are used,
+    or a typed DictConfig); errors as one line."""
+    try:
+        if isinstance(base, type):
+            base = OmegaConf.structured(base)
+        return OmegaConf.merge(base, *configs)
+    except OmegaConfBaseException as e:
+        raise ConfigError(explain(e, "")) from None

@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from m2flow.embodied.ppo import PPOConfig
+from omegaconf import MISSING
+
+from m2flow.embodied.algorithms import AlgorithmConfig
 from m2flow.envs import EnvConfig
-from m2flow.pipelines import ClusterConfig, PlacementConfig
 from m2flow.policies import PolicyConfig
+from m2flow.runs.config import ClusterGroupConfig, RunnerBaseConfig
 
 
 @dataclass
@@ -25,7 +27,7 @@ class RolloutConfig:
 
 
 @dataclass
-class RunnerConfig:
+class RunnerConfig(RunnerBaseConfig):
     """The training loop: how long, how often to evaluate, log and checkpoint."""
 
     num_iterations: int = 100
@@ -45,10 +47,6 @@ class RunnerConfig:
     """Episodes per evaluation (rounded up to whole batches of envs)."""
     stop_at_success: Optional[float] = None
     """Stop once an evaluation's success rate reaches this (None: run all iterations)."""
-    checkpoint_interval: int = 10
-    """Save a checkpoint every N iterations (and after the last); 0: only after the last."""
-    log_dir: str = "runs"
-    """Runs are written under <log_dir>/<config name>/<timestamp>/."""
     overlap_learner: bool = False
     """Collect iteration k+1 (with the weights at hand) while the learner trains on iteration
     k; new weights reach the rollout workers mid-collection. PPO's ratio uses the stored
@@ -56,18 +54,6 @@ class RunnerConfig:
     max_staleness: int = 1
     """With overlap_learner: the most learner updates any action of a trajectory may lag
     behind the weights it is trained into (the learner refuses staler data)."""
-    channel_timeout_s: float = 600.0
-    """A channel get/put waiting longer than this fails the run (a stuck or dead worker)."""
-    progress_bar: bool = True
-    """Show a tqdm bar (the per-iteration log line is written either way)."""
-
-
-@dataclass
-class ClusterGroupConfig(ClusterConfig):
-    """The ``cluster`` group: how to reach the machines and where each component goes."""
-
-    placement: PlacementConfig = field(default_factory=PlacementConfig)
-    """Per-component resources; see m2flow.pipelines.placement."""
 
 
 @dataclass
@@ -95,10 +81,12 @@ class EvalConfig:
 class TrainConfig:
     """The root config of an embodied run."""
 
+    workload: str = "embodied"
+    """Which workload runs this config (m2flow.cli's table); set by the schema."""
     env: EnvConfig = field(default_factory=EnvConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    algorithm: PPOConfig = field(default_factory=PPOConfig)
+    algorithm: AlgorithmConfig = MISSING
     cluster: ClusterGroupConfig = field(default_factory=ClusterGroupConfig)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)

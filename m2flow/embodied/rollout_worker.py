@@ -7,8 +7,8 @@ from collections import Counter
 
 import torch
 
-from m2flow.embodied import seeding
-from m2flow.keys import POLICY_VERSION
+from m2flow import keys
+from m2flow.runs import seeding
 from m2flow.pipelines import Channel, Worker
 from m2flow.policies import PolicyConfig, make_policy
 
@@ -20,7 +20,8 @@ class RolloutWorker(Worker):
     set of weights, and every action records the version of the weights that chose it.
     """
 
-    def __init__(self, info, cfg: PolicyConfig, env_spec, seed: int, channel_timeout: float = 600.0):
+    def __init__(self, info, cfg: PolicyConfig, env_spec, *, seed: int,
+                 channel_timeout: float = 600.0):
         super().__init__(info)
         self.policy = make_policy(cfg, env_spec).to(self.device).eval()
         self.context.register(modules={"policy": self.policy})  # offloaded while the learner runs
@@ -34,7 +35,7 @@ class RolloutWorker(Worker):
         """Env steps per policy call (action chunks; 1 for single actions)."""
         return int(getattr(self.policy, "chunk", 1))
 
-    def set_weights(self, state_dict: dict, version: int = 0) -> None:
+    def set_weights(self, state_dict: dict, *, version: int = 0) -> None:
         """Copies into the policy's own tensors: into host memory while it is offloaded (the
         next onload carries them to the device)."""
         with self.timer("weight_sync"), self._lock:
@@ -42,7 +43,7 @@ class RolloutWorker(Worker):
             self.version = version
 
     def serve(
-        self, num_steps: int, obs_ch: Channel, act_ch: Channel, lanes: list,
+        self, obs_ch: Channel, act_ch: Channel, *, lanes: list, num_steps: int,
         iteration: int, deterministic: bool = False,
     ) -> None:
         """Answers ``num_steps`` observations on each lane of ``lanes`` routed to this rank.
@@ -63,7 +64,7 @@ class RolloutWorker(Worker):
                         out = self.policy.act(batch.to(self.device), deterministic=deterministic)
                         version = self.version
                     out = out.to("cpu")
-                    out[POLICY_VERSION] = torch.full(out.batch_size, version, dtype=torch.long)
+                    out[keys.POLICY_VERSION] = torch.full(out.batch_size, version, dtype=torch.long)
                     with self.timer("send"):
                         act_ch.put(out, key=lane, timeout=self.timeout)
                     self.served[lane] += 1

@@ -14,30 +14,39 @@ from __future__ import annotations
 
 import math
 import time
-from datetime import datetime
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
-from omegaconf import OmegaConf
 from tensordict import TensorDict
 
-from m2flow.embodied import checkpoint
+from m2flow.embodied.algorithms import algorithm_class
+from m2flow.embodied.checks import check_config
 from m2flow.embodied.config import TrainConfig
-from m2flow.embodied.env_worker import EnvWorker, EpisodeStats, stage_sizes
+from m2flow.embodied.env_eval import EvalRound
+from m2flow.embodied.env_worker import EnvWorker
+from m2flow.embodied.episodes import EpisodeStats
 from m2flow.embodied.learner_worker import LearnerWorker
-from m2flow.embodied.logger import RunLogger, log
 from m2flow.embodied.rollout_worker import RolloutWorker
-from m2flow.pipelines import (
-    Channel,
-    Cluster,
-    ContextSwitcher,
-    Placement,
-    WorkerGroup,
-    switch_plan,
-)
+from m2flow.pipelines import Channel
 from m2flow.pipelines.worker import Futures, gather
+from m2flow.runs.logger import log_field
+from m2flow.runs.session import RunSession
 
+WORKLOAD = "embodied"
 COMPONENTS = ("env", "rollout", "learner")
+LOG_FIELDS = [  # the per-iteration log line, after "it N | steps S"
+    log_field("sps {:.0f}", "perf/env_steps_per_s"),
+    log_field("return {:.2f}", "env/return"),
+    log_field("success {:.2f}", "env/success"),
+    log_field("eval_success {:.2f}", "eval/success"),
+    log_field("kl {:.4f}", "loss/approx_kl"),
+    log_field("vloss {:.4f}", "loss/loss_value"),
+]
+BAR_FIELDS = [
+    log_field("sps={:.0f}", "perf/env_steps_per_s"),
+    log_field("success={:.2f}", "eval/success", "env/success"),
+]
 
 
 class EmbodiedRunner:
@@ -51,22 +60,19 @@ class EmbodiedRunner:
     def __init__(self, cfg: TrainConfig, *, train: bool = True):
         self.cfg = cfg
         r = cfg.runner
-        self.cluster = Cluster(cfg.cluster)
-        self.placement = Placement(cfg.cluster.placement, self.cluster.nodes)
+        self.session = RunSession(cfg, workload=WORKLOAD)
+        self.cluster, self.placement = self.session.cluster, self.session.placement
         # who steps aside for whom on a shared device (without a learner: only checks the mode)
-        plan = switch_plan(self.placement.shares_device, ["rollout", "learner"] if train else [],
-                           cfg.cluster.context_switch)
+        plan = self.session.switch_plan(["rollout", "learner"] if train else [])
         check_config(cfg, plan)
-        self.groups: list[WorkerGroup] = []
         groups = cfg.rollout.env_groups or cfg.rollout.pipeline_stages
-        group_size = cfg.algorithm.group_size if cfg.algorithm.name == "grpo" else 1
-        self.env = self._group("env", EnvWorker, cfg.env, cfg.seed, groups, r.channel_timeout_s,
-                               group_size)
-        self.spec = self.env.call("spec", ranks=[0]).wait()[0]
-        self.rollout = self._group(
-            "rollout", RolloutWorker, cfg.policy, self.spec, cfg.seed, r.channel_timeout_s
-        )
-        self.chunk = self.rollout.call("chunk", ranks=[0]).wait()[0]  # env steps per call
+        group_size = algorithm_class(cfg.algorithm.name).reset_group_size(cfg.algorithm)
+        self.env = self.session.group("env", EnvWorker, cfg.env, seed=cfg.seed, groups=groups,
+                               channel_timeout=r.channel_timeout_s, reset_group_size=group_size)
+        self.spec = self.env.call(EnvWorker.spec, ranks=[0]).wait()[0]
+        self.rollout = self.session.group("rollout", RolloutWorker, cfg.policy, self.spec, seed=cfg.seed,
+                                   channel_timeout=r.channel_timeout_s)
+        self.chunk = self.rollout.call(RolloutWorker.chunk, ranks=[0]).wait()[0]  # env steps per call
         self.env_ranks = list(range(self.env.world_size))
         # lane (env rank e, stage k) goes to rollout rank (e * groups + k) mod N: M env workers
         # -> N rollout workers, no relay
@@ -82,16 +88,14 @@ class EmbodiedRunner:
         self._pending: Optional[_Collection] = None  # a collection started ahead (overlap)
         self._last_end: Optional[float] = None
         self.learner = None
-        self.switcher = ContextSwitcher({}, {})  # evaluation only: nobody to take turns with
+        self.switcher = self.session.switcher  # evaluation only: nobody to take turns with
         if train:
-            self.learner = self._group(
-                "learner", LearnerWorker, cfg.policy, cfg.algorithm, self.spec, cfg.seed,
-                r.num_iterations, r.channel_timeout_s,
+            self.learner = self.session.group(
+                "learner", LearnerWorker, cfg.policy, cfg.algorithm, self.spec, seed=cfg.seed,
+                num_iterations=r.num_iterations, channel_timeout=r.channel_timeout_s,
             )
-            self.switcher = ContextSwitcher(
-                {"rollout": self.rollout, "learner": self.learner}, plan,
-                force=cfg.cluster.context_switch == "always",
-            )
+            self.switcher = self.session.take_turns(
+                {"rollout": self.rollout, "learner": self.learner}, plan)
             self.traj_ch = Channel("trajectory", self.learner, item_type=TensorDict,
                                    routes={e: 0 for e in self.env_ranks})
             if cfg.resume:
@@ -107,11 +111,6 @@ class EmbodiedRunner:
         # lanes in the order env workers send them: stage by stage
         self.lanes = [(e, k) for k in range(stages) for e in self.env_ranks]
 
-    def _group(self, name: str, cls: type, *args) -> WorkerGroup:
-        group = WorkerGroup(self.cluster, name, cls, self.placement.ranks(name), *args)
-        self.groups.append(group)
-        return group
-
     # -- one iteration, step by step ---------------------------------------------------------
     def collect(self, iteration: int) -> EpisodeStats:
         """Runs ``rollout_steps`` steps of every env; trajectories go to the learner's channel."""
@@ -121,8 +120,10 @@ class EmbodiedRunner:
         r = self.cfg.runner
         return _Collection(
             iteration,
-            self.env.call("rollout", r.rollout_steps, self.obs_ch, self.act_ch, self.traj_ch,
-                          iteration, r.reset_every_iteration, r.exact_resets, self.stages),
+            self.env.call(EnvWorker.collect, self.obs_ch, self.act_ch, self.traj_ch,
+                          num_steps=r.rollout_steps, iteration=iteration,
+                          reset=r.reset_every_iteration, rebuild=r.exact_resets,
+                          stages=self.stages),
             self._serve(r.rollout_steps, iteration, deterministic=False),
         )
 
@@ -132,34 +133,37 @@ class EmbodiedRunner:
     def start_update(self, iteration: int) -> Futures:
         r = self.cfg.runner
         bound = r.max_staleness if r.overlap_learner else 0
-        return self.learner.call("update", self.traj_ch, self.env_ranks, iteration, bound)
+        return self.learner.call(LearnerWorker.update, self.traj_ch, env_ranks=self.env_ranks,
+                                 iteration=iteration, max_staleness=bound)
 
     def sync_weights(self, version: int) -> None:
         """Sends the learner's weights (the version after ``version`` updates) to the rollout."""
-        weights = self.learner.call("get_weights", ranks=[0]).as_arg()
-        self.rollout.call("set_weights", weights, version).wait()
+        weights = self.learner.call(LearnerWorker.get_weights, ranks=[0]).as_arg()
+        self.rollout.call(RolloutWorker.set_weights, weights, version=version).wait()
 
-    def evaluate(self, episodes: Optional[int] = None, deterministic: bool = True) -> dict:
+    def run_eval(self, episodes: Optional[int] = None, deterministic: bool = True) -> dict:
         """Episodes from fixed seeds (mean actions by default): ``eval/success`` and friends."""
         episodes = episodes or self.cfg.runner.eval_episodes
         self.switcher.activate("rollout")  # its cost is part of time/eval
         rounds = max(1, math.ceil(episodes / self.num_envs))
         steps = rounds * math.ceil(self.spec.max_episode_steps / self.chunk)
         env_out, _ = gather(
-            self.env.call("evaluate", rounds, self.obs_ch, self.act_ch, self.stages, self.chunk),
+            self.env.call(EnvWorker.eval_episodes, self.obs_ch, self.act_ch, rounds=rounds,
+                          stages=self.stages, chunk=self.chunk),
             self._serve(steps, 0, deterministic=deterministic),
         )
         return {k.replace("env/", "eval/"): v for k, v in _merge(env_out).summary().items()}
 
-    def evaluate_round(self, per_rank: list[dict], deterministic: bool = True) -> list[list]:
-        """One episode per env (``EnvWorker.evaluate_round``, one entry of ``per_rank`` per env
-        worker); returns each rank's list of ``EvalEpisode``."""
-        steps = per_rank[0]["max_steps"] or self.spec.max_episode_steps
+    def eval_round(self, per_rank: list[EvalRound], deterministic: bool = True) -> list[list]:
+        """One episode per env (``EnvWorker.eval_round``, one ``EvalRound`` per env worker);
+        returns each rank's list of ``EvalEpisode``."""
+        steps = per_rank[0].max_steps or self.spec.max_episode_steps
         steps = math.ceil(steps / self.chunk)
-        per_rank = [{**p, "chunk": self.chunk} for p in per_rank]
+        per_rank = [replace(p, chunk=self.chunk) for p in per_rank]
         self.switcher.activate("rollout")
         env_out, _ = gather(
-            self.env.call("evaluate_ranks", self.obs_ch, self.act_ch, per_rank, self.stages),
+            self.env.call(EnvWorker.eval_round_ranks, self.obs_ch, self.act_ch,
+                          per_rank=per_rank, stages=self.stages),
             self._serve(steps, 0, deterministic=deterministic),
         )
         return env_out
@@ -173,21 +177,17 @@ class EmbodiedRunner:
 
         torch.manual_seed(self.cfg.seed)
         policy = make_policy(self.cfg.policy, self.spec)
-        self.rollout.call("set_weights", policy.state_dict()).wait()
+        self.rollout.call(RolloutWorker.set_weights, policy.state_dict()).wait()
 
     def _serve(self, steps: int, iteration: int, deterministic: bool):
         return self.rollout.call(
-            "serve", steps, self.obs_ch, self.act_ch, self.lanes, iteration, deterministic
+            RolloutWorker.serve, self.obs_ch, self.act_ch, lanes=self.lanes, num_steps=steps,
+            iteration=iteration, deterministic=deterministic,
         )
 
     def timings(self) -> dict[str, float]:
         """Per-component seconds since the last call (slowest rank of each component)."""
-        out: dict[str, float] = {}
-        for g in self.groups:
-            per_rank = g.call("pop_timings").wait()
-            for p in {p for t in per_rank for p in t}:
-                out[f"time/{g.name}_{p}"] = max(t.get(p, 0.0) for t in per_rank)
-        return out
+        return self.session.timings()
 
     # -- the loop ----------------------------------------------------------------------------
     def iterate(self, it: int) -> dict:
@@ -237,9 +237,8 @@ class EmbodiedRunner:
     def train(self) -> dict:
         """Iterates until ``runner.num_iterations`` or ``runner.stop_at_success``; a summary."""
         cfg, r = self.cfg, self.cfg.runner
-        self.run_dir = _run_dir(cfg)
-        (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-        logger = RunLogger(self.run_dir, r.num_iterations, self.iteration, bar=r.progress_bar)
+        logger = self.session.open_run(r.num_iterations, self.iteration, LOG_FIELDS, BAR_FIELDS)
+        self.run_dir = self.session.run_dir
         logger.info(f"run dir {self.run_dir}; {self.num_envs} envs of {cfg.env.name}, "
                     f"placement {self.placement.mode}, backend {cfg.cluster.backend}")
         start_wall, result, eval_s = time.perf_counter(), {}, 0.0
@@ -249,7 +248,7 @@ class EmbodiedRunner:
                 if self._due(r.eval_interval):
                     t0 = time.perf_counter()
                     self.drain()
-                    metrics.update(self.evaluate())
+                    metrics.update(self.run_eval())
                     metrics["time/eval"] = time.perf_counter() - t0
                     eval_s += metrics["time/eval"]
                     self.timings()  # eval's worker timings are not part of the next iteration
@@ -257,12 +256,17 @@ class EmbodiedRunner:
                     result = dict(metrics)
                 stop = r.stop_at_success is not None and metrics.get("eval/success", -1.0) >= r.stop_at_success
                 logger.log(it, self.global_step, metrics)
-                if stop or self._due(r.checkpoint_interval):
+                if stop or self._due(r.checkpoint_interval) or self.session.stop_requested():
                     self.save(metrics)
+                if self.session.stop_requested():
+                    raise self.session.interrupted(self.iteration)
                 if stop:
                     logger.info(f"eval success {metrics['eval/success']:.3f} >= "
                                 f"runner.stop_at_success={r.stop_at_success}: stopping")
                     break
+        except KeyboardInterrupt:
+            self._pending = None  # its workers are stopped with the session
+            raise self.session.interrupted(self.iteration) from None
         finally:
             try:
                 self.drain()
@@ -284,32 +288,21 @@ class EmbodiedRunner:
 
     # -- checkpoints -------------------------------------------------------------------------
     def save(self, metrics: Optional[dict] = None) -> Path:
-        state = {
-            "iteration": self.iteration,
-            "global_step": self.global_step,
-            "learner": self.learner.call("state_dict", ranks=[0]).wait()[0],
-            "config": OmegaConf.to_yaml(OmegaConf.structured(self.cfg)),
-            "metrics": dict(metrics or {}),
-        }
-        path = checkpoint.save(self.run_dir / "checkpoints" / f"iter_{self.iteration:05d}.pt", state)
-        checkpoint.link_latest(path)
-        return path
+        learner = self.learner.call(LearnerWorker.state_dict, ranks=[0]).wait()[0]
+        return self.session.save(self.iteration, {"global_step": self.global_step,
+                                                  "learner": learner}, metrics)
 
     def load(self, path: str) -> None:
-        state = checkpoint.load(path)
-        self.learner.call("load_state_dict", state["learner"]).wait()
+        state = self.session.load(path)
+        self.learner.call(LearnerWorker.load_state_dict, state["learner"]).wait()
         self.iteration, self.global_step = state["iteration"], state["global_step"]
-        log.info(f"resumed from {path} at iteration {self.iteration}")
 
     def load_policy(self, state: dict) -> None:
         """Loads a checkpoint's policy weights into the rollout workers (evaluation)."""
-        self.rollout.call("set_weights", state["learner"]["policy"]).wait()
+        self.rollout.call(RolloutWorker.set_weights, state["learner"]["policy"]).wait()
 
     def close(self) -> None:
-        for g in reversed(self.groups):
-            g.shutdown()
-        self.groups = []
-        self.cluster.shutdown()
+        self.session.close()
 
 
 class _Collection:
@@ -328,35 +321,6 @@ class _Collection:
         return self._result
 
 
-def check_config(cfg: TrainConfig, plan: Optional[dict[str, list[str]]] = None) -> None:
-    """Config errors that only show in combination, before any worker starts. ``plan``: the
-    run's ``switch_plan`` (who offloads for whom), when it has a learner."""
-    stage_sizes(cfg.env.num_envs, cfg.rollout.pipeline_stages)
-    groups = cfg.rollout.env_groups
-    if groups is not None:
-        stage_sizes(cfg.env.num_envs, groups)
-        if groups < cfg.rollout.pipeline_stages:
-            raise ValueError(
-                f"rollout.env_groups={groups} < rollout.pipeline_stages="
-                f"{cfg.rollout.pipeline_stages}: a stage is one or more env groups; raise "
-                "env_groups or leave it unset."
-            )
-    r = cfg.runner
-    if r.overlap_learner and r.max_staleness < 1:
-        raise ValueError(
-            f"runner.overlap_learner=true needs runner.max_staleness >= 1 (got "
-            f"{r.max_staleness}): overlapped collection uses weights one update old."
-        )
-    if r.overlap_learner and plan and any(plan.values()):
-        raise ValueError(
-            f"runner.overlap_learner=true trains while the rollout serves, but with "
-            f"cluster.context_switch={cfg.cluster.context_switch!r} rollout and learner take "
-            "turns on their device (placed on a common GPU, or 'always'). Set "
-            "runner.overlap_learner=false, give them disjoint GPUs, or set "
-            "cluster.context_switch=never if the device holds both."
-        )
-
-
 def _sum(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
     return {k: a.get(k, 0.0) + b.get(k, 0.0) for k in a.keys() | b.keys()}
 
@@ -366,10 +330,3 @@ def _merge(parts: list[EpisodeStats]) -> EpisodeStats:
     for p in parts:
         total.extend(p)
     return total
-
-
-def _run_dir(cfg: TrainConfig) -> Path:
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-    d = Path(cfg.runner.log_dir) / cfg.run_name / stamp
-    d.mkdir(parents=True, exist_ok=True)
-    return d

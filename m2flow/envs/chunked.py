@@ -24,9 +24,9 @@ from typing import Optional, Sequence
 import torch
 from tensordict import TensorDict
 
+from m2flow import keys
 from m2flow.envs.base import BatchedEnv
 
-FLAGS = ("terminated", "truncated", "done", "success", "discarded")
 
 
 class ChunkedEnv(BatchedEnv):
@@ -79,24 +79,26 @@ class ChunkedEnv(BatchedEnv):
 def combine(outs: list[TensorDict], frames_key: Optional[str] = None) -> TensorDict:
     """K single-step results -> one chunk transition (see the module docstring)."""
     n = outs[0].batch_size[0]
-    done = torch.stack([o["next", "done"] for o in outs], dim=1)  # (n, K)
-    reward = torch.stack([o["next", "reward"] for o in outs], dim=1)
+    done = torch.stack([o[keys.DONE] for o in outs], dim=1)  # (n, K)
+    reward = torch.stack([o[keys.REWARD] for o in outs], dim=1)
     # steps that belong to the episode the chunk started in: up to its first done
     ended_before = torch.cumsum(done.long(), dim=1) - done.long() > 0
     own = ~ended_before
     last = torch.where(done.any(1), done.float().argmax(1), torch.full((n,), len(outs) - 1))
     rows = torch.arange(n)
-    nxt = {
-        "reward": (reward * own).sum(1),
-        "obs": torch.stack([o["next", "obs"] for o in outs], dim=1)[rows, last],
-        "step_reward": reward,
-        "step_done": done,
-        "num_steps": own.sum(1),
+    out = {
+        keys.OBS: outs[-1][keys.OBS],
+        keys.REWARD: (reward * own).sum(1),
+        keys.NEXT_OBS: torch.stack([o[keys.NEXT_OBS] for o in outs], dim=1)[rows, last],
+        keys.STEP_REWARD: reward,
+        keys.STEP_DONE: done,
+        keys.NUM_STEPS: own.sum(1),
     }
     if frames_key is not None:
-        nxt["frames"] = torch.stack([o["next", "obs", frames_key] for o in outs], dim=1)
-    for flag in FLAGS:
-        if flag in outs[0]["next"].keys():
-            v = torch.stack([o["next", flag] for o in outs], dim=1)
-            nxt[flag] = (v & own).any(1)
-    return TensorDict({"obs": outs[-1]["obs"], "next": nxt}, batch_size=[n])
+        out[keys.FRAMES] = torch.stack([o[(*keys.NEXT_OBS, frames_key)] for o in outs], dim=1)
+    present = outs[0].keys(include_nested=True)
+    for flag in keys.FLAGS:
+        if flag in present:
+            v = torch.stack([o[flag] for o in outs], dim=1)
+            out[flag] = (v & own).any(1)
+    return TensorDict(out, batch_size=[n])

@@ -26,7 +26,10 @@ class GymnasiumEnv(GymVectorEnv):
 
     EXAMPLE_IDS = ("gym/Pendulum-v1",)  # the registry sweep's picks
 
-    def __init__(self, cfg: EnvConfig, device: str = "cpu"):
+    @staticmethod
+    def check_config(cfg: EnvConfig) -> None:
+        """Raises EnvError for an unknown env id or an option the adapter cannot honour;
+        builds no env."""
         env_id = cfg.name.split("/", 1)[1]
         if env_id not in gym.registry:
             raise EnvError(
@@ -43,6 +46,10 @@ class GymnasiumEnv(GymVectorEnv):
                 "env.ignore_terminations=true: a generic gymnasium env cannot be stepped past "
                 "its termination; set it to false for gym/* envs."
             )
+
+    def __init__(self, cfg: EnvConfig, device: str = "cpu"):
+        env_id = cfg.name.split("/", 1)[1]
+        self.check_config(cfg)
         make = functools.partial(_make_one, env_id, cfg.max_episode_steps, dict(cfg.kwargs))
         probe = make()
         if not isinstance(probe.observation_space, gym.spaces.Box) or not isinstance(

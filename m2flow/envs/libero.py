@@ -43,6 +43,7 @@ from typing import Optional
 import gymnasium as gym
 import numpy as np
 
+from m2flow import keys
 from m2flow.envs.base import EnvError
 from m2flow.envs.config import EnvConfig
 from m2flow.envs.vector import GymVectorEnv
@@ -53,6 +54,13 @@ SUITE_MAX_STEPS = {
     "libero_goal": 300,
     "libero_10": 520,
     "libero_90": 400,
+}
+SUITE_NUM_TASKS = {  # LIBERO's benchmark.get_benchmark_dict()[suite]().n_tasks (libero 0.1.1)
+    "libero_spatial": 10,
+    "libero_object": 10,
+    "libero_goal": 10,
+    "libero_10": 10,
+    "libero_90": 90,
 }
 OBS_MODES = ("rgb", "state")
 GL_BACKENDS = ("egl", "osmesa")
@@ -183,6 +191,25 @@ class LiberoEnv(GymVectorEnv):
 
     EXAMPLE_IDS = ("LIBERO/libero_spatial",)
 
+    @staticmethod
+    def check_config(cfg: EnvConfig) -> None:
+        """Raises EnvError for an unknown suite, obs or reward mode, option, or task id; reads
+        no LIBERO file and starts no simulator."""
+        suite, opts = check_config(cfg)
+        n = SUITE_NUM_TASKS[suite]
+        ids = opts.task_ids
+        if ids is not None and (not isinstance(ids, (list, tuple)) or not ids
+                                or any(not isinstance(t, int) or not 0 <= t < n for t in ids)):
+            raise EnvError(
+                f"env.kwargs.task_ids={ids}: {suite} has tasks 0-{n - 1}; give a non-empty "
+                "list of those or null for all."
+            )
+        if not isinstance(opts.settle_steps, int) or opts.settle_steps < 0:
+            raise EnvError(f"env.kwargs.settle_steps={opts.settle_steps!r}: must be >= 0 "
+                           "(no-op steps after each reset; default 10).")
+        if opts.assets_path is not None:
+            assets_path(opts.assets_path)
+
     def __init__(self, cfg: EnvConfig, device: str = "cpu"):
         suite, opts = check_config(cfg)
         tasks = suite_tasks(suite, opts.assets_path)  # checks assets_path here, not in a child
@@ -248,12 +275,12 @@ class LiberoTaskEnv(gym.Env):
         self.ignore_terminations = ignore_terminations
         self.env, self.t = None, 0
         spaces = {
-            "state": gym.spaces.Box(-np.inf, np.inf, (PROPRIO_DIM,), np.float32),
-            "task": gym.spaces.Box(0, len(task_ids) - 1, (), np.int64),
+            keys.leaf(keys.STATE): gym.spaces.Box(-np.inf, np.inf, (PROPRIO_DIM,), np.float32),
+            keys.leaf(keys.TASK): gym.spaces.Box(0, len(task_ids) - 1, (), np.int64),
         }
         if self.render:
             img = gym.spaces.Box(0, 255, (image_size, image_size, 3), np.uint8)
-            spaces.update(rgb=img, wrist_rgb=img)
+            spaces.update({keys.leaf(keys.RGB): img, keys.leaf(keys.WRIST_RGB): img})
         self.observation_space = gym.spaces.Dict(spaces)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (ACTION_DIM,), np.float32)
         self._build(task)
@@ -304,15 +331,16 @@ class LiberoTaskEnv(gym.Env):
 
     def _obs(self, obs: dict) -> dict:
         out = {
-            "state": np.concatenate([
+            keys.leaf(keys.STATE): np.concatenate([
                 obs["robot0_eef_pos"], _quat2axisangle(obs["robot0_eef_quat"]),
                 obs["robot0_gripper_qpos"],
             ]).astype(np.float32),
-            "task": np.int64(self.task),
+            keys.leaf(keys.TASK): np.int64(self.task),
         }
         if self.render:  # upright: the raw frames are rotated 180 degrees
-            out["rgb"] = np.ascontiguousarray(obs["agentview_image"][::-1, ::-1])
-            out["wrist_rgb"] = np.ascontiguousarray(obs["robot0_eye_in_hand_image"][::-1, ::-1])
+            out[keys.leaf(keys.RGB)] = np.ascontiguousarray(obs["agentview_image"][::-1, ::-1])
+            out[keys.leaf(keys.WRIST_RGB)] = np.ascontiguousarray(
+                obs["robot0_eye_in_hand_image"][::-1, ::-1])
         return out
 
     def close(self):

@@ -22,6 +22,7 @@ import gymnasium as gym
 import torch
 from tensordict import TensorDict
 
+from m2flow import keys
 from m2flow.envs.base import BatchedEnv, EnvError, EnvSpec
 from m2flow.envs.config import EnvConfig
 from m2flow.envs.registry import suggest
@@ -44,6 +45,18 @@ class ManiSkillEnv(BatchedEnv):
             raise EnvError(
                 f"env.obs_mode={cfg.obs_mode!r}: the ManiSkill adapter renders "
                 f"{sorted(OBS_MODES)}; pick one of those."
+            )
+        rewards = getattr(spec.cls, "SUPPORTED_REWARD_MODES", None)
+        if cfg.reward_mode is not None and rewards and cfg.reward_mode not in rewards:
+            raise EnvError(
+                f"env.reward_mode={cfg.reward_mode!r}: {cfg.name} has reward modes "
+                f"{list(rewards)}; pick one of those (or null for the task's default)."
+            )
+        controls = _control_modes(spec, cfg.kwargs.get("robot_uids"))
+        if cfg.control_mode is not None and controls and cfg.control_mode not in controls:
+            raise EnvError(
+                f"env.control_mode={cfg.control_mode!r}: the robot of {cfg.name} has "
+                f"controllers {controls}; pick one of those (or null for its default)."
             )
         return spec
 
@@ -90,6 +103,25 @@ class ManiSkillEnv(BatchedEnv):
 
     def close(self) -> None:
         self._impl.close()
+
+
+def _control_modes(spec, robot_uids=None) -> list:
+    """The control modes of the task's robot, read from its agent class without building
+    the task; [] when they cannot be known that way (then the simulator checks)."""
+    import inspect
+
+    from mani_skill.agents.registration import REGISTERED_AGENTS
+
+    if robot_uids is None:
+        param = inspect.signature(spec.cls.__init__).parameters.get("robot_uids")
+        robot_uids = None if param is None else param.default
+    if not isinstance(robot_uids, str) or robot_uids not in REGISTERED_AGENTS:
+        return []
+    agent = REGISTERED_AGENTS[robot_uids].agent_cls
+    try:  # a property reading class attributes only, for most robots
+        return list(agent._controller_configs.fget(agent))
+    except Exception:  # noqa: BLE001 - a robot whose controllers need an instance
+        return []
 
 
 def _registered_task(task: str, name: str):
@@ -179,7 +211,7 @@ class _ManiSkillGPU(BatchedEnv):
         shapes = (
             {k: tuple(s.shape) for k, s in obs_space.spaces.items()}
             if isinstance(obs_space, gym.spaces.Dict)
-            else {"state": tuple(obs_space.shape)}
+            else {keys.leaf(keys.STATE): tuple(obs_space.shape)}
         )
         act = self.vec.single_action_space
         self.spec = EnvSpec(
@@ -193,7 +225,7 @@ class _ManiSkillGPU(BatchedEnv):
     def reset(self, seed: Optional[Sequence[int]] = None, *, rebuild: bool = False) -> TensorDict:
         obs, _ = self.vec.reset(seed=None if seed is None else [int(s) for s in seed],
                                 options=REBUILD if rebuild else None)
-        return TensorDict({"obs": self._obs(obs)}, batch_size=[self.num_envs])
+        return TensorDict({keys.OBS: self._obs(obs)}, batch_size=[self.num_envs])
 
     def step(self, action: torch.Tensor) -> TensorDict:
         obs, reward, terminated, truncated, info = self.vec.step(
@@ -205,15 +237,13 @@ class _ManiSkillGPU(BatchedEnv):
         success = final_info.get("success", torch.zeros_like(done))
         return TensorDict(
             {
-                "obs": self._obs(obs),
-                "next": {
-                    "obs": self._obs(final_obs),
-                    "reward": reward.float(),
-                    "terminated": terminated.bool(),
-                    "truncated": truncated.bool(),
-                    "done": done.bool(),
-                    "success": success.bool(),
-                },
+                keys.OBS: self._obs(obs),
+                keys.NEXT_OBS: self._obs(final_obs),
+                keys.REWARD: reward.float(),
+                keys.TERMINATED: terminated.bool(),
+                keys.TRUNCATED: truncated.bool(),
+                keys.DONE: done.bool(),
+                keys.SUCCESS: success.bool(),
             },
             batch_size=[self.num_envs],
             device=self.device,
@@ -225,4 +255,4 @@ class _ManiSkillGPU(BatchedEnv):
     def _obs(self, obs) -> TensorDict:
         if isinstance(obs, dict):
             return TensorDict(dict(obs), batch_size=[self.num_envs])
-        return TensorDict({"state": obs.float()}, batch_size=[self.num_envs])
+        return TensorDict({keys.leaf(keys.STATE): obs.float()}, batch_size=[self.num_envs])

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from m2flow import keys
 from m2flow.envs.base import BatchedEnv, EnvSpec
 from m2flow.envs.procs import LocalSlots, ProcessSlots, StepResult
 
@@ -65,7 +66,7 @@ class GymVectorEnv(BatchedEnv):
                 o["task"] = int(task[i])
             options.append(o or None)
         obs = self.slots.reset(seeds, options)
-        return TensorDict({"obs": self._obs(obs)}, batch_size=[self.num_envs])
+        return TensorDict({keys.OBS: self._obs(obs)}, batch_size=[self.num_envs])
 
     def step(self, action: torch.Tensor) -> TensorDict:
         self.step_async(action)
@@ -81,16 +82,14 @@ class GymVectorEnv(BatchedEnv):
         terminated, truncated = col("terminated", torch.bool), col("truncated", torch.bool)
         return TensorDict(
             {
-                "obs": self._obs([r.obs for r in results]),
-                "next": {
-                    "obs": self._obs([r.final_obs for r in results]),
-                    "reward": col("reward", torch.float32),
-                    "terminated": terminated,
-                    "truncated": truncated,
-                    "done": terminated | truncated,
-                    "success": col("success", torch.bool),
-                    "discarded": col("discarded", torch.bool),
-                },
+                keys.OBS: self._obs([r.obs for r in results]),
+                keys.NEXT_OBS: self._obs([r.final_obs for r in results]),
+                keys.REWARD: col("reward", torch.float32),
+                keys.TERMINATED: terminated,
+                keys.TRUNCATED: truncated,
+                keys.DONE: terminated | truncated,
+                keys.SUCCESS: col("success", torch.bool),
+                keys.DISCARDED: col("discarded", torch.bool),
             },
             batch_size=[self.num_envs],
         )
@@ -105,7 +104,7 @@ class GymVectorEnv(BatchedEnv):
                 batch_size=[self.num_envs],
             )
         return TensorDict(
-            {"state": torch.as_tensor(np.stack(obs), dtype=torch.float32)},
+            {keys.leaf(keys.STATE): torch.as_tensor(np.stack(obs), dtype=torch.float32)},
             batch_size=[self.num_envs],
         )
 
@@ -115,7 +114,7 @@ def _spec(slots, max_episode_steps: Optional[int], tasks: tuple = ()) -> EnvSpec
     if isinstance(space, gym.spaces.Dict):
         shapes = {k: tuple(s.shape) for k, s in space.spaces.items()}
     else:
-        shapes = {"state": tuple(space.shape)}
+        shapes = {keys.leaf(keys.STATE): tuple(space.shape)}
     act = slots.action_space
     return EnvSpec(
         obs_shapes=shapes,

@@ -141,7 +141,9 @@ class Channel:
         self._handles = list(receiver.handles) if receiver.backend == "ray" else None
         self._in_flight: dict = {}  # lane -> ObjectRef of this producer's last remote put
         # per rank: (hostname, Unix socket address) of its endpoint, for same-machine puts
-        self._addresses = receiver.call("_m2flow_open_channel", self.uid, capacity).wait()
+        from m2flow.pipelines.worker import Worker  # (worker imports this module)
+
+        self._addresses = receiver.call(Worker._m2flow_open_channel, self.uid, capacity).wait()
         self._receiver = receiver
 
     def __getstate__(self):
@@ -254,4 +256,4 @@ class Channel:
     def close(self) -> None:
         transport.close_connections(self.uid)
         if self._receiver is not None and self._receiver.handles:
-            self._receiver.call("_m2flow_close_channel", self.uid).wait()
+            self._receiver.call(self._receiver.worker_cls._m2flow_close_channel, self.uid).wait()

@@ -8,10 +8,12 @@ True
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from typing import Optional
 
 BACKENDS = ("ray", "local")
+MIN_OBJECT_STORE_MB = 75  # Ray refuses a smaller object store
 
 
 @dataclass
@@ -46,21 +48,13 @@ class Cluster:
     """Starts or joins the machines the components will be placed on."""
 
     def __init__(self, cfg: ClusterConfig):
-        if cfg.backend not in BACKENDS:
-            raise ValueError(
-                f"cluster.backend={cfg.backend!r} is not a backend; use one of {list(BACKENDS)}."
-            )
+        check_cluster(cfg)
         self.cfg = cfg
         self.backend = cfg.backend
         self._connected = False
         if cfg.backend == "ray":
             self.nodes = self._start_ray(cfg)
         else:
-            if cfg.address is not None:
-                raise ValueError(
-                    "cluster.address is set but cluster.backend='local' runs everything in this "
-                    "process; set cluster.backend=ray to join a Ray cluster."
-                )
             self.nodes = [_this_machine(cfg)]
 
     def _start_ray(self, cfg: ClusterConfig) -> list[NodeInfo]:
@@ -84,17 +78,7 @@ class Cluster:
             else:
                 ray.init(address=cfg.address, configure_logging=False)
             self._connected = True
-        alive = [n for n in ray.nodes() if n["Alive"]]
-        alive.sort(key=lambda n: (not n["Resources"].get("node:__internal_head__"), n["NodeID"]))
-        return [
-            NodeInfo(
-                node_id=n["NodeID"],
-                address=n["NodeManagerAddress"],
-                num_cpus=int(n["Resources"].get("CPU", 0)),
-                num_gpus=int(n["Resources"].get("GPU", 0)),
-            )
-            for n in alive
-        ]
+        return _ray_nodes()
 
     @property
     def num_gpus(self) -> int:
@@ -112,6 +96,63 @@ class Cluster:
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+
+
+def check_cluster(cfg: ClusterConfig) -> None:
+    """Raises ValueError (one line naming the field and the fix) for a config no cluster can
+    start with; starts nothing."""
+    if cfg.backend not in BACKENDS:
+        raise ValueError(
+            f"cluster.backend={cfg.backend!r} is not a backend; use one of {list(BACKENDS)}."
+        )
+    if cfg.backend == "local" and cfg.address is not None:
+        raise ValueError(
+            f"cluster.address={cfg.address!r} is set but cluster.backend='local' runs "
+            "everything in this process; set cluster.backend=ray to join a Ray cluster, or "
+            "cluster.address=null."
+        )
+    if cfg.num_cpus is not None and cfg.num_cpus < 1:
+        raise ValueError(f"cluster.num_cpus={cfg.num_cpus}: must be >= 1, or null for all of "
+                         "this machine's.")
+    if cfg.num_gpus is not None and cfg.num_gpus < 0:
+        raise ValueError(f"cluster.num_gpus={cfg.num_gpus}: must be >= 0, or null for all "
+                         "visible ones.")
+    if cfg.object_store_memory_mb < MIN_OBJECT_STORE_MB:
+        raise ValueError(
+            f"cluster.object_store_memory_mb={cfg.object_store_memory_mb}: Ray needs at least "
+            f"{MIN_OBJECT_STORE_MB}; raise it (default 512)."
+        )
+
+
+def planned_nodes(cfg: ClusterConfig) -> Optional[list[NodeInfo]]:
+    """The nodes a cluster built from ``cfg`` will have, known before it starts: this machine
+    (counted as the cluster counts it) for ``backend=local`` or a local Ray (``address``
+    None); None when joining a Ray cluster, whose nodes are only known once connected."""
+    check_cluster(cfg)
+    if cfg.backend == "ray":
+        ray = sys.modules.get("ray")  # not imported: not started here
+        if ray is not None and ray.is_initialized():
+            return _ray_nodes()  # the Ray this process is connected to: a Cluster reuses it
+        if cfg.address is not None:
+            return None
+    return [_this_machine(cfg)]
+
+
+def _ray_nodes() -> list[NodeInfo]:
+    """The alive nodes of the connected Ray, the head node first."""
+    import ray
+
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    alive.sort(key=lambda n: (not n["Resources"].get("node:__internal_head__"), n["NodeID"]))
+    return [
+        NodeInfo(
+            node_id=n["NodeID"],
+            address=n["NodeManagerAddress"],
+            num_cpus=int(n["Resources"].get("CPU", 0)),
+            num_gpus=int(n["Resources"].get("GPU", 0)),
+        )
+        for n in alive
+    ]
 
 
 def _this_machine(cfg: ClusterConfig) -> NodeInfo:

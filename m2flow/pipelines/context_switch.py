@@ -230,7 +230,7 @@ class ContextSwitcher:
         self._on = set(self.groups)  # every component starts with its state on its device
         if self.enabled and force:
             for g in self.groups.values():
-                g.call("set_context_force", True).wait()
+                g.call(g.worker_cls.set_context_force, True).wait()
 
     def activate(self, name: str) -> dict[str, float]:
         """Gives the device to ``name``; seconds and bytes moved, for the run's metrics."""
@@ -240,13 +240,13 @@ class ContextSwitcher:
         for other in self.plan.get(name, []):
             if other in self._on:
                 t0 = time.perf_counter()
-                stats = self.groups[other].call("offload").wait()
+                stats = self.groups[other].call(self.groups[other].worker_cls.offload).wait()
                 out["time/switch_offload"] += time.perf_counter() - t0
                 out["switch/bytes"] += sum(s["bytes"] for s in stats)
                 self._on.discard(other)
         if name not in self._on:
             t0 = time.perf_counter()
-            stats = self.groups[name].call("onload").wait()
+            stats = self.groups[name].call(self.groups[name].worker_cls.onload).wait()
             out["time/switch_onload"] += time.perf_counter() - t0
             out["switch/bytes"] += sum(s["bytes"] for s in stats)
             self._on.add(name)

@@ -17,8 +17,9 @@ Modes:
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from m2flow.pipelines.cluster import NodeInfo
 from m2flow.pipelines.errors import PlacementError
@@ -71,11 +72,11 @@ class RankResources:
 class Placement:
     """A validated placement: raises ``PlacementError`` naming the component at fault."""
 
-    def __init__(self, cfg: PlacementConfig, nodes: list[NodeInfo]):
-        if cfg.mode not in MODES:
-            raise PlacementError(
-                f"placement.mode={cfg.mode!r} is not a mode; use one of {list(MODES)}."
-            )
+    def __init__(self, cfg: PlacementConfig, nodes: list[NodeInfo],
+                 components: Optional[Sequence[str]] = None):
+        """``components``: the names the workload places (the config may list fewer); a
+        listed name outside them is an error. None: any name."""
+        check_placement(cfg, components)
         self.mode = cfg.mode
         self.nodes = nodes
         self._components = {name: _as_component(c) for name, c in cfg.components.items()}
@@ -106,10 +107,7 @@ class Placement:
 
     def _resolve(self, name: str, comp: ComponentPlacement) -> list[RankResources]:
         where = f"placement.components.{name}"
-        if comp.workers < 1:
-            raise PlacementError(f"{where}.workers={comp.workers}: a component needs >= 1 worker.")
-        if comp.cpus <= 0:
-            raise PlacementError(f"{where}.cpus={comp.cpus}: give each worker a positive CPU share.")
+        _check_component(where, comp)
         if not 0 <= comp.node < len(self.nodes):
             raise PlacementError(
                 f"{where}.node={comp.node}: the cluster has {len(self.nodes)} node(s) "
@@ -129,8 +127,6 @@ class Placement:
                     f"{where}.gpus asks for GPU {g}, but node {comp.node} has {have}; "
                     f"use existing ids or gpus=null to run '{name}' on CPU."
                 )
-        if len(set(gpus)) != len(gpus):
-            raise PlacementError(f"{where}.gpus={gpus} lists a GPU twice.")
         cores = self._cores(where, comp, node)
         return [
             RankResources(node=comp.node, cpus=float(len(c) or comp.cpus), gpu_ids=ids,
@@ -210,6 +206,41 @@ class Placement:
 
     def _gpu_set(self, name: str) -> frozenset:
         return frozenset((r.node, g) for r in self._ranks[name] for g in r.gpu_ids)
+
+
+def check_placement(cfg: PlacementConfig, components: Optional[Sequence[str]] = None) -> None:
+    """What a placement config must satisfy on any cluster (before its nodes are known): a
+    known mode, only the ``components`` given (None: any), and each component's workers, CPU
+    share, GPU and core ids in range (a node's own limits: :class:`Placement`). Raises
+    ``PlacementError``."""
+    if cfg.mode not in MODES:
+        raise PlacementError(
+            f"placement.mode={cfg.mode!r} is not a mode; use one of {list(MODES)}."
+        )
+    for name, c in cfg.components.items():
+        if components is not None and name not in components:
+            close = difflib.get_close_matches(name, list(components), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise PlacementError(
+                f"placement.components.{name}: this run has no component {name!r}; its "
+                f"components are {list(components)}.{hint}"
+            )
+        _check_component(f"placement.components.{name}", _as_component(c))
+
+
+def _check_component(where: str, comp: ComponentPlacement) -> None:
+    if comp.workers < 1:
+        raise PlacementError(f"{where}.workers={comp.workers}: a component needs >= 1 worker.")
+    if not comp.cpus > 0:
+        raise PlacementError(f"{where}.cpus={comp.cpus}: give each worker a positive CPU share.")
+    gpus = list(comp.gpus or [])
+    if any(g < 0 for g in gpus):
+        raise PlacementError(f"{where}.gpus={gpus}: GPU ids start at 0.")
+    if len(set(gpus)) != len(gpus):
+        raise PlacementError(f"{where}.gpus={gpus} lists a GPU twice.")
+    ids = list(comp.cpu_ids or [])
+    if any(c < 0 for c in ids) or len(set(ids)) != len(ids):
+        raise PlacementError(f"{where}.cpu_ids={ids}: cores must be distinct ids >= 0.")
 
 
 def _as_component(c) -> ComponentPlacement:

@@ -1,4 +1,4 @@
-"""Models behind one interface (act / evaluate / value), found through a registry."""
+"""Models behind one interface (act / evaluate_actions / value), found through a registry."""
 
 from m2flow.policies.base import Policy, PolicyError
 from m2flow.policies.config import PolicyConfig

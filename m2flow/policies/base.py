@@ -4,7 +4,7 @@ A policy maps a TensorDict of observations to actions and back to log-probs:
 
 - ``act(batch, deterministic=False)`` reads ``batch["obs"]`` and returns a TensorDict with
   ``action``, ``log_prob`` and ``value`` (used by rollout workers, under ``no_grad``);
-- ``evaluate(batch)`` reads ``obs`` and ``action`` and returns ``log_prob``, ``entropy`` and
+- ``evaluate_actions(batch)`` reads ``obs`` and ``action`` and returns ``log_prob``, ``entropy`` and
   ``value`` with gradients (used by the learner);
 - ``value(obs)`` returns the critic's estimate (bootstrapping; used by the learner);
 - ``observe(batch)`` lets the policy update statistics (e.g. observation normalisation) from a
@@ -31,7 +31,7 @@ class Policy(nn.Module, ABC):
         """Actions for ``batch["obs"]``: keys ``action`` (B, A), ``log_prob`` (B,), ``value`` (B,)."""
 
     @abstractmethod
-    def evaluate(self, batch: TensorDict) -> TensorDict:
+    def evaluate_actions(self, batch: TensorDict) -> TensorDict:
         """For ``batch["obs"]`` and ``batch["action"]``: ``log_prob``, ``entropy``, ``value``."""
 
     @abstractmethod

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 from torch import nn
 
+from m2flow import keys
 from m2flow.policies.base import PolicyError
 from m2flow.policies.config import PolicyConfig
 from m2flow.policies.mlp import ACTIVATIONS, GaussianActorCritic, _layer
@@ -210,6 +211,19 @@ class GaussianCNNPolicy(GaussianActorCritic):
     (torch.Size([3, 2]), torch.Size([3]), torch.Size([3]))
     """
 
+    @staticmethod
+    def check_config(policy_cfg: PolicyConfig, env_cfg) -> None:
+        """Raises PolicyError for a state-only env, bad heads or ``policy.kwargs``."""
+        if env_cfg.obs_mode == "state":
+            raise PolicyError(
+                "policy=cnn reads ('obs','rgb') images, but env.obs_mode=state renders none; "
+                "use env.obs_mode=rgb or policy=mlp."
+            )
+        GaussianActorCritic.check_config(policy_cfg, env_cfg)
+        opts = _options(policy_cfg.kwargs)
+        if opts.feature_dim < 1:
+            raise PolicyError(f"policy.kwargs.feature_dim={opts.feature_dim}: must be >= 1.")
+
     def __init__(self, cfg: PolicyConfig, env_spec):
         super().__init__()
         shapes = env_spec.obs_shapes
@@ -236,11 +250,11 @@ class GaussianCNNPolicy(GaussianActorCritic):
         self.state_norm = RunningNorm(state_dim) if use_norm else nn.Identity()
 
     def _features(self, obs: TensorDict) -> torch.Tensor:
-        features = self.encoder(obs["rgb"])
+        features = self.encoder(obs[keys.leaf(keys.RGB)])
         if self.has_state:
-            features = torch.cat([features, self.state_norm(obs["state"])], dim=-1)
+            features = torch.cat([features, self.state_norm(obs[keys.leaf(keys.STATE)])], dim=-1)
         return features  # (B, feature_dim + D)
 
     def observe(self, batch: TensorDict) -> None:
         if isinstance(self.state_norm, RunningNorm):
-            self.state_norm.update(batch["obs", "state"])
+            self.state_norm.update(batch[keys.STATE])

@@ -13,6 +13,7 @@ from tensordict import TensorDict
 from torch import nn
 from torch.distributions import Normal
 
+from m2flow import keys
 from m2flow.policies.base import Policy, PolicyError
 from m2flow.policies.config import PolicyConfig
 from m2flow.policies.normalizer import RunningNorm
@@ -43,6 +44,23 @@ class GaussianActorCritic(Policy):
     observations become features (an MLP policy: the normalised state; a CNN: image features
     and state); acting, scoring and the value are the same for all of them."""
 
+    @staticmethod
+    def check_config(policy_cfg: PolicyConfig, env_cfg) -> None:
+        """Raises PolicyError for heads that cannot be built (``env_cfg``: the env's config,
+        for the subclasses' obs-mode rules); builds nothing."""
+        if policy_cfg.activation not in ACTIVATIONS:
+            raise PolicyError(
+                f"policy.activation={policy_cfg.activation!r}: use one of {sorted(ACTIVATIONS)}."
+            )
+        if any(h < 1 for h in policy_cfg.hidden_sizes):
+            raise PolicyError(
+                f"policy.hidden_sizes={list(policy_cfg.hidden_sizes)}: every width must be >= 1 "
+                "(an empty list: linear heads)."
+            )
+        if not np.isfinite(policy_cfg.init_log_std):
+            raise PolicyError(f"policy.init_log_std={policy_cfg.init_log_std}: must be finite "
+                              "(e.g. -0.5).")
+
     def _build_heads(self, n_features: int, act_dim: int, cfg: PolicyConfig) -> None:
         if cfg.activation not in ACTIVATIONS:
             raise PolicyError(
@@ -64,26 +82,26 @@ class GaussianActorCritic(Policy):
         return self.critic(self._features(obs)).squeeze(-1)
 
     def act(self, batch: TensorDict, deterministic: bool = False) -> TensorDict:
-        features = self._features(batch["obs"])
+        features = self._features(batch[keys.OBS])
         dist = self._dist(features)
         action = dist.mean if deterministic else dist.sample()
         return TensorDict(
             {
-                "action": action,
-                "log_prob": dist.log_prob(action).sum(-1),
-                "value": self.critic(features).squeeze(-1),
+                keys.ACTION: action,
+                keys.LOG_PROB: dist.log_prob(action).sum(-1),
+                keys.VALUE: self.critic(features).squeeze(-1),
             },
             batch_size=batch.batch_size,
         )
 
-    def evaluate(self, batch: TensorDict) -> TensorDict:
-        features = self._features(batch["obs"])
+    def evaluate_actions(self, batch: TensorDict) -> TensorDict:
+        features = self._features(batch[keys.OBS])
         dist = self._dist(features)
         return TensorDict(
             {
-                "log_prob": dist.log_prob(batch["action"]).sum(-1),
-                "entropy": dist.entropy().sum(-1),
-                "value": self.critic(features).squeeze(-1),
+                keys.LOG_PROB: dist.log_prob(batch[keys.ACTION]).sum(-1),
+                keys.ENTROPY: dist.entropy().sum(-1),
+                keys.VALUE: self.critic(features).squeeze(-1),
             },
             batch_size=batch.batch_size,
         )
@@ -101,6 +119,15 @@ class GaussianMLPPolicy(GaussianActorCritic):
     (torch.Size([3, 2]), torch.Size([3]), torch.Size([3]))
     """
 
+    @staticmethod
+    def check_config(policy_cfg: PolicyConfig, env_cfg) -> None:
+        GaussianActorCritic.check_config(policy_cfg, env_cfg)
+        if env_cfg.obs_mode != "state":
+            raise PolicyError(
+                f"policy=mlp reads only ('obs','state'); env.obs_mode={env_cfg.obs_mode} renders "
+                "images it would ignore; use env.obs_mode=state or policy=cnn."
+            )
+
     def __init__(self, cfg: PolicyConfig, env_spec):
         super().__init__()
         if "state" not in env_spec.obs_shapes or len(env_spec.obs_shapes["state"]) != 1:
@@ -113,8 +140,8 @@ class GaussianMLPPolicy(GaussianActorCritic):
         self.obs_norm = RunningNorm(obs_dim) if cfg.normalize_obs else nn.Identity()
 
     def _features(self, obs: TensorDict) -> torch.Tensor:
-        return self.obs_norm(obs["state"])
+        return self.obs_norm(obs[keys.leaf(keys.STATE)])
 
     def observe(self, batch: TensorDict) -> None:
         if isinstance(self.obs_norm, RunningNorm):
-            self.obs_norm.update(batch["obs", "state"])
+            self.obs_norm.update(batch[keys.STATE])

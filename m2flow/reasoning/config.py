@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from m2flow.embodied.config import ClusterGroupConfig
+from m2flow.runs.config import ClusterGroupConfig, RunnerBaseConfig
 
 
 @dataclass
@@ -114,7 +114,7 @@ class WarmStartConfig:
 
 
 @dataclass
-class ReasoningRunnerConfig:
+class ReasoningRunnerConfig(RunnerBaseConfig):
     num_steps: int = 100
     """GRPO steps at most."""
     max_minutes: Optional[float] = None
@@ -123,9 +123,6 @@ class ReasoningRunnerConfig:
     """Evaluate held-out accuracy every N steps (and before the first and after the last)."""
     checkpoint_interval: int = 50
     """Save every N steps (and after the warm start and the last step); 0: only those."""
-    log_dir: str = "runs"
-    channel_timeout_s: float = 600.0
-    progress_bar: bool = True
 
 
 @dataclass

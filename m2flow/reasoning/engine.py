@@ -29,6 +29,7 @@ from abc import ABC, abstractmethod
 import torch
 from tensordict import TensorDict
 
+from m2flow import keys
 from m2flow.reasoning.config import GenerationConfig
 
 
@@ -83,11 +84,11 @@ class HFEngine(GenerationEngine):
             logprobs[:, : comp.shape[1]] = lp.cpu()
         cmask = completion_mask(completion, tok.eos_token_id)
         return TensorDict({
-            "prompt_ids": ids.repeat_interleave(n, dim=0).cpu(),
-            "prompt_mask": mask.bool().repeat_interleave(n, dim=0).cpu(),
-            "completion_ids": completion.cpu(),
-            "completion_mask": cmask.cpu(),
-            "logprobs": logprobs * cmask.cpu(),
+            keys.PROMPT_IDS: ids.repeat_interleave(n, dim=0).cpu(),
+            keys.PROMPT_MASK: mask.bool().repeat_interleave(n, dim=0).cpu(),
+            keys.COMPLETION_IDS: completion.cpu(),
+            keys.COMPLETION_MASK: cmask.cpu(),
+            keys.LOGPROBS: logprobs * cmask.cpu(),
         }, batch_size=[b])
 
     def load_weights(self, state_dict: dict) -> None:

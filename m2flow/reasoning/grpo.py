@@ -1,19 +1,34 @@
 """GRPO for language models: group-normalised advantages and the token-level clipped loss.
 
 Each prompt's ``n`` completions form a group; a completion's advantage is its reward against
-its group, ``(r - mean) / (std + eps)`` (the same function as embodied GRPO's), and every one of
-its tokens carries it. The loss is summed over tokens here and divided by the step's total
-token count after the last micro-batch (DAPO's token-level mean), so a step's gradient does
-not depend on how its completions were cut into micro-batches or when they arrived.
+its group, ``(r - mean) / (std + eps)`` (the same formula as embodied GRPO's, kept here because
+reasoning never imports embodied), and every one of its tokens carries it. The loss is
+summed over tokens here and divided by the step's total token count after the last
+micro-batch (DAPO's token-level mean), so a step's gradient does not depend on how its
+completions were cut into micro-batches or when they arrived.
 """
 
 from __future__ import annotations
 
 import torch
 
-from m2flow.embodied.grpo import group_advantages
-
 __all__ = ["group_advantages", "token_loss"]
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
+    """Per-completion advantage against its group; ``rewards`` lists groups one after another
+    (population std, so a group of equal rewards gets 0, not nan).
+
+    >>> group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0]), group_size=2)
+    tensor([ 1.0000, -1.0000, -1.0000,  1.0000,  0.0000,  0.0000])
+    """
+    if group_size < 1 or rewards.numel() % group_size:
+        raise ValueError(f"{rewards.numel()} completions do not split into groups of "
+                         f"{group_size}; rollout.n must divide them.")
+    r = rewards.float().reshape(-1, group_size)  # (groups, n)
+    mean = r.mean(dim=1, keepdim=True)
+    std = r.std(dim=1, unbiased=False, keepdim=True)
+    return ((r - mean) / (std + eps)).reshape(-1)
 
 
 def token_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,

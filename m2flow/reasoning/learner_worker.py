@@ -7,17 +7,24 @@ import copy
 import torch
 from tensordict import TensorDict
 
-from m2flow.embodied import seeding
+from m2flow import keys
 from m2flow.pipelines import Channel, Worker
 from m2flow.reasoning.batch import collate, sequences
 from m2flow.reasoning.config import ReasoningConfig
 from m2flow.reasoning.data import make_datasets
 from m2flow.reasoning.grpo import group_advantages, token_loss
-from m2flow.reasoning.model import load_model, sequence_logprobs
+from m2flow.reasoning.model import load_model, resolve_dtype, sequence_logprobs
+from m2flow.runs import seeding
+from m2flow.runs.learner import Trainer
+
+WARM_START_MAX_GRAD_NORM = 1.0
+WARM_START_WARMUP_STEPS = 20
+PRECISION_OF_DTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16"}  # anything else: fp32
 
 
 class ReasoningLearner(Worker):
-    """Owns the trained model, its optimiser and (with a KL term) a frozen reference copy."""
+    """Owns the trained model, its ``Trainer`` (AdamW, fp32 masters, autocast in the dtype of
+    ``model.dtype``) and (with a KL term) a frozen reference copy in ``model.dtype``."""
 
     def __init__(self, info, cfg: ReasoningConfig):
         super().__init__(info)
@@ -25,17 +32,26 @@ class ReasoningLearner(Worker):
         torch.manual_seed(cfg.seed)
         self.model, self.tokenizer = load_model(cfg.model, self.device)
         a = cfg.algorithm
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=a.learning_rate,
-                                           weight_decay=a.weight_decay)
         self.ref = None
         modules = {"model": self.model}
-        if a.kl_coef > 0:
+        if a.kl_coef > 0:  # copied before the Trainer makes fp32 masters: it stays in model.dtype
             self.ref = copy.deepcopy(self.model).eval().requires_grad_(False)
             modules["reference"] = self.ref
-        self.context.register(modules=modules, optimizers={"adamw": self.optimizer})
+        precision = PRECISION_OF_DTYPE.get(resolve_dtype(cfg.model.dtype, self.device), "fp32")
+        self.trainer = Trainer(
+            self.model, lambda params: torch.optim.AdamW(params, lr=a.learning_rate,
+                                                         weight_decay=a.weight_decay),
+            precision=precision, max_grad_norm=a.max_grad_norm,
+        )
+        self.context.register(modules=modules, optimizers={"adamw": self.trainer.optimizer})
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.trainer.optimizer
 
     # -- weights -----------------------------------------------------------------------------
     def get_weights(self) -> dict:
+        """CPU copies of the weights (fp32 masters; the rollout's copy casts them on load)."""
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
     def state_dict(self) -> dict:
@@ -49,7 +65,7 @@ class ReasoningLearner(Worker):
             self.ref.load_state_dict(state.get("reference", state["model"]))
 
     # -- supervised warm start ---------------------------------------------------------------
-    def warm_start(self, steps: int) -> dict:
+    def warm_start(self, *, steps: int) -> dict:
         """``steps`` of next-token training on the training set's worked solutions (prompt
         tokens masked out); its own AdamW, so GRPO's optimiser starts fresh. The reference
         model (KL) becomes the warmed-up model."""
@@ -59,25 +75,26 @@ class ReasoningLearner(Worker):
         if not train:
             raise ValueError("warm_start.steps > 0 needs worked solutions, which only "
                              "data.source=arithmetic has; set warm_start.steps=0.")
-        opt = torch.optim.AdamW(self.model.parameters(), lr=ws.learning_rate)
+        warm = Trainer(self.model, lambda params: torch.optim.AdamW(params, lr=ws.learning_rate),
+                       precision=self.trainer.precision, max_grad_norm=WARM_START_MAX_GRAD_NORM)
         g = torch.Generator().manual_seed(seeding.derive(cfg.seed, seeding.LEARN, 0, 1)[0])
         losses = []
         self.model.train()
+        warm.zero_grad()
         with self.timer("warm_start"):
             for s in range(steps):
                 idx = torch.randint(len(train), (ws.batch_size,), generator=g).tolist()
                 batch = self._sft_batch([train[i] for i in idx])
                 ids, mask, start = sequences(batch)
-                lr = ws.learning_rate * min(1.0, (s + 1) / 20) * (1 - s / steps)
-                for group in opt.param_groups:
-                    group["lr"] = lr
-                lp = sequence_logprobs(self.model, ids.to(self.device), mask.to(self.device), start)
-                m = batch["completion_mask"].to(self.device).float()
-                loss = -(lp * m).sum() / m.sum()
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-                opt.step()
+                warm.set_lr(ws.learning_rate * min(1.0, (s + 1) / WARM_START_WARMUP_STEPS)
+                            * (1 - s / steps))
+                with warm.autocast():
+                    lp = sequence_logprobs(self.model, ids.to(self.device), mask.to(self.device),
+                                           start)
+                    m = batch[keys.COMPLETION_MASK].to(self.device).float()
+                    loss = -(lp * m).sum() / m.sum()
+                warm.backward(loss)
+                warm.step()
                 losses.append(loss.item())
         self.model.zero_grad(set_to_none=True)
         if self.ref is not None:
@@ -96,13 +113,14 @@ class ReasoningLearner(Worker):
             comp[i, : len(t)] = torch.tensor(t)
         from m2flow.reasoning.engine import completion_mask
 
-        return TensorDict({"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"].bool(),
-                           "completion_ids": comp,
-                           "completion_mask": completion_mask(comp, tok.eos_token_id)},
+        return TensorDict({keys.PROMPT_IDS: enc["input_ids"],
+                           keys.PROMPT_MASK: enc["attention_mask"].bool(),
+                           keys.COMPLETION_IDS: comp,
+                           keys.COMPLETION_MASK: completion_mask(comp, tok.eos_token_id)},
                           batch_size=[len(problems)])
 
     # -- GRPO --------------------------------------------------------------------------------
-    def update(self, in_ch: Channel, num_groups: int, step: int) -> dict:
+    def update(self, in_ch: Channel, *, num_groups: int, step: int) -> dict:
         """One GRPO step over ``num_groups`` scored groups read from ``in_ch`` as they come.
 
         A micro-batch runs forward and backward as soon as ``micro_batch_size`` completions
@@ -111,19 +129,19 @@ class ReasoningLearner(Worker):
         """
         a, timeout = self.cfg.algorithm, self.cfg.runner.channel_timeout_s
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.trainer.zero_grad()
         pending: list[TensorDict] = []
         sums = {"tokens": 0.0, "loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "kl_ref": 0.0}
         kept = staleness = 0
         for _ in range(num_groups):
             with self.timer("wait"):
                 group = in_ch.get(key=0, timeout=timeout)
-            staleness = max(staleness, step - int(group["version"].min()))
-            r = group["reward"].float()
+            staleness = max(staleness, step - int(group[keys.POLICY_VERSION].min()))
+            r = group[keys.COMPLETION_REWARD].float()
             if a.filter_groups and bool((r == r[0]).all()):
                 continue
             kept += 1
-            group["advantage"] = group_advantages(r, r.numel(), a.eps)
+            group[keys.ADVANTAGE] = group_advantages(r, r.numel(), a.eps)
             pending.append(group)
             if sum(g.batch_size[0] for g in pending) >= a.micro_batch_size:
                 self._micro_batch(pending, sums)
@@ -132,14 +150,9 @@ class ReasoningLearner(Worker):
             self._micro_batch(pending, sums)
         with self.timer("learn"):
             grad_norm = 0.0
-            if sums["tokens"] > 0:
-                for p in self.model.parameters():
-                    if p.grad is not None:
-                        p.grad.div_(sums["tokens"])
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
-                                                           a.max_grad_norm).item()
-                self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            if sums["tokens"] > 0:  # the token-level mean: sums / the step's token count
+                grad_norm = self.trainer.step(grad_divisor=sums["tokens"])
+            self.trainer.zero_grad()
         n = max(sums["tokens"], 1.0)
         out = {"loss/policy": sums["loss"] / n, "loss/clip_fraction": sums["clip_fraction"] / n,
                "loss/approx_kl": sums["approx_kl"] / n, "loss/grad_norm": grad_norm,
@@ -155,15 +168,16 @@ class ReasoningLearner(Worker):
             batch = collate(groups, self.tokenizer.pad_token_id).to(self.device)
             ids, mask, start = sequences(batch)
             temp = self.cfg.rollout.temperature
-            logp = sequence_logprobs(self.model, ids, mask, start, temp)
-            ref = None
-            if self.ref is not None:
-                with torch.no_grad():
-                    ref = sequence_logprobs(self.ref, ids, mask, start, temp)
-            cmask = batch["completion_mask"]
-            loss, stats = token_loss(logp, batch["logprobs"], batch["advantage"], cmask,
-                                     a.clip_coef, ref, a.kl_coef)
-            loss.backward()
+            with self.trainer.autocast():
+                logp = sequence_logprobs(self.model, ids, mask, start, temp)
+                ref = None
+                if self.ref is not None:
+                    with torch.no_grad():
+                        ref = sequence_logprobs(self.ref, ids, mask, start, temp)
+                cmask = batch[keys.COMPLETION_MASK]
+                loss, stats = token_loss(logp, batch[keys.LOGPROBS], batch[keys.ADVANTAGE],
+                                         cmask, a.clip_coef, ref, a.kl_coef)
+            self.trainer.backward(loss)  # a token sum: divided by the step's count in update
             sums["tokens"] += float(cmask.sum())
             sums["loss"] += loss.item()
             for k, v in stats.items():

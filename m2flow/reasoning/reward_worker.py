@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from m2flow import keys
 from m2flow.pipelines import Channel, Worker
 from m2flow.reasoning.config import ReasoningConfig
 from m2flow.reasoning.data import make_datasets
@@ -23,7 +24,7 @@ class RewardWorker(Worker):
         self.train, _ = make_datasets(cfg.data, cfg.seed)
         self.score = reward_fn(cfg.algorithm.reward)
 
-    def score_step(self, in_ch: Channel, out_ch: Channel, num_groups: int) -> dict:
+    def score_step(self, in_ch: Channel, out_ch: Channel, *, num_groups: int) -> dict:
         """Scores ``num_groups`` groups from ``in_ch`` (adds ``reward``) into ``out_ch``."""
         timeout = self.cfg.runner.channel_timeout_s
         rewards, lengths = [], []
@@ -31,11 +32,11 @@ class RewardWorker(Worker):
             with self.timer("wait"):
                 group = in_ch.get(key=0, timeout=timeout)
             with self.timer("reward"):
-                answer = self.train[int(group["problem"][0])].answer
+                answer = self.train[int(group[keys.PROBLEM][0])].answer
                 r = torch.tensor([self.score(t, answer) for t in decode(self.tokenizer, group)])
-                group["reward"] = r
+                group[keys.COMPLETION_REWARD] = r
             rewards.append(r)
-            lengths.append(group["completion_mask"].sum(-1).float())
+            lengths.append(group[keys.COMPLETION_MASK].sum(-1).float())
             out_ch.put(group, key=0, timeout=timeout)
         out_ch.flush()
         r, n = torch.cat(rewards), torch.cat(lengths)

@@ -6,7 +6,8 @@ import time
 
 import torch
 
-from m2flow.embodied import seeding
+from m2flow import keys
+from m2flow.runs import seeding
 from m2flow.pipelines import Channel, Worker
 from m2flow.reasoning.config import ReasoningConfig
 from m2flow.reasoning.data import make_datasets
@@ -30,7 +31,7 @@ class ReasoningRollout(Worker):
         self.context.register(modules={"model": self.model},
                               caches={"kv_cache": self.engine.release_cache})
 
-    def set_weights(self, state_dict: dict, version: int) -> None:
+    def set_weights(self, state_dict: dict, *, version: int) -> None:
         with self.timer("weight_sync"):
             self.engine.load_weights(state_dict)
             self.version = version
@@ -48,7 +49,7 @@ class ReasoningRollout(Worker):
             out.append(self._perm[1][j])
         return out
 
-    def generate_step(self, step: int, out_ch: Channel) -> dict:
+    def generate_step(self, out_ch: Channel, *, step: int) -> dict:
         """Generates the step's groups call by call; each group goes to ``out_ch`` (key 0) as
         soon as its call returns, tagged with its problem index and the weights' version."""
         cfg = self.cfg.rollout
@@ -60,19 +61,19 @@ class ReasoningRollout(Worker):
             seed = seeding.derive(self.cfg.seed, seeding.SAMPLE, step, c)[0]
             with self.timer("generate"):
                 out = self.engine.generate(prompts, cfg.n, seed=seed)
-            tokens += int(out["completion_mask"].sum())
+            tokens += int(out[keys.COMPLETION_MASK].sum())
             for g, i in enumerate(idx):
                 group = out[g * cfg.n : (g + 1) * cfg.n].clone()  # own storage: a view
                 # would pickle the whole call's tensors into every group's message
-                group["problem"] = torch.full((cfg.n,), i, dtype=torch.long)
-                group["version"] = torch.full((cfg.n,), self.version, dtype=torch.long)
+                group[keys.PROBLEM] = torch.full((cfg.n,), i, dtype=torch.long)
+                group[keys.POLICY_VERSION] = torch.full((cfg.n,), self.version, dtype=torch.long)
                 with self.timer("send"):
                     out_ch.put(group, key=0, timeout=self.cfg.runner.channel_timeout_s)
         out_ch.flush()
         seconds = time.perf_counter() - t0
         return {"perf/gen_tokens": float(tokens), "perf/gen_s": seconds}
 
-    def evaluate(self, size: int = 0, samples: int = 0) -> dict:
+    def eval_accuracy(self, *, size: int = 0, samples: int = 0) -> dict:
         """Greedy held-out accuracy: {"accuracy", "response_len", "samples": [...]}."""
         return evaluate_problems(self.engine, self.tokenizer, self.test[: size or None],
                                  self.cfg, samples)
@@ -87,7 +88,7 @@ def evaluate_problems(engine, tokenizer, problems, cfg: ReasoningConfig, samples
         batch = problems[c : c + bs]
         out = engine.generate([p.prompt(cfg.data.template) for p in batch], 1, greedy=True)
         texts = decode(tokenizer, out)
-        for p, text, n in zip(batch, texts, out["completion_mask"].sum(-1).tolist()):
+        for p, text, n in zip(batch, texts, out[keys.COMPLETION_MASK].sum(-1).tolist()):
             ok = score(text, p.answer)
             correct.append(ok)
             lengths.append(n)
@@ -101,6 +102,6 @@ def evaluate_problems(engine, tokenizer, problems, cfg: ReasoningConfig, samples
 
 def decode(tokenizer, batch) -> list[str]:
     """Completion texts, without EOS and padding."""
-    ids, mask = batch["completion_ids"], batch["completion_mask"]
+    ids, mask = batch[keys.COMPLETION_IDS], batch[keys.COMPLETION_MASK]
     return [tokenizer.decode(row[m].tolist(), skip_special_tokens=True)
             for row, m in zip(ids, mask)]

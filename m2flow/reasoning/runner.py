@@ -18,38 +18,39 @@ token count, so the micro-batch boundaries and arrival times do not enter the re
 from __future__ import annotations
 
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Optional
 
-from omegaconf import OmegaConf
 from tensordict import TensorDict
 
-from m2flow.embodied import checkpoint
-from m2flow.embodied.logger import RunLogger
-from m2flow.pipelines import (
-    Channel,
-    Cluster,
-    ContextSwitcher,
-    Placement,
-    PlacementError,
-    WorkerGroup,
-    switch_plan,
-)
+from m2flow.pipelines import Channel, PlacementError
 from m2flow.pipelines.worker import gather
 from m2flow.reasoning.config import ReasoningConfig
 from m2flow.reasoning.learner_worker import ReasoningLearner
 from m2flow.reasoning.reward_worker import RewardWorker
 from m2flow.reasoning.rollout_worker import ReasoningRollout
+from m2flow.runs.logger import log_field
+from m2flow.runs.session import RunSession
 
+WORKLOAD = "reasoning"
 COMPONENTS = ("rollout", "reward", "learner")
+LOG_FIELDS = [  # the per-step log line, after "it N | steps S" (S: completions so far)
+    log_field("reward {:.3f}", "train/reward"),
+    log_field("len {:.1f}", "train/response_len"),
+    log_field("eval_acc {:.3f}", "eval/accuracy"),
+    log_field("gen_tok/s {:.0f}", "perf/gen_tokens_per_s"),
+]
+BAR_FIELDS = [
+    log_field("reward={:.3f}", "train/reward"),
+    log_field("eval_acc={:.3f}", "eval/accuracy", sticky=True),
+]
 
 
 class ReasoningRunner:
     def __init__(self, cfg: ReasoningConfig, *, train: bool = True):
         self.cfg = cfg
-        self.cluster = Cluster(cfg.cluster)
-        self.placement = Placement(cfg.cluster.placement, self.cluster.nodes)
+        self.session = RunSession(cfg, workload=WORKLOAD)
+        self.placement = self.session.placement
         for name in COMPONENTS:
             if self.placement.component(name).workers != 1:
                 raise PlacementError(
@@ -58,45 +59,39 @@ class ReasoningRunner:
                     "rank per component; set it to 1."
                 )
         self.mode = "collocated" if self.placement.mode == "collocated" else "pipelined"
-        plan = switch_plan(self.placement.shares_device, ["rollout", "learner"],
-                           cfg.cluster.context_switch)
+        plan = self.session.switch_plan(["rollout", "learner"])
         if self.mode == "pipelined" and any(plan.values()):
             raise PlacementError(
                 f"placement.mode={self.placement.mode} runs rollout and learner at the same time, "
                 "but they share a GPU (or cluster.context_switch=always asks them to take "
                 "turns); give them disjoint gpus or set placement.mode=collocated."
             )
-        self.groups: list[WorkerGroup] = []
-        self.rollout = self._group("rollout", ReasoningRollout, cfg)
+        self.rollout = self.session.group("rollout", ReasoningRollout, cfg)
         self.step = 0
         self.learner = None
         if train:
-            self.reward = self._group("reward", RewardWorker, cfg)
-            self.learner = self._group("learner", ReasoningLearner, cfg)
+            self.reward = self.session.group("reward", RewardWorker, cfg)
+            self.learner = self.session.group("learner", ReasoningLearner, cfg)
             p = cfg.algorithm.prompts_per_step
             self.gen_ch = Channel("generated", self.reward, capacity=p, item_type=TensorDict)
             self.scored_ch = Channel("scored", self.learner, capacity=p, item_type=TensorDict)
-            self.switcher = ContextSwitcher({"rollout": self.rollout, "learner": self.learner},
-                                            plan, force=cfg.cluster.context_switch == "always")
+            self.switcher = self.session.take_turns(
+                {"rollout": self.rollout, "learner": self.learner}, plan)
             if cfg.resume:
                 self.load(cfg.resume)
-
-    def _group(self, name: str, cls: type, *args) -> WorkerGroup:
-        group = WorkerGroup(self.cluster, name, cls, self.placement.ranks(name), *args)
-        self.groups.append(group)
-        return group
 
     # -- phases ------------------------------------------------------------------------------
     def warm_start(self) -> dict:
         metrics = self.switcher.activate("learner")
-        metrics.update(self.learner.call("warm_start", self.cfg.warm_start.steps).wait()[0])
+        metrics.update(self.learner.call(ReasoningLearner.warm_start,
+                                         steps=self.cfg.warm_start.steps).wait()[0])
         metrics.update(self.sync_weights(self.step))
         return metrics
 
     def sync_weights(self, version: int) -> dict:
         t0 = time.perf_counter()
-        weights = self.learner.call("get_weights").as_arg()
-        self.rollout.call("set_weights", weights, version).wait()
+        weights = self.learner.call(ReasoningLearner.get_weights).as_arg()
+        self.rollout.call(ReasoningRollout.set_weights, weights, version=version).wait()
         return {"time/driver_weight_sync": time.perf_counter() - t0}
 
     def iterate(self, step: int) -> dict:
@@ -104,17 +99,18 @@ class ReasoningRunner:
         p = self.cfg.algorithm.prompts_per_step
         t0 = time.perf_counter()
         metrics = self.switcher.activate("rollout")
-        gen = self.rollout.call("generate_step", step, self.gen_ch)
-        score = self.reward.call("score_step", self.gen_ch, self.scored_ch, p)
+        gen = self.rollout.call(ReasoningRollout.generate_step, self.gen_ch, step=step)
+        score = self.reward.call(RewardWorker.score_step, self.gen_ch, self.scored_ch,
+                                 num_groups=p)
         if self.mode == "pipelined":
             gen_out, score_out, learn_out = gather(
-                gen, score, self.learner.call("update", self.scored_ch, p, step))
+                gen, score, self._update(step))
         else:
             gen_out, score_out = gather(gen, score)
             t_gen = time.perf_counter() - t0
             for k, v in self.switcher.activate("learner").items():
                 metrics[k] += v
-            learn_out = self.learner.call("update", self.scored_ch, p, step).wait()
+            learn_out = self._update(step).wait()
             metrics["time/driver_generate"] = t_gen
         metrics.update(self.sync_weights(step + 1))
         metrics.update(gen_out[0], **score_out[0], **learn_out[0], **self.timings())
@@ -124,26 +120,25 @@ class ReasoningRunner:
         self.step = step + 1
         return metrics
 
-    def evaluate(self, size: int = 0, samples: int = 0) -> dict:
+    def _update(self, step: int):
+        return self.learner.call(ReasoningLearner.update, self.scored_ch,
+                                 num_groups=self.cfg.algorithm.prompts_per_step, step=step)
+
+    def eval_accuracy(self, size: int = 0, samples: int = 0) -> dict:
+        """Greedy held-out accuracy (``ReasoningRollout.eval_accuracy``)."""
         if self.learner is not None:
             self.switcher.activate("rollout")
-        out = self.rollout.call("evaluate", size, samples).wait()[0]
-        return out
+        return self.rollout.call(ReasoningRollout.eval_accuracy, size=size,
+                                 samples=samples).wait()[0]
 
     def timings(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for g in self.groups:
-            for phase, s in g.call("pop_timings").wait()[0].items():
-                if phase not in ("offload", "onload"):  # the switcher reports those
-                    out[f"time/{g.name}_{phase}"] = s
-        return out
+        return self.session.timings()
 
     # -- the loop ----------------------------------------------------------------------------
     def train(self) -> dict:
         cfg, r = self.cfg, self.cfg.runner
-        self.run_dir = _run_dir(cfg)
-        (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-        logger = RunLogger(self.run_dir, r.num_steps, self.step, bar=r.progress_bar)
+        logger = self.session.open_run(r.num_steps, self.step, LOG_FIELDS, BAR_FIELDS)
+        self.run_dir = self.session.run_dir
         logger.info(f"run dir {self.run_dir}; GRPO on "
                     f"{cfg.data.source}, mode {self.mode}, backend {cfg.cluster.backend}")
         start = time.perf_counter()
@@ -154,7 +149,7 @@ class ReasoningRunner:
                     ws = self.warm_start()
                     logger.info(f"warm start: {cfg.warm_start.steps} SFT steps, loss "
                                 f"{ws['warm_start/loss_first']:.3f} -> {ws['warm_start/loss_last']:.3f}")
-                ev = self.evaluate()
+                ev = self.eval_accuracy()
                 result["eval/accuracy_start"] = ev["accuracy"]
                 logger.info(f"held-out accuracy before GRPO: {ev['accuracy']:.3f} "
                             f"({ev['problems']} problems)")
@@ -168,18 +163,23 @@ class ReasoningRunner:
                 last = self.step == r.num_steps or over
                 if last or (r.eval_interval > 0 and self.step % r.eval_interval == 0):
                     t0 = time.perf_counter()
-                    ev = self.evaluate()
+                    ev = self.eval_accuracy()
                     metrics.update({"eval/accuracy": ev["accuracy"],
                                     "eval/response_len": ev["response_len"],
                                     "time/eval": time.perf_counter() - t0})
                     result.update(metrics)
                 logger.log(step, self.step * cfg.algorithm.prompts_per_step * cfg.rollout.n,
                            metrics)
-                if last or (r.checkpoint_interval > 0 and self.step % r.checkpoint_interval == 0):
+                due = r.checkpoint_interval > 0 and self.step % r.checkpoint_interval == 0
+                if last or due or self.session.stop_requested():
                     self.save(metrics)
+                if self.session.stop_requested():
+                    raise self.session.interrupted(self.step)
                 if over:
                     logger.info(f"runner.max_minutes={r.max_minutes} reached: stopping")
                     break
+        except KeyboardInterrupt:
+            raise self.session.interrupted(self.step) from None
         finally:
             logger.close()
         return {**result, "steps": self.step, "wall_s": time.perf_counter() - start,
@@ -188,35 +188,18 @@ class ReasoningRunner:
 
     # -- checkpoints -------------------------------------------------------------------------
     def save(self, metrics: Optional[dict] = None) -> Path:
-        state = {
-            "workload": "reasoning",
-            "iteration": self.step,
-            "learner": self.learner.call("state_dict").wait()[0],
-            "config": OmegaConf.to_yaml(OmegaConf.structured(self.cfg)),
-            "metrics": {k: v for k, v in (metrics or {}).items() if isinstance(v, (int, float))},
-        }
-        path = checkpoint.save(self.run_dir / "checkpoints" / f"step_{self.step:05d}.pt", state)
-        checkpoint.link_latest(path)
-        return path
+        learner = self.learner.call(ReasoningLearner.state_dict).wait()[0]
+        return self.session.save(self.step, {"learner": learner}, metrics, prefix="step")
 
     def load(self, path: str) -> None:
-        state = checkpoint.load(path)
-        self.learner.call("load_state_dict", state["learner"]).wait()
+        state = self.session.load(path)
+        self.learner.call(ReasoningLearner.load_state_dict, state["learner"]).wait()
         self.step = state["iteration"]
         self.sync_weights(self.step)
 
     def load_policy(self, state: dict) -> None:
-        self.rollout.call("set_weights", state["learner"]["model"], state["iteration"]).wait()
+        self.rollout.call(ReasoningRollout.set_weights, state["learner"]["model"],
+                          version=state["iteration"]).wait()
 
     def close(self) -> None:
-        for g in reversed(self.groups):
-            g.shutdown()
-        self.groups = []
-        self.cluster.shutdown()
-
-
-def _run_dir(cfg: ReasoningConfig) -> Path:
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-    d = Path(cfg.runner.log_dir) / cfg.run_name / stamp
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+        self.session.close()

@@ -18,6 +18,7 @@ Outputs of ``act``: ``action`` (B, chunk, action_dim) float, in the env's units;
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 from torch import nn
 
+from m2flow import keys
 from m2flow.policies.action_tokenizer import N_BINS, ActionStats, ActionTokenizer
 from m2flow.policies.base import Policy, PolicyError
 from m2flow.policies.config import PolicyConfig
@@ -91,6 +93,40 @@ def _options(kwargs) -> OFTOptions:
 
 
 class OpenVLAOFTPolicy(Policy):
+    @staticmethod
+    def check_config(policy_cfg: PolicyConfig, env_cfg) -> None:
+        """Raises PolicyError for a state-only env, bad ``policy.kwargs`` or a checkpoint
+        directory that is not one; loads nothing."""
+        name = policy_cfg.name
+        if env_cfg.obs_mode == "state":
+            raise PolicyError(
+                f"policy={name} reads camera images, but env.obs_mode=state renders none; "
+                "use env.obs_mode=rgb."
+            )
+        o = _options(dict(policy_cfg.kwargs))
+        sizes = {"image_size": o.image_size, "hidden_size": o.hidden_size,
+                 "num_layers": o.num_layers, "num_heads": o.num_heads,
+                 "intermediate_size": o.intermediate_size, "text_vocab": o.text_vocab}
+        for key, value in (sizes.items() if o.checkpoint is None else ()):  # else: its own
+            if value < 1:
+                raise PolicyError(f"policy.kwargs.{key}={value}: must be >= 1.")
+        if o.checkpoint is None and o.hidden_size % o.num_heads:
+            raise PolicyError(
+                f"policy.kwargs.hidden_size={o.hidden_size}: must be a multiple of "
+                f"policy.kwargs.num_heads={o.num_heads}."
+            )
+        if o.lora_rank < 0:
+            raise PolicyError(f"policy.kwargs.lora_rank={o.lora_rank}: must be >= 0 (0: no LoRA).")
+        if o.dtype not in ("auto", "float32", "bfloat16"):
+            raise PolicyError(f"policy.kwargs.dtype={o.dtype!r}: use 'auto', 'float32' or "
+                              "'bfloat16'.")
+        ckpt = o.checkpoint
+        if ckpt is not None and not (Path(ckpt).expanduser() / "config.json").is_file():
+            raise PolicyError(
+                f"policy.kwargs.checkpoint={o.checkpoint!r}: no config.json there; give a local "
+                "directory in OpenVLA's Hugging Face layout, or null for the tiny model."
+            )
+
     def __init__(self, cfg: PolicyConfig, env_spec):
         super().__init__()
         o = self.opts = _options(dict(cfg.kwargs))
@@ -173,12 +209,13 @@ class OpenVLAOFTPolicy(Policy):
         images = torch.stack([obs[k] for k in self.image_keys], dim=1)  # (B, n, H, W, 3)
         b = images.shape[0]
         dev = self.vlm.projector.fc1.weight.device
-        task = obs.get("task", None)
+        task = obs.get(keys.leaf(keys.TASK), None)
         task = torch.zeros(b, dtype=torch.long, device=dev) if task is None else task.long().to(dev)
         bos = self.vlm.embed_tokens(torch.full((b, 1), self.tokenizer.bos_token_id, device=dev))
         parts = [bos, self.vlm.image_tokens(images.to(dev))]
         if self.proprio is not None:
-            parts.append(self.proprio(obs["state"].float().to(dev))[:, None].to(bos.dtype))
+            state = obs[keys.leaf(keys.STATE)].float().to(dev)
+            parts.append(self.proprio(state)[:, None].to(bos.dtype))
         n_prefix = sum(p.shape[1] for p in parts)
         parts += [self.vlm.embed_tokens(self.prompt_ids[task]), tail.to(bos.dtype)]
         embeds = torch.cat(parts, dim=1)
@@ -220,31 +257,31 @@ class OpenVLAOFTPolicy(Policy):
     # -- Policy ----------------------------------------------------------------------------
     @torch.no_grad()
     def act(self, batch: TensorDict, deterministic: bool = False) -> TensorDict:
-        logits, value = self._forward(batch["obs"])
+        logits, value = self._forward(batch[keys.OBS])
         logp = self._log_probs(logits)
         bins = self._sample(logits, deterministic)
         tok_logp = logp.gather(-1, bins[..., None]).squeeze(-1)
         b = bins.shape[0]
         return TensorDict({
-            "action": self._to_actions(bins),
-            "action_tokens": bins,
-            "token_log_prob": tok_logp,
-            "log_prob": tok_logp.sum(-1),
-            "value": value if value is not None else torch.zeros(b, device=bins.device),
+            keys.ACTION: self._to_actions(bins),
+            keys.ACTION_TOKENS: bins,
+            keys.TOKEN_LOG_PROB: tok_logp,
+            keys.LOG_PROB: tok_logp.sum(-1),
+            keys.VALUE: value if value is not None else torch.zeros(b, device=bins.device),
         }, batch_size=[b])
 
-    def evaluate(self, batch: TensorDict) -> TensorDict:
-        logits, value = self._forward(batch["obs"])
+    def evaluate_actions(self, batch: TensorDict) -> TensorDict:
+        logits, value = self._forward(batch[keys.OBS])
         logp = self._log_probs(logits)
-        bins = batch["action_tokens"].long()
+        bins = batch[keys.ACTION_TOKENS].long()
         tok_logp = logp.gather(-1, bins[..., None]).squeeze(-1)
         entropy = -(logp.exp() * logp).sum(-1)  # per token
         b = bins.shape[0]
         return TensorDict({
-            "token_log_prob": tok_logp,
-            "log_prob": tok_logp.sum(-1),
-            "entropy": entropy.mean(-1),
-            "value": value if value is not None else torch.zeros(b, device=bins.device),
+            keys.TOKEN_LOG_PROB: tok_logp,
+            keys.LOG_PROB: tok_logp.sum(-1),
+            keys.ENTROPY: entropy.mean(-1),
+            keys.VALUE: value if value is not None else torch.zeros(b, device=bins.device),
         }, batch_size=[b])
 
     def value(self, obs: TensorDict) -> torch.Tensor:

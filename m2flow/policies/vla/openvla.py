@@ -18,6 +18,7 @@ from typing import Optional
 import torch
 from tensordict import TensorDict
 
+from m2flow import keys
 from m2flow.policies.action_tokenizer import N_BINS
 from m2flow.policies.base import PolicyError
 from m2flow.policies.config import PolicyConfig
@@ -25,6 +26,17 @@ from m2flow.policies.vla.oft import OpenVLAOFTPolicy
 
 
 class OpenVLAPolicy(OpenVLAOFTPolicy):
+    @staticmethod
+    def check_config(policy_cfg: PolicyConfig, env_cfg) -> None:
+        chunk = dict(policy_cfg.kwargs).get("chunk", 1)
+        if chunk != 1:
+            raise PolicyError(
+                f"policy.kwargs.chunk={chunk}: policy.name=openvla decodes one action per "
+                "call; use policy.name=openvla_oft for action chunks."
+            )
+        OpenVLAOFTPolicy.check_config(replace(policy_cfg, kwargs={**policy_cfg.kwargs,
+                                                                   "chunk": 1}), env_cfg)
+
     def __init__(self, cfg: PolicyConfig, env_spec):
         kwargs = dict(cfg.kwargs)
         if kwargs.get("chunk", 1) != 1:
@@ -58,7 +70,7 @@ class OpenVLAPolicy(OpenVLAOFTPolicy):
 
     @torch.no_grad()
     def act(self, batch: TensorDict, deterministic: bool = False) -> TensorDict:
-        obs = batch["obs"]
+        obs = batch[keys.OBS]
         b = obs.batch_size[0]
         dev = self.vlm.projector.fc1.weight.device
         from transformers import DynamicCache
@@ -83,22 +95,22 @@ class OpenVLAPolicy(OpenVLAOFTPolicy):
         logits, _ = self._forward(obs, bins)  # the same numbers the learner will compute
         tok_logp = self._log_probs(logits).gather(-1, bins[..., None]).squeeze(-1)
         return TensorDict({
-            "action": self._to_actions(bins),
-            "action_tokens": bins,
-            "token_log_prob": tok_logp,
-            "log_prob": tok_logp.sum(-1),
-            "value": value if value is not None else torch.zeros(b, device=dev),
+            keys.ACTION: self._to_actions(bins),
+            keys.ACTION_TOKENS: bins,
+            keys.TOKEN_LOG_PROB: tok_logp,
+            keys.LOG_PROB: tok_logp.sum(-1),
+            keys.VALUE: value if value is not None else torch.zeros(b, device=dev),
         }, batch_size=[b])
 
-    def evaluate(self, batch: TensorDict) -> TensorDict:
-        bins = batch["action_tokens"].long()
-        logits, value = self._forward(batch["obs"], bins)
+    def evaluate_actions(self, batch: TensorDict) -> TensorDict:
+        bins = batch[keys.ACTION_TOKENS].long()
+        logits, value = self._forward(batch[keys.OBS], bins)
         logp = self._log_probs(logits)
         tok_logp = logp.gather(-1, bins[..., None]).squeeze(-1)
         b = bins.shape[0]
         return TensorDict({
-            "token_log_prob": tok_logp,
-            "log_prob": tok_logp.sum(-1),
-            "entropy": -(logp.exp() * logp).sum(-1).mean(-1),
-            "value": value if value is not None else torch.zeros(b, device=bins.device),
+            keys.TOKEN_LOG_PROB: tok_logp,
+            keys.LOG_PROB: tok_logp.sum(-1),
+            keys.ENTROPY: -(logp.exp() * logp).sum(-1).mean(-1),
+            keys.VALUE: value if value is not None else torch.zeros(b, device=bins.device),
         }, batch_size=[b])

@@ -1,0 +1,206 @@
+"""``m2flow-train`` and ``m2flow-eval``: Hydra-composed configs, errors as one line.
+
+    m2flow-train                                   # the default job (PushCube, PPO, MLP)
+    m2flow-train --config-name maniskill_pickcube_ppo_mlp env.num_envs=4
+    m2flow-train --cfg                             # print the composed config and exit
+    m2flow-eval checkpoint=runs/.../checkpoints/last.pt episodes=50
+    m2flow-eval env=libero_spatial policy=cnn episodes_per_task=2
+
+This module holds the one table of workloads (below); it is the only module that knows more
+than one of them. A config names its workload in its ``workload`` field (set by its schema);
+a checkpoint carries the same tag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from typing import Optional, Sequence
+
+from m2flow.runs.workload import Workload
+
+WORKLOADS = {
+    "embodied": "m2flow.embodied.workload:WORKLOAD",
+    "reasoning": "m2flow.reasoning.workload:WORKLOAD",
+}
+DEFAULT_CONFIG = "maniskill_pushcube_ppo_mlp"
+DEFAULT_EVAL_CONFIG = "eval"  # m2flow/configs/eval.yaml
+EXIT_CONFIG, EXIT_INTERRUPTED = 2, 130
+
+
+def workload(name: str) -> Workload:
+    """The workload called ``name`` (its module is imported now)."""
+    from m2flow.configs import ConfigError
+
+    if name not in WORKLOADS:
+        raise ConfigError(f"config error: workload={name!r} is not one of {sorted(WORKLOADS)}.")
+    module, _, attr = WORKLOADS[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def register_schemas() -> None:
+    """Every workload's schemas in Hydra's ConfigStore (before composing any config)."""
+    for name in WORKLOADS:
+        workload(name).register_schemas()
+
+
+def load_run_config(config_name: str, overrides: Sequence[str] = ()):
+    """Entry config ``config_name`` with ``overrides``, as its workload's config object,
+    checked (names, ranges, cross-field rules) before anything starts.
+
+    >>> cfg = load_run_config("maniskill_pushcube_ppo_mlp", ["env.num_envs=2"])
+    >>> cfg.env.num_envs, cfg.workload
+    (2, 'embodied')
+    """
+    from m2flow.configs import load_config, to_object
+
+    register_schemas()
+    composed = load_config(config_name, overrides)
+    w = workload(composed.workload)
+    obj = to_object(composed)
+    _check(w, obj)
+    return obj
+
+
+def load_eval_config(overrides: Sequence[str]) -> tuple[object, Optional[dict]]:
+    """(config, checkpoint state or None) for ``m2flow-eval``:
+
+    - ``checkpoint=PATH [key=value ...]``: the checkpoint's own config (its workload's schema,
+      from the checkpoint's tag), overrides and config-group options on top;
+    - otherwise a Hydra-composed config (entry config ``config=NAME``, default ``eval``) with
+      the policy's initial weights: ``m2flow-eval env=libero_spatial policy=cnn``.
+    """
+    from omegaconf import OmegaConf
+
+    from m2flow.configs import ConfigError, load_config
+    from m2flow.configs.loader import group_option, merge_onto, to_object
+    from m2flow.runs import checkpoint
+
+    register_schemas()
+    pairs = []
+    for ov in overrides:
+        key, sep, value = ov.partition("=")
+        if not sep:
+            raise ConfigError(f"config error: {ov!r} is not key=value (e.g. checkpoint=path.pt).")
+        pairs.append((key, value))
+    shorthands = {"checkpoint": "eval.checkpoint", "output_dir": "eval.output_dir"}
+    if not any(k in ("checkpoint", "eval.checkpoint") for k, _ in pairs):
+        name = next((v for k, v in pairs if k == "config"), DEFAULT_EVAL_CONFIG)
+        w = workload(load_config(name).workload)  # which shorthands apply
+        shorthands.update(w.eval_shorthands)
+        rest = [f"{shorthands.get(k, k)}={v}" for k, v in pairs if k != "config"]
+        cfg = to_object(load_config(name, rest))
+        _check(w, cfg)
+        return cfg, None
+    if any(k == "config" for k, _ in pairs):
+        raise ConfigError("config error: config=NAME starts from an entry config; with "
+                          "checkpoint=PATH the checkpoint's own config is used. Drop one.")
+    path = next(v for k, v in pairs if k in ("checkpoint", "eval.checkpoint"))
+    try:
+        state = checkpoint.load(path)
+    except ValueError as e:
+        raise ConfigError(f"config error: checkpoint={path}: {e}") from None
+    w = workload(state.get("workload", "embodied"))
+    shorthands.update(w.eval_shorthands)
+    dotlist, groups = [], []
+    for key, value in pairs:
+        if key in ("env", "policy", "algorithm", "cluster", "runner"):
+            groups.append(group_option(key, value))
+        else:
+            dotlist.append(f"{shorthands.get(key, key)}={value}")
+    saved = OmegaConf.create(state["config"])
+    try:
+        base = w.typed_base(saved) if w.typed_base else w.config_class
+    except ValueError as e:  # e.g. the algorithm that wrote it is not installed here
+        raise ConfigError(f"config error: checkpoint={path}: {e}") from None
+    merged = merge_onto(base, saved, *groups, OmegaConf.from_dotlist(dotlist))
+    cfg = to_object(merged)
+    _check(w, cfg)
+    return cfg, state
+
+
+def _check(w: Workload, cfg) -> None:
+    from m2flow.configs import ConfigError
+
+    try:
+        w.check(cfg)
+    except ConfigError:
+        raise
+    except ValueError as e:  # a component's own check: make it the one config-error line
+        text = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(text if text.startswith("config error") else f"config error: {text}") from None
+
+
+def train(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="m2flow-train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config-name", "-cn", default=DEFAULT_CONFIG,
+                        help=f"entry config in m2flow/configs (default: {DEFAULT_CONFIG})")
+    parser.add_argument("--cfg", action="store_true", help="print the composed config and exit")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. env.num_envs=4 cluster=inprocess")
+    args = parser.parse_args(argv)
+    from m2flow.configs import ConfigError
+
+    try:
+        cfg = load_run_config(args.config_name, args.overrides)
+    except ConfigError as e:
+        print(f"m2flow-train: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.cfg:
+        from omegaconf import OmegaConf
+
+        print(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+        return 0
+    _setup_logging()
+    return _interruptible("m2flow-train", lambda: workload(cfg.workload).train(cfg))
+
+
+def evaluate(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="m2flow-eval", description=EVAL_HELP,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("overrides", nargs="*",
+                        help="checkpoint=PATH or config groups (env=..., policy=...), "
+                             "episodes_per_task=N, videos_per_task=K, and dotted overrides")
+    args = parser.parse_args(argv)
+    from m2flow.configs import ConfigError
+
+    try:
+        cfg, state = load_eval_config(args.overrides)
+    except ConfigError as e:
+        print(f"m2flow-eval: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    _setup_logging()
+    return _interruptible("m2flow-eval", lambda: workload(cfg.workload).evaluate(cfg, state),
+                          graceful=False)
+
+
+def _interruptible(prog: str, run, graceful: bool = True) -> int:
+    """Runs ``run``; Ctrl-C ends it with one line naming the last checkpoint. ``graceful``:
+    the first Ctrl-C lets a training run finish its iteration and save (see
+    ``runs.session.stop_on_ctrl_c``)."""
+    from m2flow.runs.session import RunInterrupted, stop_on_ctrl_c
+
+    if graceful:
+        stop_on_ctrl_c()
+    try:
+        return run()
+    except (KeyboardInterrupt, RunInterrupted) as e:
+        where = getattr(e, "describe", lambda: "")()
+        print(f"\n{prog}: interrupted{where}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+EVAL_HELP = """m2flow-eval: N episodes per task of any registered env, with a checkpoint or a policy
+config's initial weights; writes results.json, results.md and MP4 videos.
+
+    m2flow-eval checkpoint=runs/.../checkpoints/last.pt episodes=64
+    m2flow-eval env=libero_spatial policy=cnn episodes_per_task=2 videos_per_task=1
+    m2flow-eval config=libero_spatial_ppo_cnn episodes_per_task=50
+    m2flow-eval checkpoint=runs/reasoning_arith_grpo_tiny/.../checkpoints/last.pt size=200
+"""
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

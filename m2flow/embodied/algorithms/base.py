@@ -1,0 +1,125 @@
+"""What an embodied algorithm is: a config, a ``prepare`` (advantages and targets on the env
+workers' trajectories) and a ``loss`` on minibatches; the learner worker runs the loop.
+
+The generic loop (``m2flow.embodied.learner_worker``), per update::
+
+    batch, metrics = algorithm.prepare(policy, traj, iteration=i, staleness=s)  # (N, T) -> (B,)
+    for each epoch, for each minibatch mb of a seeded permutation of batch:
+        mb = algorithm.minibatch(mb)                 # whole-minibatch statistics
+        for each micro-batch of mb:                  # weighted by its share of mb
+            terms = algorithm.loss(policy, micro)    # loss_* terms (summed) + diagnostics
+        clip, optimiser step
+    after each epoch: algorithm.stop_early(last terms) ends the loop
+    metrics |= algorithm.batch_metrics(batch)
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar, Optional
+
+from omegaconf import MISSING
+from tensordict import TensorDict
+
+from m2flow import keys
+
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+class AlgorithmError(ValueError):
+    """Bad algorithm input: an unknown name, a value out of range, a dataset that is not one."""
+
+
+@dataclass
+class AlgorithmConfig:
+    """The fields the generic learner loop reads; each algorithm's config extends it."""
+
+    name: str = MISSING
+    """Registered algorithm name (ppo | grpo | bc | a plugin's)."""
+    learning_rate: float = 3e-4
+    """Adam step size."""
+    anneal_lr: bool = False
+    """Decay the step size linearly to 0 over runner.num_iterations (cleanRL's anneal_lr)."""
+    update_epochs: int = 4
+    """Passes over each iteration's batch."""
+    num_minibatches: int = 4
+    """Minibatches per epoch (one optimiser step each)."""
+    micro_batch_size: Optional[int] = None
+    """Samples per forward/backward (gradients accumulate over a minibatch); None: the whole
+    minibatch at once. Changes memory, not the update."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip."""
+    precision: str = "auto"
+    """auto | fp32 | bf16: the autocast dtype of the learner's forward/backward; parameters
+    and optimiser state are fp32 either way. auto: bf16 when the policy's own parameters are
+    bf16 (e.g. a VLA built with dtype bfloat16), else fp32."""
+
+    def validate(self) -> None:
+        """Raises AlgorithmError (a ValueError) naming the first field out of range."""
+        _check(self, "learning_rate", self.learning_rate > 0, "must be > 0.")
+        _check(self, "update_epochs", self.update_epochs >= 1, "must be >= 1.")
+        _check(self, "num_minibatches", self.num_minibatches >= 1, "must be >= 1.")
+        _check(self, "micro_batch_size",
+               self.micro_batch_size is None or self.micro_batch_size >= 1,
+               "must be >= 1, or null for the whole minibatch.")
+        _check(self, "max_grad_norm", self.max_grad_norm > 0, "must be > 0.")
+        _check(self, "precision", self.precision in PRECISIONS,
+               f"use one of {', '.join(PRECISIONS)}.")
+
+
+def _check(cfg, field: str, ok: bool, fix: str) -> None:
+    if not ok:
+        raise AlgorithmError(f"algorithm.{field}={getattr(cfg, field)!r}: {fix}")
+
+
+class Algorithm(ABC):
+    """One embodied RL (or supervised) algorithm, built by the learner worker as
+    ``cls(cfg, action_dim=..., seed=...)``; ``cfg`` is an instance of ``config_class``."""
+
+    config_class: ClassVar[type] = AlgorithmConfig
+    """Its config dataclass: the Hydra schema of ``algorithm=<name>``."""
+    needs_critic: ClassVar[bool] = False
+    """Whether ``loss`` trains the policy's ``value`` (PPO) or ignores it (GRPO, BC)."""
+
+    def __init__(self, cfg, *, action_dim: int, seed: int):
+        cfg.validate()
+        self.cfg, self.action_dim, self.seed = cfg, action_dim, seed
+
+    @classmethod
+    def reset_group_size(cls, cfg) -> int:
+        """Envs per group that reset to one initial state (1: every env its own)."""
+        return 1
+
+    @abstractmethod
+    def prepare(self, policy, traj: TensorDict, *, iteration: int,
+                staleness: int) -> tuple[TensorDict, dict]:
+        """The (N, T) trajectory of the env workers -> (the flat training batch (B,) with
+        steps whose ``valid`` is False dropped, metrics). ``staleness``: how many updates
+        the oldest action lags behind the policy now."""
+
+    def minibatch(self, mb: TensorDict) -> TensorDict:
+        """A whole minibatch before it is cut into micro-batches (statistics over the
+        minibatch go here, so micro-batching does not change the update)."""
+        return mb
+
+    @abstractmethod
+    def loss(self, policy, mb: TensorDict) -> TensorDict:
+        """``loss_*`` terms (the learner sums them) and diagnostics, batch_size []; each a
+        per-sample mean, so micro-batches weighted by their share add up to the minibatch."""
+
+    def stop_early(self, terms: dict) -> bool:
+        """After an epoch, on its last minibatch's terms: True ends the update."""
+        return False
+
+    def batch_metrics(self, batch: TensorDict) -> dict:
+        """Metrics of the whole prepared batch after the update (named with their prefix)."""
+        return {}
+
+
+def flatten_valid(traj: TensorDict) -> TensorDict:
+    """(N, T) -> (N*T,), without the steps whose ``valid`` is False (a lost episode's)."""
+    flat = traj.reshape(-1)  # (N*T,)
+    if keys.VALID in flat.keys():
+        flat = flat[flat[keys.VALID]]
+    return flat

@@ -1,0 +1,145 @@
+"""Embodied GRPO: group-relative episode advantages (no critic) and the clipped policy loss.
+
+Envs come in groups of ``group_size`` that reset to one initial state; each env's first
+episode of an iteration is one sample of its group, its advantage against the group goes to
+every step of it, and groups whose episodes all share one outcome are dropped (see
+:mod:`m2flow.embodied.algorithms.advantages`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from tensordict import TensorDict
+
+from m2flow import keys
+from m2flow.embodied.algorithms.advantages import first_episodes, group_advantages, keep_groups
+from m2flow.embodied.algorithms.base import Algorithm, AlgorithmConfig, _check, flatten_valid
+from m2flow.embodied.algorithms.losses import clipped_surrogate, ratio_stats
+
+LOGPROB_LEVELS = ("token", "action", "chunk")
+
+
+@dataclass
+class GRPOConfig(AlgorithmConfig):
+    """Embodied GRPO hyper-parameters."""
+
+    name: str = "grpo"
+    """Registered algorithm name."""
+    learning_rate: float = 1e-5
+    """Adam step size."""
+    update_epochs: int = 1
+    """Passes over each iteration's batch."""
+    num_minibatches: int = 1
+    """Minibatches per epoch."""
+    clip_coef: float = 0.2
+    """Policy ratio clip range."""
+    ent_coef: float = 0.0
+    """Entropy bonus weight."""
+    target_kl: Optional[float] = None
+    """Stop the epoch loop early once approx KL exceeds this (None: never)."""
+    group_size: int = 8
+    """Envs per group; a group resets to one initial state (env.num_envs must be a multiple).
+    Each env's first episode of an iteration is its sample."""
+    filter_low: float = 0.0
+    """Keep a group only if its success rate is > filter_low ..."""
+    filter_high: float = 1.0
+    """... and < filter_high (defaults: drop all-failure and all-success groups; -1 and 2
+    keep every group)."""
+    logprob_level: str = "chunk"
+    """The unit of the policy ratio: 'token' (each action token), 'action' (the tokens of
+    one action summed) or 'chunk' (everything one policy call decided, summed)."""
+
+    def validate(self) -> None:
+        super().validate()
+        _check(self, "clip_coef", self.clip_coef > 0, "must be > 0.")
+        _check(self, "ent_coef", self.ent_coef >= 0, "must be >= 0.")
+        _check(self, "target_kl", self.target_kl is None or self.target_kl > 0,
+               "must be > 0, or null to never stop early.")
+        _check(self, "group_size", self.group_size >= 2,
+               "must be >= 2 (a group of one has no advantage against its group).")
+        _check(self, "filter_low", self.filter_low < self.filter_high,
+               f"must be < algorithm.filter_high={self.filter_high!r} (no group's success "
+               "rate lies between them: every group would be dropped).")
+        _check(self, "logprob_level", self.logprob_level in LOGPROB_LEVELS,
+               f"use one of {', '.join(LOGPROB_LEVELS)}.")
+
+
+class GRPO(Algorithm):
+    """``algorithm=grpo``: each env's first episode is a sample of its group; no critic."""
+
+    config_class = GRPOConfig
+    needs_critic = False
+
+    @classmethod
+    def reset_group_size(cls, cfg) -> int:
+        return cfg.group_size
+
+    @torch.no_grad()
+    def prepare(self, policy, traj: TensorDict, *, iteration: int,
+                staleness: int) -> tuple[TensorDict, dict]:
+        metrics = self.add_group_advantages(traj)
+        return flatten_valid(traj), metrics
+
+    @torch.no_grad()
+    def add_group_advantages(self, traj: TensorDict) -> dict:
+        """Writes ``advantage``, ``return`` and ``valid`` into ``traj`` (N, T): each env's
+        first episode gets its advantage against the group on every step; other steps and
+        filtered groups are not valid. Returns the ``grpo/*`` metrics."""
+        c = self.cfg
+        ret, success, steps = first_episodes(traj[keys.REWARD], traj[keys.DONE],
+                                             traj[keys.SUCCESS])
+        if keys.VALID in traj.keys():  # an episode a simulator restart lost is not a sample
+            steps &= traj[keys.VALID]
+            lost = ~traj[keys.VALID].all(1)
+            success = success & ~lost
+        keep = keep_groups(success, c.group_size, c.filter_low, c.filter_high)
+        adv = group_advantages(ret, c.group_size)
+        traj[keys.ADVANTAGE] = adv[:, None].expand(traj.shape).clone()
+        traj[keys.RETURN] = ret[:, None].expand(traj.shape).clone()
+        traj[keys.VALID] = steps & keep[:, None]
+        return {"grpo/groups_kept": float(keep.float().mean()),
+                "grpo/episode_success": float(success.float().mean()),
+                "grpo/episode_return": float(ret.mean())}
+
+    def loss(self, policy, mb: TensorDict) -> TensorDict:
+        c = self.cfg
+        return grpo_loss(policy, mb, clip_coef=c.clip_coef, ent_coef=c.ent_coef,
+                         level=c.logprob_level, action_dim=self.action_dim)
+
+    def stop_early(self, terms: dict) -> bool:
+        return self.cfg.target_kl is not None and terms["approx_kl"] > self.cfg.target_kl
+
+
+def grpo_loss(policy, mb: TensorDict, *, clip_coef: float, ent_coef: float,
+              level: str = "chunk", action_dim: int = 1) -> TensorDict:
+    """GRPO's clipped policy loss (no critic) for minibatch ``mb`` (obs, the actions, the
+    behaviour log-probs and a per-sample ``advantage``), at log-prob ``level``; a mean over
+    samples (and their tokens/actions, the same number for every sample)."""
+    out = policy.evaluate_actions(mb)
+    if level == "chunk":
+        new, old = out[keys.LOG_PROB], mb[keys.LOG_PROB]
+    else:
+        if keys.TOKEN_LOG_PROB not in mb.keys():
+            raise ValueError(
+                f"algorithm.logprob_level={level!r} needs per-token log-probs, which this "
+                "policy does not produce; use 'chunk' (or a VLA policy)."
+            )
+        new, old = out[keys.TOKEN_LOG_PROB], mb[keys.TOKEN_LOG_PROB]  # (B, Q)
+        if level == "action":
+            new = new.reshape(new.shape[0], -1, action_dim).sum(-1)  # (B, Q / A)
+            old = old.reshape(old.shape[0], -1, action_dim).sum(-1)
+    log_ratio = new - old
+    adv = mb[keys.ADVANTAGE].reshape(-1, *([1] * (log_ratio.ndim - 1))).expand_as(log_ratio)
+    entropy = out[keys.ENTROPY].mean()
+    return TensorDict(
+        {
+            "loss_policy": clipped_surrogate(log_ratio, adv, clip_coef),
+            "loss_entropy": -ent_coef * entropy,
+            **ratio_stats(log_ratio, clip_coef),
+            "entropy": entropy.detach(),
+        },
+        batch_size=[],
+    )

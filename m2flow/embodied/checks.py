@@ -1,0 +1,188 @@
+"""Start-up checks of an embodied config: every mistake is one line naming the field, the
+value and the fix, before any worker or simulator starts.
+
+In order, cheapest first: the ranges of every numeric field (the table ``RULES``), the
+algorithm's own ``validate()``, the cluster and its placement on this machine, the fields
+that must agree (``check_config``), the paths (``resume``, ``eval.checkpoint``), and registry
+names with the env's and the policy's own ``check_config`` hooks.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from m2flow.configs import ConfigError
+from m2flow.embodied.config import TrainConfig
+from m2flow.runs.checks import (
+    Rule,
+    above,
+    at_least,
+    check_cluster_config,
+    check_fields,
+    check_file,
+    check_resume,
+    check_runner_base,
+    each,
+    field_error,
+    one_of,
+    optional,
+    within,
+)
+
+COMPONENTS = ("env", "rollout", "learner")  # the runner's (m2flow.embodied.runner.COMPONENTS)
+SIM_BACKENDS = ("auto", "cpu", "gpu")
+RENDER_BACKENDS = ("auto", "none", "cpu", "gpu")
+
+RULES: list[Rule] = [
+    ("env.num_envs", at_least(1), "set the envs each env worker steps (e.g. 8)"),
+    ("env.max_episode_steps", optional(at_least(1), "the simulator's limit"),
+     "set the episode time limit in steps"),
+    ("env.image_size", at_least(1), "set the camera width and height in pixels (e.g. 64)"),
+    ("env.step_timeout_s", above(0),
+     "give the seconds a step may take before its process counts as hung (default 300)"),
+    ("env.sim_backend", one_of(SIM_BACKENDS),
+     "'auto' simulates on the env worker's GPU if it has one"),
+    ("env.render_backend", one_of(RENDER_BACKENDS), "'auto' renders only for image obs modes"),
+    ("policy.hidden_sizes", each(at_least(1)), "give layer widths such as [256, 256]"),
+    ("rollout.pipeline_stages", at_least(1),
+     "use 1 (sequential) or S > 1 to overlap simulation and inference"),
+    ("rollout.env_groups", optional(at_least(1), "rollout.pipeline_stages"),
+     "give the env groups each env worker builds"),
+    ("runner.num_iterations", at_least(1), "set it to the number of iterations to run"),
+    ("runner.rollout_steps", at_least(1), "set the env steps per env per iteration (e.g. 50)"),
+    ("runner.eval_interval", at_least(0),
+     "evaluate every N iterations, or 0 for only after the last"),
+    ("runner.eval_episodes", at_least(1), "set the episodes per evaluation (e.g. 16)"),
+    ("runner.stop_at_success", optional(within(0, 1, open_low=True), "run all iterations"),
+     "give the success rate to stop at, e.g. 0.9"),
+    ("runner.max_staleness", at_least(0), "give the updates an action may lag behind (e.g. 1)"),
+    ("eval.episodes", at_least(0), "give the episodes to run, or 0 for runner.eval_episodes"),
+    ("eval.episodes_per_task", at_least(0), "give the episodes per task, or 0 for the default"),
+    ("eval.max_steps", optional(at_least(1), "the env's limit"), "give the steps per episode"),
+    ("eval.videos_per_task", at_least(0), "give the videos per task, or 0 for none"),
+]
+
+
+def check_train_config(cfg: TrainConfig) -> None:
+    """Ranges, the algorithm's own checks, placement, cross-field rules, paths and registry
+    names of ``cfg``; raises ConfigError with one line."""
+    try:
+        check_fields(cfg, RULES)
+        check_runner_base(cfg)
+        validate = getattr(cfg.algorithm, "validate", None)
+        if validate is not None:
+            validate()
+        placement = check_cluster_config(cfg.cluster, COMPONENTS)
+        plan = None
+        if placement is not None:
+            from m2flow.pipelines import switch_plan
+
+            plan = switch_plan(placement.shares_device, ["rollout", "learner"],
+                               cfg.cluster.context_switch)
+        check_config(cfg, plan)
+        check_paths(cfg)
+        check_names(cfg)  # last: a simulator's registry can take seconds to import
+    except ConfigError:
+        raise
+    except ValueError as e:
+        text = str(e).splitlines()[0] if str(e) else type(e).__name__
+        prefix = "" if text.startswith("config error") else "config error: "
+        raise ConfigError(prefix + text) from None
+
+
+def check_names(cfg: TrainConfig) -> None:
+    """Registry lookups at startup, not 300 lines into a rollout, and the env's and the
+    policy's own ``check_config`` hooks (the policy's gets the env config too: the obs modes
+    it can read)."""
+    from m2flow.envs import EnvError, env_class
+    from m2flow.policies import PolicyError
+    from m2flow.policies.registry import policy_class
+
+    try:
+        cls = env_class(cfg.env.name)
+        check = getattr(cls, "check_config", None)
+        if check is not None:
+            check(cfg.env)
+    except EnvError as e:
+        raise ConfigError(f"config error: {e}") from None
+    try:
+        cls = policy_class(cfg.policy.name)
+    except PolicyError as e:
+        raise ConfigError(f"config error: policy.name: {e}") from None
+    check = getattr(cls, "check_config", None)
+    if check is not None:
+        try:
+            check(cfg.policy, cfg.env)
+        except PolicyError as e:
+            raise ConfigError(f"config error: {e}") from None
+
+
+def check_config(cfg: TrainConfig, plan: Optional[dict[str, list[str]]] = None) -> None:
+    """Config errors that only show in combination, before any worker starts. ``plan``: the
+    run's ``switch_plan`` (who offloads for whom), when it has a learner."""
+    n = cfg.env.num_envs
+    stages, groups = cfg.rollout.pipeline_stages, cfg.rollout.env_groups
+    if stages > n:
+        raise field_error("rollout.pipeline_stages", stages,
+                          f"must be <= env.num_envs={n} (every stage needs an env); use 1 to {n}.")
+    if groups is not None and not stages <= groups <= n:
+        raise field_error(
+            "rollout.env_groups", groups,
+            f"must be in [rollout.pipeline_stages={stages}, env.num_envs={n}] (a stage is one "
+            "or more env groups, a group one or more envs); change it or leave it unset.")
+    _check_reset_groups(cfg)
+    env = cfg.cluster.placement.components.get("env")
+    env_workers = 1 if env is None else env.workers
+    samples = n * env_workers * cfg.runner.rollout_steps
+    minibatches = getattr(cfg.algorithm, "num_minibatches", 1)
+    if minibatches > samples:
+        raise field_error(
+            "algorithm.num_minibatches", minibatches,
+            f"must be <= the {samples} samples of an iteration (env.num_envs x env workers x "
+            "runner.rollout_steps); lower it or collect more.")
+    r = cfg.runner
+    if r.overlap_learner and r.max_staleness < 1:
+        raise ValueError(
+            f"runner.overlap_learner=true needs runner.max_staleness >= 1 (got "
+            f"{r.max_staleness}): overlapped collection uses weights one update old."
+        )
+    if r.overlap_learner and plan and any(plan.values()):
+        raise ValueError(
+            f"runner.overlap_learner=true trains while the rollout serves, but with "
+            f"cluster.context_switch={cfg.cluster.context_switch!r} rollout and learner take "
+            "turns on their device (placed on a common GPU, or 'always'). Set "
+            "runner.overlap_learner=false, give them disjoint GPUs, or set "
+            "cluster.context_switch=never if the device holds both."
+        )
+
+
+def check_paths(cfg: TrainConfig) -> None:
+    """``eval.checkpoint`` and ``resume`` are checkpoints of this workload; ``eval.output_dir``
+    is not a file. ``m2flow-eval checkpoint=...`` sets ``eval.checkpoint``: then ``resume``
+    (kept in the checkpoint's config from its run, perhaps long pruned) is not read."""
+    if cfg.eval.checkpoint is not None:
+        check_file("eval.checkpoint", cfg.eval.checkpoint,
+                   "give a .pt written by m2flow-train (runs/<name>/<time>/checkpoints/last.pt)")
+    else:
+        check_resume(cfg.resume, "embodied")
+    out = cfg.eval.output_dir
+    if out is not None:
+        from pathlib import Path
+
+        if Path(out).expanduser().is_file():
+            raise field_error("eval.output_dir", out, "is a file; give a folder for the report.")
+
+
+def _check_reset_groups(cfg: TrainConfig) -> None:
+    """``env.num_envs`` (per env worker) holds whole reset groups of the algorithm (GRPO's)."""
+    from m2flow.embodied.algorithms import algorithm_class
+
+    size = algorithm_class(cfg.algorithm.name).reset_group_size(cfg.algorithm)
+    n = cfg.env.num_envs
+    if size >= 1 and n % size:
+        fit = max(size, round(n / size) * size)
+        raise field_error(
+            "env.num_envs", n,
+            f"must be a multiple of {size}, the envs of one reset group of "
+            f"algorithm={cfg.algorithm.name} (e.g. algorithm.group_size): each env worker holds "
+            f"whole groups that reset to one initial state; use env.num_envs={fit}.")

@@ -1,0 +1,226 @@
+"""``m2flow-eval``'s protocol: N episodes per task, envs in parallel, a report and videos.
+
+Episode e of task j runs on some env slot (env worker rank, env index) in some round; every
+slot runs one counted episode per round (its first), so a round of M env workers with n envs
+each evaluates M*n episodes at once. Seeds: a multi-task env (``spec.tasks``, e.g. LIBERO)
+starts episode e from seed e, which LIBERO maps to the task's init state e (the LIBERO
+protocol); a one-task env uses the seeds of training-time evaluation, so both agree.
+
+Writes into the output folder: ``results.json`` (per task and mean), ``results.md`` (the
+same as a Markdown table) and ``videos/task<j>_<task>_ep<e>_<success|failure>.mp4`` for the
+first ``videos_per_task`` episodes of each task (from the env's image observation).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from m2flow.runs import seeding
+from m2flow.embodied.env_eval import EvalRound
+from m2flow.embodied.episodes import EvalEpisode
+
+VIDEO_FPS = 20  # LIBERO and ManiSkill control at 20 Hz
+MULTI_TASK_EPISODES = 50  # the LIBERO protocol: 50 episodes per task
+
+
+@dataclass
+class Slot:
+    """What one env runs in a round: episode ``episode`` of ``task`` (None: a filler, not
+    counted, since the round has more envs than episodes left)."""
+
+    task: int
+    episode: Optional[int]
+    seed: int
+    video: bool = False
+
+
+@dataclass
+class TaskResult:
+    task: int
+    name: str
+    episodes: int = 0
+    successes: int = 0
+    discarded: int = 0
+    returns: list = field(default_factory=list)
+    lengths: list = field(default_factory=list)
+
+    @property
+    def success_rate(self) -> float:
+        return self.successes / self.episodes if self.episodes else float("nan")
+
+    def row(self) -> dict:
+        n = max(1, self.episodes)
+        return {
+            "task": self.task, "name": self.name, "episodes": self.episodes,
+            "successes": self.successes, "success_rate": self.success_rate,
+            "mean_return": sum(self.returns) / n, "mean_length": sum(self.lengths) / n,
+            "discarded": self.discarded,
+        }
+
+
+def plan(num_tasks: int, per_task: int, ranks: int, envs_per_rank: int, base_seed: int,
+         videos_per_task: int, one_task_env: bool = False) -> list[list[list[Slot]]]:
+    """Rounds -> env worker ranks -> slots. Episodes are laid out task by task. Episode e
+    starts from seed e, or, for a one-task env, from training-time evaluation's seeds.
+
+    >>> rounds = plan(num_tasks=3, per_task=2, ranks=1, envs_per_rank=4, base_seed=0,
+    ...               videos_per_task=1)
+    >>> [[(s.task, s.episode, s.video) for s in r[0]] for r in rounds]
+    [[(0, 0, True), (0, 1, False), (1, 0, True), (1, 1, False)], [(2, 0, True), (2, 1, False), (0, None, False), (0, None, False)]]
+    """
+    episodes = [(j, e) for j in range(num_tasks) for e in range(per_task)]
+    slots = ranks * envs_per_rank
+    rounds = []
+    for r in range(math.ceil(len(episodes) / slots)):
+        per_rank = []
+        for rank in range(ranks):
+            seeds = None
+            if one_task_env:
+                seeds = seeding.derive(base_seed, seeding.EVAL, r, rank, envs_per_rank)
+            row = []
+            for i in range(envs_per_rank):
+                k = r * slots + rank * envs_per_rank + i
+                if k < len(episodes):
+                    j, e = episodes[k]
+                    row.append(Slot(j, e, e if seeds is None else seeds[i], e < videos_per_task))
+                else:
+                    row.append(Slot(0, None, 0 if seeds is None else seeds[i]))
+            per_rank.append(row)
+        rounds.append(per_rank)
+    return rounds
+
+
+def run_protocol(runner, cfg, progress: bool = True) -> dict:
+    """Runs the protocol with ``runner``'s workers; returns the report (see ``write_report``)."""
+    spec = runner.spec
+    ev = cfg.eval
+    tasks = list(spec.tasks)
+    multi = bool(tasks)
+    names = tasks if multi else [cfg.env.name]
+    if ev.episodes_per_task:
+        per_task = ev.episodes_per_task
+    elif multi:
+        per_task = MULTI_TASK_EPISODES
+    else:
+        per_task = ev.episodes or cfg.runner.eval_episodes
+    max_steps = ev.max_steps or spec.max_episode_steps
+    if not max_steps:
+        raise ValueError(f"env {cfg.env.name!r} has no time limit; set eval.max_steps.")
+    rounds = plan(len(names), per_task, runner.env.world_size, cfg.env.num_envs, cfg.seed,
+                  ev.videos_per_task, one_task_env=not multi)
+    results = [TaskResult(j, n) for j, n in enumerate(names)]
+    videos: list[tuple[Slot, EvalEpisode]] = []
+    total = len(names) * per_task
+    bar = _bar(total, progress, cfg.env.name)
+    t0 = time.perf_counter()
+    for rnd in rounds:
+        per_rank = [
+            EvalRound(seeds=[s.seed for s in row], tasks=[s.task for s in row] if multi else None,
+                      max_steps=max_steps, video=[s.video for s in row])
+            for row in rnd
+        ]
+        episodes = runner.eval_round(per_rank, deterministic=ev.deterministic)
+        for row, eps in zip(rnd, episodes):
+            for slot, ep in zip(row, eps):
+                if slot.episode is None:
+                    continue
+                res = results[slot.task]
+                if ep.discarded:
+                    res.discarded += 1  # lost to a simulator restart: not counted
+                    continue
+                res.episodes += 1
+                res.successes += ep.success
+                res.returns.append(ep.ret)
+                res.lengths.append(ep.length)
+                if slot.video and ep.frames:
+                    videos.append((slot, ep))
+                bar.update(1)
+        done = sum(r.episodes for r in results)
+        bar.set_postfix(success=f"{sum(r.successes for r in results) / max(1, done):.2f}")
+    bar.close()
+    rows = [r.row() for r in results]
+    counted = [r for r in results if r.episodes]
+    return {
+        "env": cfg.env.name,
+        "policy": cfg.policy.name,
+        "checkpoint": ev.checkpoint,
+        "deterministic": ev.deterministic,
+        "episodes_per_task": per_task,
+        "max_steps": max_steps,
+        "tasks": rows,
+        "mean_success": sum(r.success_rate for r in counted) / max(1, len(counted)),
+        "episodes": sum(r.episodes for r in results),
+        "discarded": sum(r.discarded for r in results),
+        "wall_s": time.perf_counter() - t0,
+        "_videos": videos,
+    }
+
+
+def write_report(report: dict, out_dir: Path) -> dict[str, Path]:
+    """Writes results.json, results.md and the videos; returns their paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    videos = report.pop("_videos", [])
+    paths = {"json": out_dir / "results.json", "markdown": out_dir / "results.md"}
+    _atomic_write(paths["json"], json.dumps(report, indent=2) + "\n")
+    _atomic_write(paths["markdown"], markdown(report))
+    if videos:
+        vdir = out_dir / "videos"
+        vdir.mkdir(exist_ok=True)
+        for slot, ep in videos:
+            outcome = "success" if ep.success else "failure"
+            name = f"task{slot.task:02d}_{_slug(report['tasks'][slot.task]['name'])}_ep{slot.episode:02d}_{outcome}.mp4"
+            write_video(vdir / name, ep.frames)
+        paths["videos"] = vdir
+    return paths
+
+
+def markdown(report: dict) -> str:
+    lines = [
+        f"# Evaluation: {report['env']} with policy {report['policy']}",
+        "",
+        f"checkpoint: {report['checkpoint'] or 'none (initial weights)'}; "
+        f"{report['episodes_per_task']} episodes per task, at most {report['max_steps']} steps; "
+        f"{'mean' if report['deterministic'] else 'sampled'} actions; "
+        f"{report['discarded']} episodes discarded (simulator restarts)",
+        "",
+        "| task | instruction | success | episodes | mean length |",
+        "|---:|---|---:|---:|---:|",
+    ]
+    for t in report["tasks"]:
+        lines.append(f"| {t['task']} | {t['name']} | {t['success_rate']:.3f} | {t['episodes']} "
+                     f"| {t['mean_length']:.1f} |")
+    lines.append(f"| | **mean over tasks** | **{report['mean_success']:.3f}** | "
+                 f"{report['episodes']} | |")
+    return "\n".join(lines) + "\n"
+
+
+def write_video(path: Path, frames: list) -> None:
+    import imageio.v2 as imageio
+
+    tmp = path.with_suffix(".tmp.mp4")
+    # macro_block_size=1: keep odd sizes as they are (no rescale)
+    imageio.mimwrite(tmp, frames, fps=VIDEO_FPS, codec="libx264", macro_block_size=1,
+                     quality=8)
+    tmp.replace(path)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _slug(text: str, limit: int = 60) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")[:limit]
+
+
+def _bar(total: int, enabled: bool, name: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=f"eval {name}", unit="ep", disable=not enabled, dynamic_ncols=True)

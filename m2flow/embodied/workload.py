@@ -1,0 +1,123 @@
+"""The embodied workload as the command line sees it: schemas, checks, train and evaluate."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Optional
+
+from m2flow.configs import schema
+from m2flow.embodied.config import TrainConfig
+from m2flow.runs.workload import Workload
+
+
+def register_schemas() -> None:
+    """The root schema and one schema per registered algorithm (group ``algorithm``)."""
+    from m2flow.embodied.algorithms import register_schemas as register_algorithms
+
+    schema.store("train_schema", TrainConfig)
+    register_algorithms(_Store())
+
+
+class _Store:
+    """A ConfigStore's ``store`` that also lets error messages list the fields."""
+
+    @staticmethod
+    def store(name: str, node: type, group=None) -> None:
+        schema.store(name, node, group=group)
+
+
+def typed_base(saved):
+    """TrainConfig's defaults with ``algorithm`` typed by the saved algorithm's own config
+    class, so a checkpoint's GRPO fields merge onto GRPOConfig, not onto the base class."""
+    from omegaconf import OmegaConf
+
+    from m2flow.embodied.algorithms import algorithm_class
+
+    base = OmegaConf.structured(TrainConfig)
+    name = OmegaConf.select(saved, "algorithm.name")
+    if name:
+        base.algorithm = OmegaConf.structured(algorithm_class(name).config_class)
+    return base
+
+
+def check(cfg: TrainConfig) -> None:
+    from m2flow.embodied.checks import check_train_config
+
+    check_train_config(cfg)
+
+
+def train(cfg: TrainConfig) -> int:
+    from m2flow.embodied.runner import EmbodiedRunner
+
+    runner = EmbodiedRunner(cfg)
+    try:
+        result = runner.train()
+    finally:
+        runner.close()
+    print(
+        f"done: {result['iterations']} iterations, {result['env_steps']} env steps, "
+        f"{result['wall_s']:.0f} s; eval success {result.get('eval/success', float('nan')):.3f} "
+        f"over {result.get('eval/episodes', 0):.0f} episodes; checkpoint {result['checkpoint']}"
+    )
+    return 0
+
+
+def evaluate(cfg: TrainConfig, state: Optional[dict]) -> int:
+    """N episodes per task (the eval protocol), a report and videos."""
+    from m2flow.embodied.eval_protocol import run_protocol, write_report
+    from m2flow.embodied.runner import EmbodiedRunner
+
+    runner = EmbodiedRunner(cfg, train=False)
+    try:
+        if state is not None:
+            runner.load_policy(state)
+        else:
+            runner.init_policy()
+        report = run_protocol(runner, cfg, progress=cfg.runner.progress_bar)
+    finally:
+        runner.close()
+    out_dir = _eval_dir(cfg)
+    paths = write_report(report, out_dir)
+    print(paths["markdown"].read_text())
+    print(f"eval: mean success {report['mean_success']:.3f} over {len(report['tasks'])} task(s), "
+          f"{report['episodes']} episodes of {cfg.env.name} in {report['wall_s']:.0f} s "
+          f"({report['discarded']} discarded); report in {out_dir}")
+    n = max(1, report["episodes"])
+    print(json.dumps({
+        "eval/episodes": float(report["episodes"]),
+        "eval/success": report["mean_success"],
+        "eval/return": sum(t["mean_return"] * t["episodes"] for t in report["tasks"]) / n,
+        "eval/episode_len": sum(t["mean_length"] * t["episodes"] for t in report["tasks"]) / n,
+        "eval/discarded_episodes": float(report["discarded"]),
+    }))
+    return 0
+
+
+def _eval_dir(cfg: TrainConfig) -> Path:
+    if cfg.eval.output_dir:
+        return Path(cfg.eval.output_dir)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    if cfg.eval.checkpoint:  # next to the run that wrote the checkpoint
+        return Path(cfg.eval.checkpoint).resolve().parent.parent / "eval" / stamp
+    return Path(cfg.runner.log_dir) / "eval" / cfg.env.name.replace("/", "_") / stamp
+
+
+WORKLOAD = Workload(
+    name="embodied",
+    schema="train_schema",
+    config_class=TrainConfig,
+    register_schemas=register_schemas,
+    check=check,
+    train=train,
+    evaluate=evaluate,
+    typed_base=typed_base,
+    eval_shorthands={
+        "episodes": "eval.episodes",
+        "episodes_per_task": "eval.episodes_per_task",
+        "max_steps": "eval.max_steps",
+        "videos_per_task": "eval.videos_per_task",
+        "deterministic": "eval.deterministic",
+    },
+)

@@ -1,0 +1,168 @@
+"""Start-up checks of a reasoning config: every mistake is one line naming the field, the
+value and the fix, before any worker starts.
+
+In order: names (engine, reward, data source, dtype), the ranges of every numeric field (the
+table ``RULES``) and the tiny model's shape, paths (model directory, data files, ``resume``,
+``eval.checkpoint``), and the cluster and its placement on this machine (one worker per
+component; pipelined modes need rollout and learner on different devices).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from m2flow.configs import ConfigError
+from m2flow.reasoning.config import ReasoningConfig
+from m2flow.runs.checks import (
+    Rule,
+    above,
+    at_least,
+    check_cluster_config,
+    check_fields,
+    check_file,
+    check_resume,
+    check_runner_base,
+    field_error,
+    one_of,
+    optional,
+)
+
+COMPONENTS = ("rollout", "reward", "learner")  # the runner's (m2flow.reasoning.runner.COMPONENTS)
+UNUSED_COMPONENTS = ("env",)  # the shared cluster groups (local, inprocess) also place an env
+DATA_SOURCES = ("arithmetic", "jsonl", "parquet")
+FILE_SOURCES = ("jsonl", "parquet")
+
+RULES: list[Rule] = [
+    ("data.train_size", at_least(1), "give the training problems to use (e.g. 20000)"),
+    ("data.test_size", at_least(1), "give the held-out problems (e.g. 200)"),
+    ("data.max_operand", at_least(1), "give the largest operand of a problem (e.g. 20)"),
+    ("data.max_terms", one_of((2, 3)), "numbers per arithmetic problem"),
+    ("model.tiny.hidden_size", at_least(1), "give the tiny model's width (e.g. 128)"),
+    ("model.tiny.intermediate_size", at_least(1), "give the MLP width (e.g. 512)"),
+    ("model.tiny.num_hidden_layers", at_least(1), "give the number of layers (e.g. 4)"),
+    ("model.tiny.num_attention_heads", at_least(1), "give the attention heads (e.g. 4)"),
+    ("model.tiny.num_key_value_heads", at_least(1), "give the key/value heads (e.g. 2)"),
+    ("model.tiny.max_position_embeddings", at_least(2), "give the longest sequence (e.g. 256)"),
+    ("rollout.n", at_least(2),
+     "GRPO scores each completion against its group: sample 2 or more per prompt (e.g. 8)"),
+    ("rollout.max_new_tokens", at_least(1), "give the tokens a completion may have (e.g. 16)"),
+    ("rollout.temperature", above(0), "sample with e.g. 1.0"),
+    ("rollout.top_k", at_least(0), "give k, or 0 for no top-k cut"),
+    ("rollout.prompts_per_call", at_least(1), "give the prompts per generate call (e.g. 8)"),
+    ("rollout.eval_batch_size", at_least(1), "give the prompts per evaluation call (e.g. 64)"),
+    ("algorithm.learning_rate", above(0), "give Adam's step size, e.g. 1e-4"),
+    ("algorithm.prompts_per_step", at_least(1), "give the prompts (groups) per GRPO step"),
+    ("algorithm.micro_batch_size", at_least(1), "give the completions per forward/backward"),
+    ("algorithm.clip_coef", above(0), "give the ratio clip range, e.g. 0.2"),
+    ("algorithm.kl_coef", at_least(0), "give the KL weight, or 0 for none"),
+    ("algorithm.max_grad_norm", above(0), "give the gradient-norm clip, e.g. 1.0"),
+    ("algorithm.eps", above(0), "give the small number added to the group std, e.g. 1e-6"),
+    ("algorithm.weight_decay", at_least(0), "give AdamW's weight decay, or 0"),
+    ("warm_start.steps", at_least(0), "give the SFT steps, or 0 for none"),
+    ("warm_start.batch_size", at_least(1), "give the SFT batch size (e.g. 64)"),
+    ("warm_start.learning_rate", above(0), "give the SFT step size, e.g. 1e-3"),
+    ("runner.num_steps", at_least(1), "set it to the number of GRPO steps to run"),
+    ("runner.max_minutes", optional(above(0), "runner.num_steps decides"),
+     "give GRPO's wall-time budget in minutes"),
+    ("runner.eval_interval", at_least(0), "evaluate every N steps, or 0 for first and last only"),
+    ("eval.size", at_least(0), "give the held-out problems to score, or 0 for data.test_size"),
+    ("eval.samples", at_least(0), "give the completions to write into the report"),
+]
+
+
+def check_reasoning_config(cfg: ReasoningConfig) -> None:
+    """Names, ranges, paths and placement of ``cfg``; raises ConfigError with one line."""
+    try:
+        check_names(cfg)
+        check_fields(cfg, RULES)
+        check_runner_base(cfg)
+        check_tiny_model(cfg)
+        check_paths(cfg)
+        check_placement(cfg)
+    except ConfigError:
+        raise
+    except ValueError as e:
+        text = str(e).splitlines()[0] if str(e) else type(e).__name__
+        prefix = "" if text.startswith("config error") else "config error: "
+        raise ConfigError(prefix + text) from None
+
+
+def check_names(cfg: ReasoningConfig) -> None:
+    """Engine, reward, data source, dtype and tiny architecture names."""
+    from m2flow.reasoning.engine import ENGINES
+    from m2flow.reasoning.model import ARCHITECTURES
+    from m2flow.reasoning.reward import REWARDS
+
+    checks = [
+        ("rollout.engine", cfg.rollout.engine, sorted(ENGINES)),
+        ("algorithm.reward", cfg.algorithm.reward, sorted(REWARDS)),
+        ("data.source", cfg.data.source, list(DATA_SOURCES)),
+        ("model.dtype", cfg.model.dtype, ["auto", "float32", "bfloat16", "float16"]),
+        ("model.tiny.architecture", cfg.model.tiny.architecture, list(ARCHITECTURES)),
+    ]
+    for field, value, known in checks:
+        if value not in known:
+            raise ConfigError(f"config error: {field}={value!r} is not one of {known}.")
+
+
+def check_tiny_model(cfg: ReasoningConfig) -> None:
+    """The tiny preset's attention heads divide its width (when no model.path is given)."""
+    t = cfg.model.tiny
+    if cfg.model.path is not None:
+        return
+    if t.hidden_size % t.num_attention_heads:
+        raise field_error("model.tiny.hidden_size", t.hidden_size,
+                          f"must be a multiple of model.tiny.num_attention_heads="
+                          f"{t.num_attention_heads}.")
+    if t.num_attention_heads % t.num_key_value_heads:
+        raise field_error("model.tiny.num_attention_heads", t.num_attention_heads,
+                          f"must be a multiple of model.tiny.num_key_value_heads="
+                          f"{t.num_key_value_heads}.")
+
+
+def check_paths(cfg: ReasoningConfig) -> None:
+    """The model directory, data files, ``eval.checkpoint`` and ``resume``."""
+    model = cfg.model.path
+    if model is not None and not (Path(model).expanduser() / "config.json").is_file():
+        raise ConfigError(
+            f"config error: model.path={cfg.model.path!r} is not a local Hugging Face model "
+            "directory (no config.json there); point it at one, or set model.path=null for "
+            "the tiny preset."
+        )
+    d = cfg.data
+    if d.source in FILE_SOURCES:
+        if not d.train_path:
+            raise field_error("data.train_path", d.train_path,
+                              f"data.source={d.source} reads a local file; give its path.")
+        unit = "line" if d.source == "jsonl" else "row"
+        fix = f"give a local {d.source} file (one problem per {unit})"
+        for field in ("data.train_path", "data.test_path"):
+            path = getattr(d, field.split(".")[1])
+            check_file(field, path, fix)
+    if cfg.eval.checkpoint is not None:  # m2flow-eval: resume is its run's, not read
+        check_file("eval.checkpoint", cfg.eval.checkpoint,
+                   "give a .pt written by m2flow-train for a reasoning config")
+    else:
+        check_resume(cfg.resume, "reasoning")
+
+
+def check_placement(cfg: ReasoningConfig) -> None:
+    """Placement on this machine; one worker per component; pipelined modes (anything but
+    collocated) need rollout and learner on different devices."""
+    from m2flow.pipelines import switch_plan
+
+    for name in COMPONENTS:
+        comp = cfg.cluster.placement.components.get(name)
+        if comp is not None and comp.workers != 1:
+            raise field_error(f"cluster.placement.components.{name}.workers", comp.workers,
+                              "the reasoning runner uses one rank per component; set it to 1.")
+    placement = check_cluster_config(cfg.cluster, COMPONENTS, UNUSED_COMPONENTS)
+    if placement is None or placement.mode == "collocated":
+        return
+    plan = switch_plan(placement.shares_device, ["rollout", "learner"], cfg.cluster.context_switch)
+    if any(plan.values()):
+        raise ConfigError(
+            f"config error: cluster.placement.mode={placement.mode} runs rollout and learner at "
+            "the same time, but they share a GPU (or cluster.context_switch=always asks them to "
+            "take turns); give them disjoint gpus or set cluster.placement.mode=collocated."
+        )

@@ -1,0 +1,96 @@
+"""Checkpoints written atomically: a temp file in the same directory, fsync, then rename."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+
+def save(path: str | os.PathLike, state: dict) -> Path:
+    """Writes ``state`` to ``path``; a crash mid-write leaves the old file (or none), never half."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def link_latest(path: Path, latest_name: str = "last.pt") -> Path:
+    """Points ``<dir>/last.pt`` at ``path`` atomically (a hard link renamed over the old one)."""
+    latest = path.parent / latest_name
+    tmp = path.parent / f".{latest_name}.tmp"
+    if tmp.exists():
+        tmp.unlink()
+    os.link(path, tmp)
+    os.replace(tmp, latest)
+    return latest
+
+
+def load(path: str | os.PathLike, workload: Optional[str] = None, mmap: bool = False) -> dict:
+    """The state saved at ``path``. ``workload``: the workload that must have written it
+    (checkpoints from before the tag are embodied ones). Every problem is one ``CheckpointError``
+    line naming the path and the fix. ``mmap``: map the tensors instead of reading them (cheap
+    checks of a large file)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} does not exist; pass the path of a .pt file written by "
+            "m2flow-train (runs/<name>/<time>/checkpoints/last.pt)."
+        )
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
+    except Exception as e:  # noqa: BLE001 - any unreadable file gets the same one-line answer
+        raise CheckpointError(
+            f"{str(path)!r} is not a checkpoint m2flow can read ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}); pass a .pt file written by m2flow-train."
+        ) from None
+    if not isinstance(state, dict) or "config" not in state or "learner" not in state:
+        raise CheckpointError(
+            f"{str(path)!r} is a torch file but not an m2flow checkpoint (no config and learner "
+            "state); pass a .pt file written by m2flow-train."
+        )
+    found = state.get("workload", "embodied")
+    if workload is not None and found != workload:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} was written by a {found} run, not a {workload} one; "
+            f"resume it with its own config (m2flow-eval checkpoint=... picks it up itself)."
+        )
+    return state
+
+
+def prune(folder: Path, keep: int, pattern: str = "iter_*.pt") -> list[Path]:
+    """Deletes all but the newest ``keep`` files matching ``pattern`` (0: keep all); ``last.pt``
+    is a hard link, so the newest file stays readable under both names. Returns the deleted."""
+    if keep <= 0:
+        return []
+    files = sorted(folder.glob(pattern))  # zero-padded iteration numbers sort in order
+    gone = files[:-keep]
+    for f in gone:
+        f.unlink(missing_ok=True)
+    return gone
+
+
+class CheckpointError(ValueError):
+    """A path that is not a readable checkpoint of the expected workload."""
+
+
+def _fsync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

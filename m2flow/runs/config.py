@@ -1,0 +1,33 @@
+"""Config pieces every workload's root config shares."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from m2flow.pipelines import ClusterConfig, PlacementConfig
+
+
+@dataclass
+class ClusterGroupConfig(ClusterConfig):
+    """The ``cluster`` group: how to reach the machines and where each component goes."""
+
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    """Per-component resources; see m2flow.pipelines.placement."""
+
+
+@dataclass
+class RunnerBaseConfig:
+    """What every workload's ``runner`` group has: where the run goes, how often it saves."""
+
+    checkpoint_interval: int = 10
+    """Save a checkpoint every N iterations (and after the last); 0: only after the last."""
+    keep_checkpoints: int = 5
+    """Keep the newest N checkpoints of a run (``last.pt`` always points at the newest);
+    0: keep all."""
+    log_dir: str = "runs"
+    """Runs are written under <log_dir>/<config name>/<timestamp>/."""
+    channel_timeout_s: float = 600.0
+    """A channel get/put waiting longer than this fails the run (a stuck or dead worker)."""
+    progress_bar: bool = True
+    """Show a tqdm bar when stdout and stderr are terminals (the per-iteration log line is
+    written either way)."""

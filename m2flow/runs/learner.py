@@ -1,0 +1,220 @@
+"""The learner loop every workload shares: a ``Trainer`` owns a model's optimiser and runs
+epochs x minibatches x micro-batches with fp32 master parameters and autocast.
+
+Precision. The parameters the optimiser updates are always fp32 ("masters"), and so is the
+optimiser state: a model whose trainable parameters arrive in bf16/fp16 (a VLA or LM loaded
+in its serving dtype) has them converted to fp32 in place when the Trainer is built (frozen
+parameters keep their dtype: they get no update, and a 7B frozen backbone in fp32 would
+double its memory). Forward and backward run under ``torch.autocast`` in the precision's
+dtype (bf16 autocast also works on CPU). The rollout's copy of the model may stay bf16:
+``load_state_dict`` casts the fp32 weights on sync.
+
+Micro-batches. A minibatch too big for one forward/backward is cut into micro-batches; each
+one's loss is weighted by its share of the minibatch and the gradients accumulate, so with
+losses that are per-sample means the step equals the unsplit one (up to float rounding).
+
+Imports ``pipelines``-level things only (torch, tensordict, ``runs.seeding``): no workload.
+
+>>> model = torch.nn.Linear(3, 1)
+>>> trainer = Trainer(model, lambda p: torch.optim.SGD(p, lr=0.1), precision="fp32")
+>>> batch = TensorDict({"x": torch.ones(4, 3), "y": torch.zeros(4)}, batch_size=[4])
+>>> def loss_fn(mb):
+...     return TensorDict({"loss_mse": ((model(mb["x"]).squeeze(-1) - mb["y"]) ** 2).mean()}, [])
+>>> sorted(trainer.run_epochs(batch, loss_fn, epochs=1, num_minibatches=2, seed=0, iteration=0))
+['early_stop', 'grad_norm', 'loss_mse']
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Optional
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from m2flow.runs import seeding
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+"""auto: the dtype the model's parameters arrive in (bf16/fp16 -> that autocast, else fp32)."""
+AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+HALF_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+LossFn = Callable[[TensorDict], TensorDict]
+"""A minibatch (or micro-batch) -> a TensorDict (batch_size []) of ``loss_*`` terms (summed
+to train; each a per-sample mean) and diagnostics (averaged into the metrics)."""
+
+
+def resolve_precision(precision: str, model: nn.Module) -> str:
+    """``precision`` with ``auto`` resolved from the model's parameters: ``bf16``/``fp16`` when
+    any floating parameter is in that dtype (a model built in its serving dtype), else ``fp32``.
+
+    >>> resolve_precision("auto", torch.nn.Linear(2, 2).to(torch.bfloat16))
+    'bf16'
+    >>> resolve_precision("auto", torch.nn.Linear(2, 2))
+    'fp32'
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r}: use one of {list(PRECISIONS)}.")
+    if precision != "auto":
+        return precision
+    for p in model.parameters():
+        if p.dtype in HALF_DTYPES:
+            return HALF_DTYPES[p.dtype]
+    return "fp32"
+
+
+def to_fp32_masters(model: nn.Module) -> int:
+    """Converts the model's trainable half-precision parameters to fp32 in place (the
+    Parameter objects stay the same); returns how many were converted."""
+    n = 0
+    for p in model.parameters():
+        if p.requires_grad and p.dtype in HALF_DTYPES:
+            p.data = p.data.float()
+            n += 1
+    return n
+
+
+def total_loss(terms: TensorDict) -> torch.Tensor:
+    """Sum of every ``loss_*`` term."""
+    return sum(v for k, v in terms.items() if k.startswith("loss_"))
+
+
+class Trainer:
+    """A model, its optimiser, and the update step (fp32 masters, autocast, accumulation).
+
+    Args:
+        model: the module to train; its trainable half-precision parameters become fp32.
+        make_optimizer: builds the optimiser from the parameters, e.g.
+            ``lambda params: torch.optim.Adam(params, lr=3e-4)`` (it is given every parameter
+            of the model, frozen ones too: they never get a gradient, so it skips them).
+        precision: ``auto`` (default) | ``fp32`` | ``bf16`` | ``fp16``: the autocast dtype of
+            forward and backward; ``auto`` resolves from the model's parameter dtype before
+            they are converted. ``fp16`` adds a gradient scaler.
+        max_grad_norm: clip the global gradient norm to this before each step (None: no clip).
+    """
+
+    def __init__(
+        self, model: nn.Module, make_optimizer: Callable[[list], torch.optim.Optimizer], *,
+        precision: str = "auto", max_grad_norm: Optional[float] = None,
+    ):
+        self.model = model
+        self.precision = resolve_precision(precision, model)
+        to_fp32_masters(model)
+        self.params = list(model.parameters())
+        self.optimizer = make_optimizer(self.params)
+        self.max_grad_norm = max_grad_norm
+        self.dtype = AUTOCAST_DTYPES[self.precision]
+        self.scaler = None
+        if self.precision == "fp16":  # fp16's small range: scale the loss, unscale the grads
+            self.scaler = torch.amp.GradScaler(self._device_type())
+
+    # -- the lower-level API: accumulate, then step ---------------------------------------
+    def _device_type(self) -> str:
+        return self.params[0].device.type if self.params else "cpu"
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The context forward and backward run in (a no-op for fp32)."""
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self._device_type(), dtype=self.dtype)
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def backward(self, loss: torch.Tensor, weight: float = 1.0) -> None:
+        """Adds ``weight * d loss`` to the gradients (a micro-batch's share of its minibatch)."""
+        if weight != 1.0:
+            loss = loss * weight
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        loss.backward()
+
+    def step(self, *, grad_divisor: float = 1.0) -> float:
+        """Divides the accumulated gradients by ``grad_divisor`` (e.g. the step's token count
+        when the losses were sums), clips, steps the optimiser and zeroes the gradients.
+        Returns the gradient norm before clipping (0.0 without clipping)."""
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        if grad_divisor != 1.0:
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.div_(grad_divisor)
+        grad_norm = 0.0
+        if self.max_grad_norm is not None:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm))
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.zero_grad()
+        return grad_norm
+
+    # -- the loop ------------------------------------------------------------------------
+    def train_minibatch(self, mb: TensorDict, loss_fn: LossFn, *,
+                        micro_batch_size: Optional[int] = None) -> dict[str, float]:
+        """One optimiser step on ``mb``: forward/backward micro-batch by micro-batch (None:
+        the whole minibatch at once), each weighted by its share; then clip and step.
+        Returns the minibatch's terms (micro-batches weighted alike) and ``grad_norm``."""
+        n = mb.shape[0]
+        k = n if micro_batch_size is None else max(1, micro_batch_size)
+        terms: dict[str, float] = {}
+        self.zero_grad()
+        for start in range(0, n, k):
+            micro = mb if k >= n else mb[start : start + k]
+            weight = 1.0 if k >= n else micro.shape[0] / n
+            with self.autocast():
+                out = loss_fn(micro)
+                loss = total_loss(out)
+            self.backward(loss, weight)
+            for key, v in out.items():
+                terms[key] = terms.get(key, 0.0) + weight * float(v.detach())
+        terms["grad_norm"] = self.step()
+        return terms
+
+    def run_epochs(
+        self, batch: TensorDict, loss_fn: LossFn, *, epochs: int, num_minibatches: int,
+        seed: int, iteration: int, micro_batch_size: Optional[int] = None,
+        minibatch: Optional[Callable[[TensorDict], TensorDict]] = None,
+        stop_early: Optional[Callable[[dict], bool]] = None,
+    ) -> dict[str, float]:
+        """``epochs`` passes over ``batch`` (B,) in ``num_minibatches`` minibatches of a
+        seeded permutation (seed ``seeding.derive(seed, LEARN, iteration, 0)``), one
+        optimiser step each.
+
+        Args:
+            minibatch: applied to each whole minibatch before it is cut into micro-batches
+                (e.g. advantage normalisation).
+            stop_early: called with the last minibatch's terms after each epoch; True ends
+                the loop.
+
+        Returns the terms averaged over the minibatches run, plus ``early_stop`` (0/1).
+        """
+        gen = torch.Generator().manual_seed(seeding.derive(seed, seeding.LEARN, iteration, 0)[0])
+        size = batch.shape[0]
+        mb_size = max(1, size // num_minibatches)
+        sums: dict[str, float] = {}
+        count, stopped = 0, False
+        for _ in range(epochs):
+            perm = torch.randperm(size, generator=gen)
+            for start in range(0, size, mb_size):
+                idx = perm[start : start + mb_size]
+                mb = batch[idx.to(batch.device) if batch.device is not None else idx]
+                if minibatch is not None:
+                    mb = minibatch(mb)
+                terms = self.train_minibatch(mb, loss_fn, micro_batch_size=micro_batch_size)
+                for key, v in terms.items():
+                    sums[key] = sums.get(key, 0.0) + v
+                count += 1
+            if stop_early is not None and stop_early(terms):
+                stopped = True
+                break
+        out = {key: v / max(count, 1) for key, v in sums.items()}
+        out["early_stop"] = float(stopped)
+        return out
+

@@ -1,0 +1,40 @@
+"""What a workload tells the command line: its config schema, its start-up checks, and how it
+trains and evaluates. ``m2flow/cli.py`` holds the one table of workloads; nothing else knows
+more than one of them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One workload (``embodied``, ``reasoning``) as the CLI sees it.
+
+    A root config names its workload in its ``workload`` field; the entry config's defaults
+    name the schema (``- train_schema``).
+    """
+
+    name: str
+    """The value of the root config's ``workload`` field and of a checkpoint's tag."""
+    schema: str
+    """Name of the root schema in Hydra's ConfigStore (``train_schema``)."""
+    config_class: type
+    """The root config dataclass."""
+    register_schemas: Callable[[Any], None]
+    """Stores the root schema and the schemas of its config groups in a ``ConfigStore``."""
+    check: Callable[[Any], None]
+    """Start-up checks of a config object: every range and cross-field rule, registry names,
+    paths; raises ``ValueError`` with one line naming the field, the value and the fix.
+    Starts no worker and no simulator."""
+    train: Callable[[Any], int]
+    """Runs training; returns the exit code."""
+    evaluate: Callable[[Any, Optional[dict]], int]
+    """Runs ``m2flow-eval`` with a config and a checkpoint's state (None: initial weights)."""
+    eval_shorthands: dict[str, str] = field(default_factory=dict)
+    """``m2flow-eval`` arguments that stand for a config key (``episodes`` -> ``eval.episodes``)."""
+    typed_base: Optional[Callable[[Any], Any]] = None
+    """The typed config a saved config (a checkpoint's, as a DictConfig) is merged onto; for
+    config groups whose schema depends on a saved value (embodied: the algorithm's config
+    class, from ``algorithm.name``). None: the root schema's defaults."""

@@ -1,0 +1,105 @@
+"""The learner worker on a synthetic (N, T) trajectory, in-process."""
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from m2flow.embodied.learner_worker import LearnerWorker
+from m2flow.embodied.algorithms.ppo import PPOConfig
+from m2flow.envs import EnvSpec
+from m2flow.pipelines import Channel, Cluster, ClusterConfig, RankResources, WorkerGroup
+from m2flow.policies import PolicyConfig
+
+SPEC = EnvSpec({"state": (4,)}, 2, (-1.0, -1.0), (1.0, 1.0), 8)
+
+
+def trajectory(n=3, t=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    done = torch.zeros(n, t, dtype=torch.bool)
+    done[:, -1] = True
+    return TensorDict({
+        "obs": {"state": r(n, t, 4) + 5.0}, "action": r(n, t, 2), "log_prob": r(n, t),
+        "value": r(n, t),
+        "next": {"obs": {"state": r(n, t, 4)}, "reward": r(n, t), "terminated": done.clone(),
+                 "truncated": torch.zeros_like(done), "done": done, "success": done},
+    }, batch_size=[n, t])
+
+
+@pytest.fixture
+def learner():
+    cluster = Cluster(ClusterConfig(backend="local", num_gpus=0))
+    group = WorkerGroup(cluster, "learner", LearnerWorker, [RankResources(0, 1.0, ())],
+                        PolicyConfig(name="mlp", hidden_sizes=[16]),
+                        PPOConfig(anneal_lr=True, learning_rate=1e-3), SPEC, seed=0, num_iterations=10)
+    yield group, Channel("trajectory", group, item_type=TensorDict)
+    group.shutdown()
+
+
+def test_update_moves_weights_and_reports_loss_terms(learner):
+    group, ch = learner
+    before = group.call(LearnerWorker.get_weights).wait()[0]
+    ch.put(trajectory(), key=0)
+    metrics = group.call(LearnerWorker.update, ch, env_ranks=[0], iteration=5).wait()[0]
+    after = group.call(LearnerWorker.get_weights).wait()[0]
+    assert {"loss/loss_policy", "loss/loss_value", "loss/approx_kl"} <= set(metrics)
+    assert metrics["loss/learning_rate"] == pytest.approx(1e-3 * (1 - 5 / 10))
+    assert not torch.equal(before["actor_mean.0.weight"], after["actor_mean.0.weight"])
+    # the normaliser saw the batch only after the update (mean of obs is about 5)
+    assert after["obs_norm.mean"].mean().item() == pytest.approx(5.0, abs=0.5)
+    assert before["obs_norm.count"].item() == 0.0
+
+
+def test_a_stale_trajectory_is_revalued_so_gae_uses_one_critic(learner):
+    group, ch = learner
+    worker = group.handles[0]
+    stale = trajectory()
+    worker.algorithm.add_advantages(worker.policy, stale, revalue=True)
+    with torch.no_grad():
+        now = worker.policy.value(stale["obs"].reshape(-1)).reshape(3, 8)
+    torch.testing.assert_close(stale["value"], now)
+    fresh = trajectory()
+    stored = fresh["value"].clone()
+    worker.algorithm.add_advantages(worker.policy, fresh)  # these very weights: values kept
+    assert torch.equal(fresh["value"], stored)
+    # through update(): actions one update old are accepted with max_staleness=1
+    stale = trajectory()
+    stale["policy_version"] = torch.full((3, 8), 4)
+    ch.put(stale, key=0)
+    assert group.call(LearnerWorker.update, ch, env_ranks=[0], iteration=5, max_staleness=1).wait()[0]["perf/staleness"] == 1.0
+
+
+class _OneItem:
+    def __init__(self, item):
+        self.item = item
+
+    def get(self, key=0, timeout=None):
+        return self.item.clone()
+
+
+def _learner(**algo):
+    from m2flow.pipelines import WorkerInfo
+
+    info = WorkerInfo("learner", 0, 1, RankResources(0, 1.0, ()), "local")
+    return LearnerWorker(info, PolicyConfig(name="mlp", hidden_sizes=[16]),
+                         PPOConfig(learning_rate=1e-2, target_kl=None, **algo), SPEC, seed=0,
+                         num_iterations=10)
+
+
+def test_micro_batch_size_leaves_the_update_and_its_metrics_unchanged():
+    traj = trajectory(n=4)
+    whole, split = _learner(), _learner(micro_batch_size=3)  # minibatches of 8: 3 + 3 + 2
+    m_whole = whole.update(_OneItem(traj), env_ranks=[0], iteration=0)
+    m_split = split.update(_OneItem(traj), env_ranks=[0], iteration=0)
+    for k in ("loss/loss_policy", "loss/loss_value", "loss/total", "loss/grad_norm"):
+        assert m_split[k] == pytest.approx(m_whole[k], rel=1e-5), k
+    assert m_whole["loss/explained_variance"] == pytest.approx(m_split["loss/explained_variance"])
+    for (name, a), b in zip(whole.policy.named_parameters(), split.policy.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
+
+
+def test_a_bad_algorithm_config_fails_before_the_policy_is_built():
+    from m2flow.embodied.algorithms import AlgorithmError
+
+    with pytest.raises(AlgorithmError, match=r"^algorithm.gae_lambda=2.0: must be in \[0, 1\].$"):
+        _learner(gae_lambda=2.0)

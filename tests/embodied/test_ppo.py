@@ -1,0 +1,109 @@
+import pytest
+import torch
+from tensordict import TensorDict
+
+from m2flow.embodied.algorithms import AlgorithmError
+from m2flow.embodied.algorithms.ppo import PPO, PPOConfig, ppo_loss
+from m2flow.envs import EnvSpec
+from m2flow.policies import PolicyConfig, make_policy
+
+SPEC = EnvSpec({"state": (5,)}, 2, (-1.0, -1.0), (1.0, 1.0), 50)
+LOSS_KW = dict(clip_coef=0.2, vf_coef=0.5, ent_coef=0.01)
+
+
+def batch(policy, n=8, seed=0):
+    torch.manual_seed(seed)
+    obs = TensorDict({"state": torch.randn(n, 5)}, batch_size=[n])
+    b = TensorDict({"obs": obs}, batch_size=[n])
+    with torch.no_grad():
+        b.update(policy.act(b))
+    b["advantage"] = torch.randn(n)
+    b["return"] = torch.randn(n)
+    return b
+
+
+def policy(seed=0):
+    torch.manual_seed(seed)
+    return make_policy(PolicyConfig(name="mlp", hidden_sizes=[16]), SPEC)
+
+
+def test_ratio_one_gives_no_clipping_and_zero_kl():
+    pi = policy()
+    terms = ppo_loss(pi, batch(pi), **LOSS_KW)
+    assert terms["clip_fraction"].item() == 0.0
+    assert abs(terms["approx_kl"].item()) < 1e-7
+
+
+def test_value_loss_gradients_reach_only_the_critic():
+    pi = policy()
+    ppo_loss(pi, batch(pi), **LOSS_KW)["loss_value"].backward()
+    for name, p in pi.named_parameters():
+        touched = p.grad is not None and p.grad.abs().sum() > 0
+        assert touched == name.startswith("critic"), name
+
+
+def test_policy_loss_gradients_never_reach_the_critic():
+    pi = policy()
+    ppo_loss(pi, batch(pi), **LOSS_KW)["loss_policy"].backward()
+    assert all(p.grad is None or p.grad.abs().sum() == 0 for p in pi.critic.parameters())
+    assert pi.actor_log_std.grad.abs().sum() > 0
+
+
+def test_clipped_ratio_stops_the_policy_gradient():
+    pi = policy()
+    b = batch(pi)
+    b["log_prob"] = b["log_prob"] - 1.0  # ratio e > 1 + clip everywhere
+    b["advantage"] = torch.ones(len(b))  # positive advantage: clipped side is active
+    terms = ppo_loss(pi, b, **LOSS_KW)
+    assert terms["clip_fraction"].item() == 1.0
+    terms["loss_policy"].backward()
+    assert all(p.grad is None or p.grad.abs().sum() == 0 for p in pi.actor_mean.parameters())
+
+
+def test_loss_terms_by_hand_at_ratio_one():
+    """Ratio 1: policy loss = -mean(A); value loss = 0.5 vf mean((V - R)^2)."""
+    pi = policy()
+    b = batch(pi)
+    terms = ppo_loss(pi, b, **LOSS_KW)
+    torch.testing.assert_close(terms["loss_policy"], -b["advantage"].mean())
+    torch.testing.assert_close(terms["loss_value"],
+                               0.25 * ((b["value"] - b["return"]) ** 2).mean())
+    assert terms["loss_entropy"].item() < 0  # an entropy *bonus*
+
+
+def test_minibatch_normalises_advantages_over_the_whole_minibatch():
+    ppo = PPO(PPOConfig(), action_dim=2, seed=0)
+    mb = TensorDict({"advantage": torch.tensor([1.0, 2.0, 3.0, 6.0])}, [4])
+    out = ppo.minibatch(mb)
+    # mean 3, sample std sqrt(14/3)
+    expected = (torch.tensor([1.0, 2.0, 3.0, 6.0]) - 3.0) / (14 / 3) ** 0.5
+    torch.testing.assert_close(out["advantage"], expected)
+    assert mb["advantage"][0] == 1.0  # the caller's batch is not changed
+    off = PPO(PPOConfig(norm_adv=False), action_dim=2, seed=0)
+    assert torch.equal(off.minibatch(mb)["advantage"], mb["advantage"])
+
+
+def test_stop_early_at_target_kl():
+    ppo = PPO(PPOConfig(target_kl=0.05), action_dim=2, seed=0)
+    assert ppo.stop_early({"approx_kl": 0.06}) and not ppo.stop_early({"approx_kl": 0.04})
+    assert not PPO(PPOConfig(target_kl=None), action_dim=2, seed=0).stop_early({"approx_kl": 9.0})
+
+
+@pytest.mark.parametrize("field,value", [
+    ("learning_rate", -1.0), ("update_epochs", 0), ("num_minibatches", 0),
+    ("micro_batch_size", 0), ("max_grad_norm", 0.0), ("precision", "fp8"), ("gamma", 0.0),
+    ("gamma", 1.5), ("gae_lambda", -0.1), ("clip_coef", 0.0), ("vf_coef", -1.0),
+    ("ent_coef", -0.1), ("target_kl", 0.0),
+])
+def test_validate_names_the_field_the_value_and_the_fix(field, value):
+    cfg = PPOConfig(**{field: value})
+    with pytest.raises(AlgorithmError) as e:
+        cfg.validate()
+    text = str(e.value)
+    assert text.startswith(f"algorithm.{field}={value!r}: ") and "\n" not in text
+    assert isinstance(e.value, ValueError)
+
+
+def test_the_default_config_is_valid():
+    PPOConfig().validate()
+    PPOConfig(micro_batch_size=4, precision="bf16", target_kl=None).validate()

@@ -1,0 +1,163 @@
+"""Worker groups: per-rank results in rank order, rank selection, errors that keep their type
+and say where they came from, fail-fast gather, dead Ray actors, and timings."""
+
+import threading
+
+import pytest
+
+from m2flow.pipelines import (
+    Cluster,
+    ClusterConfig,
+    RankResources,
+    Worker,
+    WorkerError,
+    WorkerGroup,
+)
+from m2flow.pipelines.worker import gather
+
+
+class Echo(Worker):
+    """Runs in threads (local) or as a Ray actor (imported there as ``test_worker_group``)."""
+
+    def __init__(self, info, prefix="r"):
+        super().__init__(info)
+        self.prefix, self.calls = prefix, 0
+
+    def hello(self, x):
+        self.calls += 1
+        return f"{self.prefix}{self.rank}:{x}"
+
+    def num_calls(self):
+        return self.calls
+
+    def fail(self, message):
+        raise ValueError(f"{message} on rank {self.rank}")
+
+    def wait_for(self, event, timeout=10.0):
+        return event.wait(timeout)
+
+    def finish_after_next_rank(self, events):
+        """Rank r returns only after rank r+1 did: completion order is the reverse of rank order."""
+        if self.rank + 1 < len(events):
+            assert events[self.rank + 1].wait(10.0)
+        events[self.rank].set()
+        return self.rank
+
+    def stall(self, seconds):
+        return threading.Event().wait(seconds)  # nobody sets it: a call that does not return
+
+    def record_phases(self):
+        with self.timer("sim"):
+            self.hello(0)
+        self.timer.add("learn", 0.25)
+        self.timer.add("learn", 0.5)
+
+
+def ranks(n):
+    return [RankResources(0, 1.0, ())] * n
+
+
+@pytest.fixture
+def local_group():
+    group = WorkerGroup(Cluster(ClusterConfig(backend="local", num_gpus=0)), "echo", Echo, ranks(3))
+    yield group
+    group.shutdown()
+
+
+def test_call_returns_per_rank_results_in_rank_order(local_group):
+    assert local_group.call(Echo.hello, 7).wait(timeout=10) == ["r0:7", "r1:7", "r2:7"]
+    events = [threading.Event() for _ in range(3)]
+    assert local_group.call(Echo.finish_after_next_rank, events).wait(timeout=10) == [0, 1, 2]
+
+
+def test_constructor_args_reach_every_rank():
+    cluster = Cluster(ClusterConfig(backend="local", num_gpus=0))
+    group = WorkerGroup(cluster, "e", Echo, ranks(2), "x")
+    try:
+        assert group.call(Echo.hello, 1).wait(timeout=10) == ["x0:1", "x1:1"]
+        assert [w.info.world_size for w in group.handles] == [2, 2]
+    finally:
+        group.shutdown()
+
+
+def test_ranks_selects_which_ranks_are_called(local_group):
+    assert local_group.call(Echo.hello, "a", ranks=[1]).wait(timeout=10) == ["r1:a"]
+    assert local_group.call(Echo.num_calls).wait(timeout=10) == [0, 1, 0]
+    assert local_group.call(Echo.hello, "b", ranks=[2, 0]).wait(timeout=10) == ["r2:b", "r0:b"]
+
+
+def test_worker_exception_keeps_its_type_and_names_group_and_rank(local_group):
+    with pytest.raises(ValueError, match="boom on rank 1") as ei:
+        local_group.call(Echo.fail, "boom", ranks=[1]).wait(timeout=10)
+    assert type(ei.value) is ValueError
+    assert ei.value.__notes__ == ["(raised by worker echo[rank 1] in fail())"]
+
+
+def test_gather_fails_fast_while_another_call_still_blocks(local_group):
+    release = threading.Event()
+    try:
+        blocked = local_group.call(Echo.wait_for, release, ranks=[0])
+        failing = local_group.call(Echo.fail, "boom", ranks=[2])
+        with pytest.raises(ValueError, match="boom on rank 2") as ei:
+            gather(blocked, failing, timeout=10)
+        assert not blocked.items[0][1].done(), "gather waited for the blocked call"
+        assert "echo[rank 2]" in ei.value.__notes__[0]
+    finally:
+        release.set()
+    assert blocked.wait(timeout=10) == [True]
+
+
+def test_gather_times_out_naming_the_pending_call(local_group):
+    release = threading.Event()
+    try:
+        with pytest.raises(WorkerError, match=r"echo\[rank 1\]\.wait_for\(\) did not finish"):
+            local_group.call(Echo.wait_for, release, ranks=[1]).wait(timeout=0.05)
+    finally:
+        release.set()
+
+
+# --- Ray ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ray_group(ray_cluster):
+    group = WorkerGroup(ray_cluster, "echo_ray", Echo, ranks(2))
+    yield group
+    group.shutdown()
+
+
+def test_ray_calls_run_in_separate_processes_in_rank_order(ray_group):
+    assert ray_group.call(Echo.hello, 3).wait(timeout=60) == ["r0:3", "r1:3"]
+    assert len(set(ray_group.call(Echo.pid).wait(timeout=60))) == 2
+
+
+def test_ray_exception_keeps_its_type_and_names_group_and_rank(ray_group):
+    with pytest.raises(ValueError, match="boom on rank 1") as ei:
+        ray_group.call(Echo.fail, "boom", ranks=[1]).wait(timeout=60)
+    assert type(ei.value) is ValueError
+    (note,) = ei.value.__notes__
+    assert note.startswith("(raised by worker echo_ray[rank 1] in fail()")
+    assert "test_worker_group.py" in note  # the worker-side traceback comes along
+
+
+def test_ray_timer_phases_come_back_and_reset_after_popping(ray_group):
+    ray_group.call(Echo.record_phases, ranks=[0]).wait(timeout=60)
+    timings, untouched = ray_group.call(Echo.pop_timings).wait(timeout=60)
+    assert set(timings) == {"sim", "learn"}
+    assert timings["learn"] == pytest.approx(0.75)
+    assert 0.0 <= timings["sim"] < 5.0
+    assert untouched == {}
+    assert ray_group.call(Echo.pop_timings, ranks=[0]).wait(timeout=60) == [{}]
+
+
+def test_ray_killed_worker_raises_worker_error_naming_group_and_rank(ray_cluster):
+    group = WorkerGroup(ray_cluster, "victim", Echo, ranks(1))
+    try:
+        group.kill(0)
+        # ray.kill returns before the process is gone, so a quick call can still be served
+        # (about 1 in 20 runs); a call that stalls ends in the death either way.
+        died = r"victim\[rank 0\] in stall\(\): the worker's process died"
+        with pytest.raises(WorkerError, match=died):
+            group.call(Echo.stall, 60.0).wait(timeout=90)
+    finally:
+        group.shutdown()

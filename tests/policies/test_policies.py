@@ -1,0 +1,176 @@
+import pytest
+import torch
+from tensordict import TensorDict
+
+from m2flow.envs import EnvSpec
+from m2flow.policies import PolicyConfig, PolicyError, make_policy, registered_policies
+
+STATE_SPEC = EnvSpec({"state": (7,)}, 3, (-1.0,) * 3, (1.0,) * 3, 50)
+RGB_SPEC = EnvSpec({"rgb": (64, 64, 3), "state": (5,)}, 3, (-1.0,) * 3, (1.0,) * 3, 50)
+SPECS = {"mlp": STATE_SPEC, "cnn": RGB_SPEC, "openvla": RGB_SPEC, "openvla_oft": RGB_SPEC}  # a newly registered policy needs an entry here
+
+
+def random_obs(spec, n):
+    obs = {}
+    for key, shape in spec.obs_shapes.items():
+        if key == "rgb":
+            obs[key] = torch.randint(0, 256, (n, *shape), dtype=torch.uint8)
+        else:
+            obs[key] = torch.randn(n, *shape)
+    return TensorDict({"obs": obs}, batch_size=[n])
+
+
+@pytest.mark.parametrize("name", registered_policies())
+@pytest.mark.parametrize("n", [2, 16])
+def test_every_policy_acts_and_evaluates_consistently(name, n):
+    assert name in SPECS, f"add an EnvSpec for policy {name!r} to SPECS"
+    torch.manual_seed(0)
+    pi = make_policy(PolicyConfig(name=name), SPECS[name])
+    b = random_obs(SPECS[name], n)
+    with torch.no_grad():
+        out = pi.act(b)
+    # (n, 3), or (n, chunk, 3) for a policy that decodes action chunks
+    assert out["action"].shape[0] == n and out["action"].shape[-1] == 3
+    assert out["action"].dtype == torch.float32
+    assert out["log_prob"].shape == (n,) and out["value"].shape == (n,)
+    b.update(out)
+    ev = pi.evaluate_actions(b)
+    torch.testing.assert_close(ev["log_prob"], out["log_prob"])
+    torch.testing.assert_close(ev["value"], out["value"])
+    assert (ev["entropy"] > -1e9).all()
+
+
+def test_deterministic_action_is_the_mean_and_repeatable():
+    pi = make_policy(PolicyConfig(name="mlp"), STATE_SPEC)
+    b = TensorDict({"obs": {"state": torch.randn(4, 7)}}, batch_size=[4])
+    a1, a2 = (pi.act(b, deterministic=True)["action"] for _ in range(2))
+    torch.testing.assert_close(a1, a2)
+
+
+def test_unknown_policy_lists_known_names():
+    with pytest.raises(PolicyError, match=r"Unknown policy 'mpl'. Known: .*mlp.*Did you mean 'mlp'"):
+        make_policy(PolicyConfig(name="mpl"), STATE_SPEC)
+
+
+def test_mlp_refuses_image_only_observations():
+    spec = EnvSpec({"rgb": (64, 64, 3)}, 3, (-1.0,) * 3, (1.0,) * 3, 50)
+    with pytest.raises(PolicyError, match="obs_mode=state"):
+        make_policy(PolicyConfig(name="mlp"), spec)
+
+
+def test_running_norm_over_batches_equals_statistics_of_all_data():
+    from m2flow.policies.normalizer import RunningNorm
+
+    g = torch.Generator().manual_seed(0)
+    parts = [torch.randn(n, 3, generator=g) * 5 + 2 for n in (7, 1, 30)]
+    norm = RunningNorm(3)
+    for p in parts:
+        norm.update(p)
+    full = torch.cat(parts)
+    torch.testing.assert_close(norm.mean, full.mean(0))
+    torch.testing.assert_close(norm.var, full.var(0, unbiased=False))
+
+
+def test_normalizer_travels_in_the_state_dict():
+    pi = make_policy(PolicyConfig(name="mlp"), STATE_SPEC)
+    pi.observe(TensorDict({"obs": {"state": torch.randn(5, 7) + 3}}, batch_size=[5]))
+    twin = make_policy(PolicyConfig(name="mlp"), STATE_SPEC)
+    twin.load_state_dict(pi.state_dict())
+    b = TensorDict({"obs": {"state": torch.randn(4, 7)}}, batch_size=[4])
+    torch.testing.assert_close(twin.value(b["obs"]), pi.value(b["obs"]))
+
+
+@pytest.mark.parametrize("size", [32, 64, 128])
+@pytest.mark.parametrize("state", [True, False])
+def test_cnn_reads_any_image_size_with_or_without_state(size, state):
+    torch.manual_seed(0)
+    shapes = {"rgb": (size, size, 3), **({"state": (5,)} if state else {})}
+    spec = EnvSpec(shapes, 3, (-1.0,) * 3, (1.0,) * 3, 50)
+    pi = make_policy(PolicyConfig(name="cnn", hidden_sizes=[16]), spec)
+    b = random_obs(spec, 2)
+    with torch.no_grad():
+        out = pi.act(b)
+    assert out["action"].shape == (2, 3) and torch.isfinite(out["action"]).all()
+    assert pi.value(b["obs"]).shape == (2,)
+
+
+def test_cnn_gradients_reach_the_conv_weights_through_evaluate():
+    torch.manual_seed(0)
+    pi = make_policy(PolicyConfig(name="cnn", hidden_sizes=[16]), RGB_SPEC)
+    b = random_obs(RGB_SPEC, 4)
+    b["action"] = torch.randn(4, 3)
+    ev = pi.evaluate_actions(b)
+    (ev["log_prob"].sum() + ev["value"].sum()).backward()
+    for conv in (m for m in pi.encoder.modules() if isinstance(m, torch.nn.Conv2d)):
+        assert conv.weight.grad is not None and conv.weight.grad.abs().sum() > 0
+
+
+def test_cnn_refuses_state_only_observations():
+    with pytest.raises(PolicyError, match="env.obs_mode=rgb"):
+        make_policy(PolicyConfig(name="cnn"), STATE_SPEC)
+
+
+def test_cnn_refuses_unknown_kwargs():
+    with pytest.raises(PolicyError, match="policy.kwargs.feature_dims .*feature_dim"):
+        make_policy(PolicyConfig(name="cnn", kwargs={"feature_dims": 64}), RGB_SPEC)
+
+
+TIMM_KWARGS = {"encoder": "timm/resnet18", "feature_dim": 32}
+
+
+def test_cnn_timm_encoder_acts_and_evaluates_consistently():
+    torch.manual_seed(0)
+    pi = make_policy(PolicyConfig(name="cnn", hidden_sizes=[16], kwargs=TIMM_KWARGS), RGB_SPEC)
+    b = random_obs(RGB_SPEC, 4)
+    with torch.no_grad():
+        out = pi.act(b)
+    assert out["action"].shape == (4, 3) and torch.isfinite(out["action"]).all()
+    b.update(out)
+    with torch.no_grad():
+        ev = pi.evaluate_actions(b)
+    torch.testing.assert_close(ev["log_prob"], out["log_prob"])
+    torch.testing.assert_close(ev["value"], out["value"])
+    rgb_nt = b["obs", "rgb"].reshape(2, 2, 64, 64, 3)  # (N, T, H, W, C)
+    with torch.no_grad():
+        assert pi.encoder(rgb_nt).shape == (2, 2, 32)
+
+
+def test_cnn_timm_encoder_weights_round_trip(tmp_path):
+    torch.manual_seed(0)
+    a = make_policy(PolicyConfig(name="cnn", hidden_sizes=[16], kwargs=TIMM_KWARGS), RGB_SPEC)
+    path = tmp_path / "resnet18.pt"
+    torch.save(a.encoder.backbone.state_dict(), path)
+    torch.manual_seed(1)
+    kwargs = {**TIMM_KWARGS, "encoder_weights": str(path)}
+    b = make_policy(PolicyConfig(name="cnn", hidden_sizes=[16], kwargs=kwargs), RGB_SPEC)
+    a_state, b_state = a.encoder.backbone.state_dict(), b.encoder.backbone.state_dict()
+    assert a_state.keys() == b_state.keys()
+    for key in a_state:
+        torch.testing.assert_close(b_state[key], a_state[key])
+
+
+def test_cnn_timm_encoder_refuses_missing_weights_file(tmp_path):
+    kwargs = {**TIMM_KWARGS, "encoder_weights": str(tmp_path / "nope.pt")}
+    with pytest.raises(PolicyError, match="policy.kwargs.encoder_weights"):
+        make_policy(PolicyConfig(name="cnn", kwargs=kwargs), RGB_SPEC)
+
+
+@pytest.mark.parametrize("encoder", ["timm/resnet81", "resnet18"])
+def test_cnn_refuses_unknown_encoders_and_suggests_timm_resnet18(encoder):
+    with pytest.raises(PolicyError, match=r"policy.kwargs.encoder=.*timm/resnet18"):
+        make_policy(PolicyConfig(name="cnn", kwargs={"encoder": encoder}), RGB_SPEC)
+
+
+def test_timm_encoder_log_probs_do_not_depend_on_train_mode():
+    """BatchNorm keeps its running statistics, so the learner (train mode) scores actions as
+    the rollout worker (eval mode) chose them: PPO's first ratio is exactly 1."""
+    torch.manual_seed(0)
+    spec = EnvSpec({"rgb": (64, 64, 3)}, 2, (-1.0,) * 2, (1.0,) * 2, 50)
+    cfg = PolicyConfig(name="cnn", hidden_sizes=[16], kwargs={"encoder": "timm/resnet10t"})
+    pi = make_policy(cfg, spec)
+    b = TensorDict({"obs": {"rgb": torch.randint(0, 255, (4, 64, 64, 3), dtype=torch.uint8)}},
+                   batch_size=[4])
+    with torch.no_grad():
+        out = pi.eval().act(b)
+    b.update(out)
+    torch.testing.assert_close(pi.train().evaluate_actions(b)["log_prob"], out["log_prob"])

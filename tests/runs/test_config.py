@@ -1,0 +1,79 @@
+"""Configs: every entry config composes; mistakes fail at load time with one clear line."""
+
+import pytest
+
+from m2flow.cli import load_run_config
+from m2flow.configs import ConfigError
+from m2flow.configs.loader import entry_configs
+
+
+@pytest.mark.parametrize("name", entry_configs())
+def test_every_entry_config_composes_and_validates(name, tmp_path, monkeypatch):
+    # the GPU-scale configs name local files through variables: point those at stand-ins (the
+    # start-up checks look at paths, nothing is loaded), and let them plan for one GPU
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "data.jsonl").write_text("")
+    for var in ("M2FLOW_QWEN_PATH", "M2FLOW_OPENVLA_CHECKPOINT"):
+        monkeypatch.setenv(var, str(tmp_path))
+    for var in ("M2FLOW_MATH_TRAIN", "M2FLOW_MATH_TEST"):
+        monkeypatch.setenv(var, str(tmp_path / "data.jsonl"))
+    gpu = ["cluster.num_gpus=1"] if "qwen" in name or name.endswith("openvla_oft") else []
+    if name.startswith("reasoning_"):
+        cfg = load_run_config(name, gpu)
+        assert cfg.workload == "reasoning" and cfg.runner.num_steps > 0 and cfg.rollout.n > 1
+        return
+    cfg = load_run_config(name, gpu)
+    assert cfg.workload == "embodied"
+    assert cfg.env.name and cfg.policy.name and cfg.runner.num_iterations > 0
+
+
+def test_gpu_reasoning_config_without_its_model_names_the_variable(monkeypatch):
+    monkeypatch.delenv("M2FLOW_QWEN_PATH", raising=False)
+    with pytest.raises(ConfigError, match="model.path"):
+        load_run_config("reasoning_math_grpo_qwen")
+
+
+def check(overrides, *fragments):
+    with pytest.raises(ConfigError) as e:
+        load_run_config("maniskill_pushcube_ppo_mlp", overrides)
+    msg = str(e.value)
+    assert "\n" not in msg
+    for f in fragments:
+        assert f in msg, msg
+
+
+def test_wrong_key_names_the_field_and_suggests():
+    check(["env.num_envz=2"], "env.num_envz", "EnvConfig", "Did you mean env.num_envs?")
+
+
+def test_wrong_type_names_the_field():
+    check(["env.num_envs=lots"], "env.num_envs='lots'", "Integer")
+
+
+def test_wrong_nested_type_names_the_full_path():
+    check(["cluster.placement.components.env.cpus=many"], "cluster.placement.components.env.cpus")
+
+
+def test_unknown_group_option_lists_available():
+    check(["env=maniskill_pushcub"], "env/maniskill_pushcub", "maniskill_pushcube")
+
+
+def test_unknown_env_name_fails_at_load():
+    check(["env.name=ManiSkill/PushCub-v1"], "PushCub-v1", "Did you mean 'PushCube-v1'")
+
+
+def test_unknown_policy_name_fails_at_load():
+    check(["policy.name=mpl"], "policy.name", "Did you mean 'mlp'")
+
+
+def test_unknown_entry_config_lists_the_real_ones():
+    with pytest.raises(ConfigError, match="maniskill_pushcube_ppo_mlp"):
+        load_run_config("maniskill_pushcub_ppo_mlp")
+
+
+def test_cli_prints_one_line_and_exits_2(capsys):
+    from m2flow.cli import train
+
+    assert train(["env.num_envz=2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("m2flow-train: config error: env.num_envz") and "\n" not in err

@@ -1,0 +1,126 @@
+"""The run session: checkpoints tagged and pruned, one timing rule, the logger's output."""
+
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from m2flow.pipelines import Worker
+from m2flow.runs import checkpoint
+from m2flow.runs.config import ClusterGroupConfig, RunnerBaseConfig
+from m2flow.runs.logger import RunLogger, log_field
+from m2flow.runs.session import RunSession
+
+
+@dataclass
+class Root:
+    cluster: ClusterGroupConfig = field(default_factory=lambda: ClusterGroupConfig(backend="local"))
+    runner: RunnerBaseConfig = field(default_factory=RunnerBaseConfig)
+    run_name: str = "t"
+    seed: int = 0
+
+
+def session(tmp_path, keep=3, workload="embodied"):
+    cfg = Root(runner=RunnerBaseConfig(log_dir=str(tmp_path), keep_checkpoints=keep,
+                                       progress_bar=False))
+    s = RunSession(cfg, workload=workload)
+    s.open_run(10, 0, []).close()
+    return s
+
+
+def test_keeps_the_newest_checkpoints_and_last_points_at_the_newest(tmp_path):
+    s = session(tmp_path, keep=3)
+    for it in range(1, 8):
+        s.save(it, {"learner": {"w": torch.full((2,), float(it))}})
+    folder = s.run_dir / "checkpoints"
+    assert sorted(p.name for p in folder.glob("iter_*.pt")) == [
+        "iter_00005.pt", "iter_00006.pt", "iter_00007.pt"]
+    last = checkpoint.load(folder / "last.pt", workload="embodied")
+    assert last["iteration"] == 7 and last["learner"]["w"].tolist() == [7.0, 7.0]
+    assert s.last_checkpoint == folder / "iter_00007.pt"
+    s.close()
+
+
+def test_keep_zero_keeps_all(tmp_path):
+    s = session(tmp_path, keep=0)
+    for it in range(4):
+        s.save(it, {"learner": {}})
+    assert len(list((s.run_dir / "checkpoints").glob("iter_*.pt"))) == 4
+    s.close()
+
+
+def test_checkpoints_carry_their_workload_and_refuse_another(tmp_path):
+    s = session(tmp_path, workload="reasoning")
+    path = s.save(1, {"learner": {}}, prefix="step")
+    assert torch.load(path, weights_only=False)["workload"] == "reasoning"
+    with pytest.raises(checkpoint.CheckpointError, match="written by a reasoning run"):
+        checkpoint.load(path, workload="embodied")
+    s.close()
+
+
+@pytest.mark.parametrize("content", [b"not a checkpoint\n", None])
+def test_a_file_that_is_not_a_checkpoint_is_one_line(tmp_path, content):
+    path = tmp_path / "x.pt"
+    if content is None:
+        torch.save({"weights": torch.zeros(2)}, path)  # a torch file, not m2flow's
+    else:
+        path.write_bytes(content)
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        checkpoint.load(path, workload="embodied")
+    assert "\n" not in str(e.value) and str(path) in str(e.value)
+
+
+class Phases(Worker):
+    def record(self, seconds: float) -> None:
+        self.timer.add("sim", seconds * (self.rank + 1))
+        if self.rank == 0:
+            self.timer.add("send", seconds)
+
+
+def test_timings_are_the_slowest_rank_per_phase(tmp_path):
+    s = session(tmp_path)
+    g = s.group("env", Phases)  # placement gives "env" one rank by default
+    g2 = s.group("rollout", Phases)
+    g.call(Phases.record, 0.5).wait()
+    g2.call(Phases.record, 0.25).wait()
+    assert s.timings() == {"time/env_sim": 0.5, "time/env_send": 0.5,
+                           "time/rollout_sim": 0.25, "time/rollout_send": 0.25}
+    assert s.timings() == {}  # popped
+    s.close()
+
+
+def test_log_line_fields_come_from_the_workload_and_no_bar_frames_off_a_terminal(tmp_path, capsys):
+    logger = RunLogger(tmp_path, 2, bar=True, fields=[log_field("ret {:.1f}", "a/ret")],
+                       bar_fields=[log_field("acc={:.2f}", "e/acc", sticky=True)])
+    logger.log(0, 10, {"a/ret": 1.25, "time/env_sim": 0.5})
+    logger.log(1, 20, {"b/other": 3.0})
+    logger.close()
+    out = capsys.readouterr()
+    assert "it    0 | steps       10 | ret 1.2 | env_sim 0.50s" in out.out
+    assert "it    1 | steps       20" in out.out and "ret" not in out.out.splitlines()[1]
+    assert "\r" not in out.out + out.err  # pytest's capture is not a terminal: no bar frames
+
+
+def test_ctrl_c_ends_a_run_with_one_line_naming_the_last_checkpoint(tmp_path):
+    """A real run of the CLI (in-process workers, a gymnasium env) interrupted by SIGINT."""
+    cmd = [sys.executable, "-c", "import sys; from m2flow.cli import train; sys.exit(train())",
+           "env=gym_pendulum", "cluster=inprocess", "env.num_envs=2", "runner.rollout_steps=8",
+           "runner.num_iterations=100000", "runner.checkpoint_interval=1",
+           "runner.eval_interval=0", f"runner.log_dir={tmp_path}"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while (not list(tmp_path.rglob("iter_00002.pt")) and proc.poll() is None
+           and time.monotonic() < deadline):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err, err
+    assert lines[-1].startswith("m2flow-train: interrupted at iteration ")
+    saved = lines[-1].split("last checkpoint ")[1].split(" ")[0]
+    assert saved.endswith(".pt") and checkpoint.load(saved)["iteration"] >= 2
