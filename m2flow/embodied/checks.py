@@ -65,29 +65,21 @@ RULES: list[Rule] = [
 
 def check_train_config(cfg: TrainConfig) -> None:
     """Ranges, the algorithm's own checks, placement, cross-field rules, paths and registry
-    names of ``cfg``; raises ConfigError with one line."""
-    try:
-        check_fields(cfg, RULES)
-        check_runner_base(cfg)
-        validate = getattr(cfg.algorithm, "validate", None)
-        if validate is not None:
-            validate()
-        placement = check_cluster_config(cfg.cluster, COMPONENTS)
-        plan = None
-        if placement is not None:
-            from m2flow.pipelines import switch_plan
+    names of ``cfg``; raises a one-line ValueError (``m2flow.cli`` prints it as the config
+    error)."""
+    check_fields(cfg, RULES)
+    check_runner_base(cfg)
+    cfg.algorithm.validate()
+    placement = check_cluster_config(cfg.cluster, COMPONENTS)
+    plan = None
+    if placement is not None:
+        from m2flow.pipelines import switch_plan
 
-            plan = switch_plan(placement.shares_device, ["rollout", "learner"],
-                               cfg.cluster.context_switch)
-        check_config(cfg, plan)
-        check_paths(cfg)
-        check_names(cfg)  # last: a simulator's registry can take seconds to import
-    except ConfigError:
-        raise
-    except ValueError as e:
-        text = str(e).splitlines()[0] if str(e) else type(e).__name__
-        prefix = "" if text.startswith("config error") else "config error: "
-        raise ConfigError(prefix + text) from None
+        plan = switch_plan(placement.shares_device, ["rollout", "learner"],
+                           cfg.cluster.context_switch)
+    check_config(cfg, plan)
+    check_paths(cfg)
+    check_names(cfg)  # last: a simulator's registry can take seconds to import
 
 
 def check_names(cfg: TrainConfig) -> None:

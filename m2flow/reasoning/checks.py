@@ -71,20 +71,14 @@ RULES: list[Rule] = [
 
 
 def check_reasoning_config(cfg: ReasoningConfig) -> None:
-    """Names, ranges, paths and placement of ``cfg``; raises ConfigError with one line."""
-    try:
-        check_names(cfg)
-        check_fields(cfg, RULES)
-        check_runner_base(cfg)
-        check_tiny_model(cfg)
-        check_paths(cfg)
-        check_placement(cfg)
-    except ConfigError:
-        raise
-    except ValueError as e:
-        text = str(e).splitlines()[0] if str(e) else type(e).__name__
-        prefix = "" if text.startswith("config error") else "config error: "
-        raise ConfigError(prefix + text) from None
+    """Names, ranges, paths and placement of ``cfg``; raises a one-line ValueError
+    (``m2flow.cli`` prints it as the config error)."""
+    check_names(cfg)
+    check_fields(cfg, RULES)
+    check_runner_base(cfg)
+    check_tiny_model(cfg)
+    check_paths(cfg)
+    check_placement(cfg)
 
 
 def check_names(cfg: ReasoningConfig) -> None:

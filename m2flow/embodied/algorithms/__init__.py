@@ -3,7 +3,8 @@
 Names map to ``"module:Class"`` strings imported on lookup; installed packages add names
 through the entry-point group ``m2flow.algorithms``; ``register_algorithm(name, cls)`` (or as a
 decorator) adds one in code, ``override=True`` to replace. A new algorithm is one module (its
-config dataclass, ``prepare`` and ``loss``) and one ``configs/algorithm/<name>.yaml``.
+config dataclass, ``prepare`` and ``loss``, and ``ALGORITHM = <its class>``) and one
+``configs/algorithm/<name>.yaml``.
 
 >>> algorithm_class("ppo").__name__, algorithm_class("ppo").config_class.__name__
 ('PPO', 'PPOConfig')
@@ -21,16 +22,20 @@ from m2flow.registry import Registry
 
 ENTRY_POINT_GROUP = "m2flow.algorithms"
 
-ALGORITHMS = Registry(
-    "algorithm",
-    ENTRY_POINT_GROUP,
-    AlgorithmError,
-    {
-        "ppo": "m2flow.embodied.algorithms.ppo:PPO",
-        "grpo": "m2flow.embodied.algorithms.grpo:GRPO",
-        "bc": "m2flow.embodied.algorithms.bc:BC",
-    },
-)
+HELPER_MODULES = frozenset({"base", "losses", "advantages"})  # shared pieces, not algorithms
+
+
+def _builtin_algorithms() -> dict[str, str]:
+    """Every other module of this package is an algorithm named after the module, its class
+    the module's ``ALGORITHM``: adding one is adding a module (and its config file). Nothing
+    is imported here; the registry imports a module when its name is looked up."""
+    import pkgutil
+
+    return {m.name: f"{__name__}.{m.name}:ALGORITHM" for m in pkgutil.iter_modules(__path__)
+            if m.name not in HELPER_MODULES and not m.name.startswith("_")}
+
+
+ALGORITHMS = Registry("algorithm", ENTRY_POINT_GROUP, AlgorithmError, _builtin_algorithms())
 
 register_algorithm = ALGORITHMS.register
 registered_algorithms = ALGORITHMS.names

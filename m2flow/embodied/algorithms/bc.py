@@ -134,3 +134,6 @@ def load_dataset(path: str, action_dim: int) -> TensorDict:
     if flat.shape[0] == 0:
         raise AlgorithmError(f"{where} holds no valid steps.")
     return flat
+
+
+ALGORITHM = BC  # what the registry finds under "bc"

@@ -143,3 +143,6 @@ def grpo_loss(policy, mb: TensorDict, *, clip_coef: float, ent_coef: float,
         },
         batch_size=[],
     )
+
+
+ALGORITHM = GRPO  # what the registry finds under "grpo"

@@ -146,3 +146,6 @@ def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:
     """1 - Var(target - pred) / Var(target) (nan when the target is constant)."""
     var = target.var()
     return float("nan") if var == 0 else float(1 - (target - pred).var() / var)
+
+
+ALGORITHM = PPO  # what the registry finds under "ppo"
