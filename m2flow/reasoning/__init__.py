@@ -1,1 +1,3 @@
-"""Reasoning RL (GRPO for language models) on the same engine: not built yet (see the issues)."""
+"""The reasoning workload: GRPO for causal language models (data, generation engines,
+rewards, rollout/reward/learner workers, runner) on the run layer and the engine. Never
+imports ``m2flow.embodied``."""
