@@ -61,14 +61,17 @@ def test_round_trip_is_bit_identical_and_frees_the_device_copies():
     net, opt = model_and_adam()
     before = snapshot(net, opt)
     ctx = DeviceContext("cpu", modules={"net": net}, optimizers={"adam": opt}, force=True)
-    ptrs = [p.data_ptr() for p in net.parameters()] + [net[1].running_mean.data_ptr()]
-    ptrs += [s["exp_avg"].data_ptr() for s in opt.state.values()]
+    tensors = [*net.parameters(), net[1].running_mean, *(s["exp_avg"] for s in opt.state.values())]
+    ptrs = [t.data_ptr() for t in tensors]
+    # hold the old storages: once freed, the allocator may hand their addresses to the copies
+    held = [t.untyped_storage() for t in tensors]
 
     out = ctx.offload()
     assert out.bytes == ctx.nbytes() > 0 and not ctx.on_device
     after = [p.data_ptr() for p in net.parameters()] + [net[1].running_mean.data_ptr()]
     after += [s["exp_avg"].data_ptr() for s in opt.state.values()]
     assert not set(ptrs) & set(after)  # nothing still points at the old storage
+    del held
     assert_same(snapshot(net, opt), before)  # host copies hold the same bits
 
     assert ctx.onload().bytes == out.bytes
