@@ -28,7 +28,6 @@ from m2flow import keys
 from m2flow.envs.base import BatchedEnv
 
 
-
 class ChunkedEnv(BatchedEnv):
     frames_key: Optional[str] = None
     """Set to an image obs key to also get every step's frame of a chunk, ``("next",
@@ -84,8 +83,10 @@ def combine(outs: list[TensorDict], frames_key: Optional[str] = None) -> TensorD
     # steps that belong to the episode the chunk started in: up to its first done
     ended_before = torch.cumsum(done.long(), dim=1) - done.long() > 0
     own = ~ended_before
-    last = torch.where(done.any(1), done.float().argmax(1), torch.full((n,), len(outs) - 1))
-    rows = torch.arange(n)
+    # every tensor made here lives where the env's results do (a GPU simulator's: CUDA)
+    no_end = torch.full((n,), len(outs) - 1, device=done.device)
+    last = torch.where(done.any(1), done.float().argmax(1), no_end)  # (n,) step of next obs
+    rows = torch.arange(n, device=done.device)
     out = {
         keys.OBS: outs[-1][keys.OBS],
         keys.REWARD: (reward * own).sum(1),
