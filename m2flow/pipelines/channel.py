@@ -3,7 +3,9 @@
 The queue of a channel lives in the process of the worker that reads it; there is no relay.
 ``put`` from the same process is a plain queue put; from another process on the same machine
 it is one frame on a Unix socket into that worker (:mod:`m2flow.pipelines.transport`,
-~40 us); from another machine it is one Ray call. A remote Ray put returns once sent; the
+~40 us); from another machine it is one Ray call. An item that leaves its process, either way,
+has its tensors copied to host memory first (``transport.to_host``: GPU data crosses as CPU
+tensors, and the receiver moves them to its device); a same-process put hands it over as is. A remote Ray put returns once sent; the
 next put on the same lane first waits for the previous one to land, so each producer keeps at
 most one item in flight per lane: order is kept, a full lane still blocks the producer (one
 item later), and errors surface at the next put or at ``flush()``. Keys are lanes (e.g.
@@ -167,7 +169,8 @@ class Channel:
         return head % self.world_size
 
     def put(self, item: Any, key: Hashable = 0, timeout: Optional[float] = None) -> None:
-        """Enqueues ``item`` on lane ``key``; blocks while that lane is full."""
+        """Enqueues ``item`` on lane ``key``; blocks while that lane is full. Tensors that
+        leave this process go as CPU copies (see the module docstring)."""
         if not isinstance(item, self.item_type):
             raise TypeError(
                 f"channel {self.name!r} carries {self.item_type.__name__}, "
@@ -190,7 +193,7 @@ class Channel:
         if previous is not None:
             ray.get(previous)
         self._in_flight[key] = self._handles[rank]._m2flow_channel_put.remote(
-            self.uid, key, item, timeout
+            self.uid, key, transport.to_host(item), timeout
         )
 
     def _put_socket(self, address: str, rank: int, key, item, timeout) -> None:

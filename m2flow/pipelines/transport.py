@@ -12,6 +12,25 @@ sends the next frame of a lane only after the previous answer: at most one item 
 
 Items are pickled (protocol 5); a TensorDict travels as its flat leaves (numpy arrays) plus
 batch size, which is several times cheaper than pickling the TensorDict object.
+
+Device data crosses a process boundary in host memory, copied at the sender (:func:`to_host`):
+every tensor of an item that leaves its process (this socket path, and the Ray call a channel
+makes to another machine) is moved to the CPU leaf by leaf, whatever the TensorDict's own
+``device`` says (None: its leaves may sit anywhere). The receiver gets CPU tensors and moves
+them to its own device (``batch.to(self.device)``). Why not hand CUDA memory over as it is:
+
+- a receiver on another node, or one placed without a GPU (an env worker on CPU, the driver),
+  cannot open it: a pickled CUDA tensor fails to load there;
+- CUDA IPC (``torch.multiprocessing``'s handles) only works on one node and between processes
+  that see the same device, while each worker here sees only its own GPUs under its own
+  ``CUDA_VISIBLE_DEVICES`` numbering; the producer must also keep every sent storage alive
+  until the consumer has let go of it, which a bounded channel of per-step items cannot track;
+- pickling a CUDA TensorDict whole copies GPU -> host -> GPU anyway, only later and hidden.
+
+The copies of one item start together (``non_blocking=True``: PyTorch allocates their host side
+in pinned memory, from its caching host allocator, so they run as DMA) and the sender waits
+once per device before the bytes leave. A put to a rank in the same process (the local
+backend, or a worker feeding itself) hands the item over as it is, on its device.
 """
 
 from __future__ import annotations
@@ -50,7 +69,8 @@ class _PackedTD:
 
 
 def _pack(item: Any) -> Any:
-    if type(item) is not _TENSORDICT or item.device not in (None, _CPU):
+    item = to_host(item)
+    if type(item) is not _TENSORDICT:
         return item
     leaves = []
     for k, v in item.items(include_nested=True, leaves_only=True):
@@ -61,25 +81,78 @@ def _pack(item: Any) -> Any:
 def _unpack(packed: Any) -> Any:
     if type(packed) is not _PackedTD:
         return packed
+    leaves = [(k, torch.from_numpy(v) if not isinstance(v, torch.Tensor) else v)
+              for k, v in packed.leaves]
+    return _TENSORDICT(_nest(leaves), batch_size=packed.batch_size)
+
+
+def _nest(leaves: list) -> dict:
+    """``[(key or nested key tuple, value)]`` -> nested dicts, as a TensorDict takes them."""
     nested: dict = {}
-    for k, v in packed.leaves:
+    for k, v in leaves:
         k = (k,) if isinstance(k, str) else k
         d = nested
         for part in k[:-1]:
             d = d.setdefault(part, {})
-        d[k[-1]] = torch.from_numpy(v) if not isinstance(v, torch.Tensor) else v
-    return _TENSORDICT(nested, batch_size=packed.batch_size)
+        d[k[-1]] = v
+    return nested
 
 
-def _tensordict_class():
+def to_host(item: Any) -> Any:
+    """``item`` with every tensor in host memory: the form in which data leaves a process.
+
+    A TensorDict (any ``device``; None: each leaf may sit on its own device) comes back with
+    the same keys and batch size and CPU leaves (``device='cpu'``); a tensor, or a list, tuple
+    or dict of them, likewise; anything else as it is. Leaves already on the CPU are not
+    copied, and an item with nothing off the CPU comes back itself.
+
+    >>> from tensordict import TensorDict
+    >>> td = TensorDict({"obs": {"state": torch.zeros(2, 3)}}, batch_size=[2])
+    >>> to_host(td) is td
+    True
+    """
+    if _TENSORDICT is not None and isinstance(item, _TENSORDICT_BASE):
+        return _tensordict_to_host(item)
+    if isinstance(item, torch.Tensor):
+        return item if item.device == _CPU else _host_copies([item])[0]
+    if type(item) in (list, tuple):
+        return type(item)(to_host(v) for v in item)
+    if type(item) is dict:
+        return {k: to_host(v) for k, v in item.items()}
+    return item
+
+
+def _tensordict_to_host(td) -> Any:
+    leaves = list(td.items(include_nested=True, leaves_only=True))
+    away = [i for i, (_, v) in enumerate(leaves)
+            if isinstance(v, torch.Tensor) and v.device != _CPU]
+    if not away and td.device in (None, _CPU):
+        return td
+    copies = _host_copies([leaves[i][1] for i in away])
+    for i, copy in zip(away, copies):
+        leaves[i] = (leaves[i][0], copy)
+    return _TENSORDICT(_nest(leaves), batch_size=td.batch_size, device=_CPU)
+
+
+def _host_copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """CPU copies of ``tensors``. CUDA ones are all started before any is waited for
+    (``non_blocking``: into pinned host memory), then each device's stream is waited for
+    once, so the copies are complete when this returns."""
+    copies = [t.to(_CPU, non_blocking=t.is_cuda) for t in tensors]
+    for device in {t.device for t in tensors if t.is_cuda}:
+        torch.cuda.current_stream(device).synchronize()
+    return copies
+
+
+def _tensordict_classes():
     try:
-        from tensordict import TensorDict
+        from tensordict import TensorDict, TensorDictBase
     except ImportError:  # the engine works without tensordict; items are then pickled as-is
-        return None
-    return TensorDict
+        return None, None
+    return TensorDict, TensorDictBase
 
 
-_TENSORDICT = _tensordict_class()
+_TENSORDICT, _TENSORDICT_BASE = _tensordict_classes()
 _CPU = torch.device("cpu")
 _NUMPY_DTYPES = {torch.float32, torch.float64, torch.float16, torch.int64, torch.int32,
                  torch.int16, torch.int8, torch.uint8, torch.bool}
