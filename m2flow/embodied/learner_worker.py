@@ -10,7 +10,9 @@ from m2flow import keys
 from m2flow.embodied.algorithms import Algorithm, AlgorithmConfig, algorithm_class
 from m2flow.pipelines import Channel, Worker
 from m2flow.policies import PolicyConfig, make_policy
+from m2flow.runs import checkpoint
 from m2flow.runs.learner import Trainer
+from m2flow.runs.weights import SyncPlan, WeightBucket, WeightSender
 
 ADAM_EPS = 1e-5  # cleanRL's PPO value
 
@@ -40,6 +42,7 @@ class LearnerWorker(Worker):
                                                          eps=ADAM_EPS),
             precision=algo_cfg.precision, max_grad_norm=algo_cfg.max_grad_norm,
         )
+        self.weights = WeightSender(self.policy)  # what the rollout copies were sent
         # Adam's moments appear at its first step; the context finds them in its state then
         self.context.register(modules={"policy": self.policy},
                               optimizers={"adam": self.trainer.optimizer})
@@ -53,12 +56,27 @@ class LearnerWorker(Worker):
         them on load); works offloaded too (the copy is then host to host)."""
         return {k: v.detach().to("cpu", copy=True) for k, v in self.policy.state_dict().items()}
 
+    def plan_weight_sync(self, *, full: bool, bucket_mb: float) -> SyncPlan:
+        """Plans a sync of the policy to the rollout copies: everything (``full``; the first
+        sync and the one after a load are full whatever is asked) or the trainable parameters
+        and the buffers changed since the last sync, in buckets of ``bucket_mb`` MB; the
+        buckets come from ``weight_bucket`` (see :mod:`m2flow.runs.weights`)."""
+        return self.weights.plan(full=full, cap_bytes=max(1, int(bucket_mb * 2**20)))
+
+    def weight_bucket(self, *, index: int) -> WeightBucket:
+        """CPU copies of bucket ``index`` of the planned sync."""
+        return self.weights.bucket(index)
+
     def state_dict(self) -> dict:
-        return {"policy": self.get_weights(), "optimizer": self.optimizer.state_dict()}
+        """Weights and optimiser state in host memory (the driver that saves them may have no
+        GPU; ``load_state_dict`` moves them back, see :mod:`m2flow.runs.checkpoint`)."""
+        return {"policy": self.get_weights(),
+                "optimizer": checkpoint.tree_to(self.optimizer.state_dict(), "cpu")}
 
     def load_state_dict(self, state: dict) -> None:
         self.policy.load_state_dict(state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.weights.reset()  # the rollout copies get all of the loaded weights
 
     def update(
         self, traj_ch: Channel, *, env_ranks: list[int], iteration: int, max_staleness: int = 0,

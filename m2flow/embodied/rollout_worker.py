@@ -9,6 +9,7 @@ import torch
 
 from m2flow import keys
 from m2flow.runs import seeding
+from m2flow.runs.weights import SyncPlan, WeightBucket, WeightReceiver
 from m2flow.pipelines import Channel, Worker
 from m2flow.policies import PolicyConfig, make_policy
 
@@ -28,6 +29,8 @@ class RolloutWorker(Worker):
         self.seed = seed
         self.timeout = channel_timeout
         self.version = 0
+        self.receiver = WeightReceiver(self.policy)
+        self._next_version = 0
         self.served: Counter = Counter()  # requests answered per lane
         self._lock = threading.Lock()
 
@@ -35,12 +38,28 @@ class RolloutWorker(Worker):
         """Env steps per policy call (action chunks; 1 for single actions)."""
         return int(getattr(self.policy, "chunk", 1))
 
-    def set_weights(self, state_dict: dict, *, version: int = 0) -> None:
-        """Copies into the policy's own tensors: into host memory while it is offloaded (the
-        next onload carries them to the device)."""
+    def begin_weight_sync(self, plan: SyncPlan, *, version: int) -> None:
+        """Announces a sync of ``plan.keys`` (an unknown name, or a full sync missing one of
+        this policy's, is an error here). A delta sync is staged and loaded at once by
+        ``finish_weight_sync``, so an inference running meanwhile (learner overlap) sees one
+        set of weights; a full sync (at start, after a resume: nothing is being served) loads
+        each bucket as it arrives, so host memory holds one bucket at a time."""
+        with self.timer("weight_sync"):
+            self.receiver.begin(plan.keys, full=plan.full, stage=not plan.full)
+            self._next_version = version
+
+    def receive_weight_bucket(self, bucket: WeightBucket) -> None:
+        """Loads (or stages) one bucket into the policy's own tensors: into host memory while
+        it is offloaded (the next onload carries them to the device)."""
         with self.timer("weight_sync"), self._lock:
-            self.policy.load_state_dict(state_dict)
-            self.version = version
+            self.receiver.receive(bucket)
+
+    def finish_weight_sync(self) -> None:
+        """Loads the staged buckets; the policy is now the announced version. Raises if an
+        announced tensor did not arrive whole."""
+        with self.timer("weight_sync"), self._lock:
+            self.receiver.finish()
+            self.version = self._next_version
 
     def serve(
         self, obs_ch: Channel, act_ch: Channel, *, lanes: list, num_steps: int,

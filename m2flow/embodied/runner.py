@@ -32,6 +32,7 @@ from m2flow.pipelines import Channel
 from m2flow.pipelines.worker import Futures, gather
 from m2flow.runs.logger import log_field
 from m2flow.runs.session import RunSession
+from m2flow.runs.weights import SyncPlan, cut_buckets, make_bucket
 
 WORKLOAD = "embodied"
 COMPONENTS = ("env", "rollout", "learner")
@@ -100,7 +101,7 @@ class EmbodiedRunner:
                                    routes={e: 0 for e in self.env_ranks})
             if cfg.resume:
                 self.load(cfg.resume)
-            self.sync_weights(self.iteration)
+            self.sync_weights(self.iteration, full=True)
 
     def set_stages(self, stages: int) -> None:
         """Pipeline stages from the next collection on (1 to rollout.env_groups)."""
@@ -136,10 +137,30 @@ class EmbodiedRunner:
         return self.learner.call(LearnerWorker.update, self.traj_ch, env_ranks=self.env_ranks,
                                  iteration=iteration, max_staleness=bound)
 
-    def sync_weights(self, version: int) -> None:
-        """Sends the learner's weights (the version after ``version`` updates) to the rollout."""
-        weights = self.learner.call(LearnerWorker.get_weights, ranks=[0]).as_arg()
-        self.rollout.call(RolloutWorker.set_weights, weights, version=version).wait()
+    def sync_weights(self, version: int, *, full: bool = False) -> None:
+        """Sends the learner's weights (the version after ``version`` updates) to the rollout:
+        what the update changed (trainable tensors, changed buffers), or everything when
+        ``full`` (the learner's first sync and the one after a resume are full anyway), one
+        bucket of at most ``runner.weight_sync_bucket_mb`` at a time: the object store holds
+        one bucket, not the model (see :mod:`m2flow.runs.weights`)."""
+        plan = self.learner.call(LearnerWorker.plan_weight_sync, full=full, ranks=[0],
+                                 bucket_mb=self.cfg.runner.weight_sync_bucket_mb).wait()[0]
+        self.rollout.call(RolloutWorker.begin_weight_sync, plan, version=version).wait()
+        for i in range(len(plan.buckets)):
+            bucket = self.learner.call(LearnerWorker.weight_bucket, index=i, ranks=[0]).as_arg()
+            self.rollout.call(RolloutWorker.receive_weight_bucket, bucket).wait()
+        self.rollout.call(RolloutWorker.finish_weight_sync).wait()
+
+    def send_policy(self, state: dict, version: int = 0) -> None:
+        """Sends a whole state dict held here (evaluation: a checkpoint's, or initial weights)
+        to the rollout workers, bucket by bucket like ``sync_weights``."""
+        cap = max(1, int(self.cfg.runner.weight_sync_bucket_mb * 2**20))
+        plan = SyncPlan(list(state), cut_buckets(state, list(state), cap), full=True)
+        self.rollout.call(RolloutWorker.begin_weight_sync, plan, version=version).wait()
+        for pieces in plan.buckets:
+            self.rollout.call(RolloutWorker.receive_weight_bucket,
+                              make_bucket(state, pieces)).wait()
+        self.rollout.call(RolloutWorker.finish_weight_sync).wait()
 
     def run_eval(self, episodes: Optional[int] = None, deterministic: bool = True) -> dict:
         """Episodes from fixed seeds (mean actions by default): ``eval/success`` and friends."""
@@ -177,7 +198,7 @@ class EmbodiedRunner:
 
         torch.manual_seed(self.cfg.seed)
         policy = make_policy(self.cfg.policy, self.spec)
-        self.rollout.call(RolloutWorker.set_weights, policy.state_dict()).wait()
+        self.send_policy(policy.state_dict())
 
     def _serve(self, steps: int, iteration: int, deterministic: bool):
         return self.rollout.call(
@@ -299,7 +320,7 @@ class EmbodiedRunner:
 
     def load_policy(self, state: dict) -> None:
         """Loads a checkpoint's policy weights into the rollout workers (evaluation)."""
-        self.rollout.call(RolloutWorker.set_weights, state["learner"]["policy"]).wait()
+        self.send_policy(state["learner"]["policy"])
 
     def close(self) -> None:
         self.session.close()

@@ -223,8 +223,11 @@ class _ManiSkillGPU(BatchedEnv):
         )
 
     def reset(self, seed: Optional[Sequence[int]] = None, *, rebuild: bool = False) -> TensorDict:
-        obs, _ = self.vec.reset(seed=None if seed is None else [int(s) for s in seed],
-                                options=REBUILD if rebuild else None)
+        """Resets every env; envs given one seed (a GRPO group) start from one state."""
+        seeds = None if seed is None else [int(s) for s in seed]
+        obs, _ = self.vec.reset(seed=seeds, options=REBUILD if rebuild else None)
+        if seeds is not None:
+            obs = share_leader_states(self.vec, group_leaders(seeds), obs)
         return TensorDict({keys.OBS: self._obs(obs)}, batch_size=[self.num_envs])
 
     def step(self, action: torch.Tensor) -> TensorDict:
@@ -256,3 +259,55 @@ class _ManiSkillGPU(BatchedEnv):
         if isinstance(obs, dict):
             return TensorDict(dict(obs), batch_size=[self.num_envs])
         return TensorDict({keys.leaf(keys.STATE): obs.float()}, batch_size=[self.num_envs])
+
+
+# -- one initial state per seed on the GPU backend -------------------------------------------
+# ManiSkill's GPU reset seeds torch with the FIRST seed of the list and draws the initial
+# states of the whole batch at once (BaseEnv.reset: ``torch.manual_seed(self._episode_seed[0])``
+# then ``_initialize_episode(env_idx)``), so envs given the same seed start from different
+# states; on the CPU backend each env is its own process seeded with its own seed, and equal
+# seeds do give equal states. To keep that meaning on the GPU, after the reset every env takes
+# the simulator state of the first env with its seed (its group's leader), through ManiSkill's
+# own partial reset to given states (``options["reset_to_env_states"]``), which also recomputes
+# the observations. This holds within one GPU batch: a group split over two env groups
+# (``rollout.env_groups``) gets one state per part.
+
+
+def group_leaders(seeds: Sequence[int]) -> list[int]:
+    """For each env, the index of the first env given the same seed (its group's leader).
+
+    >>> group_leaders([7, 7, 3, 3, 7, 5])
+    [0, 0, 2, 2, 0, 5]
+    """
+    first: dict[int, int] = {}
+    return [first.setdefault(int(s), i) for i, s in enumerate(seeds)]
+
+
+def gather_rows(tree, index: torch.Tensor):
+    """Rows ``index`` of every tensor in a nested dict (a ManiSkill state dict, (N, D) each).
+
+    >>> gather_rows({"actors": {"cube": torch.arange(6).view(3, 2)}}, torch.tensor([2, 0]))
+    {'actors': {'cube': tensor([[4, 5],
+            [0, 1]])}}
+    """
+    if isinstance(tree, dict):
+        return {k: gather_rows(v, index) for k, v in tree.items()}
+    if isinstance(tree, torch.Tensor) and tree.dim() > 0:
+        return tree[index.to(tree.device)]
+    return tree  # not per env
+
+
+def share_leader_states(vec, leaders: list[int], obs):
+    """Sets every env whose leader is another env to that leader's simulator state (one partial
+    reset of those envs); returns the observations of all envs afterwards (``obs`` when every
+    env leads itself)."""
+    followers = [i for i, lead in enumerate(leaders) if lead != i]
+    if not followers:
+        return obs
+    state = vec.base_env.get_state_dict()
+    source = torch.tensor([leaders[i] for i in followers])
+    env_idx = torch.tensor(followers, device=vec.device)  # ascending: the order states are set in
+    options = {"env_idx": env_idx,
+               "reset_to_env_states": {"env_states": gather_rows(state, source)}}
+    obs, _ = vec.reset(options=options)
+    return obs

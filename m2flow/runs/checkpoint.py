@@ -1,13 +1,40 @@
-"""Checkpoints written atomically: a temp file in the same directory, fsync, then rename."""
+"""Checkpoints written atomically: a temp file in the same directory, fsync, then rename.
+
+What a worker returns for a checkpoint is moved to host memory first (``tree_to(state,
+"cpu")``): a CUDA tensor sent through Ray would need a GPU in the driver to unpickle, and the
+driver (which saves) may have none. Loading moves it back: ``Module.load_state_dict`` copies
+into the parameters where they are, and ``Optimizer.load_state_dict`` casts each state tensor
+to its parameter's device and dtype (torch/optim/optimizer.py,
+``_process_value_according_to_param_policy``; Adam's ``step`` stays where it was saved).
+"""
 
 from __future__ import annotations
 
 import os
 import tempfile
+from collections import OrderedDict
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
+
+
+def tree_to(obj: Any, device: str | torch.device) -> Any:
+    """``obj`` with every tensor in its dicts, lists and tuples moved to ``device`` (a tensor
+    already there is not copied); other leaves stay as they are.
+
+    >>> out = tree_to({"state": {0: {"exp_avg": torch.ones(2), "step": 3}}, "ids": [0]}, "meta")
+    >>> out["state"][0]["exp_avg"].device, out["state"][0]["step"], out["ids"]
+    (device(type='meta'), 3, [0])
+    """
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to(device)
+    if isinstance(obj, dict):
+        moved = {k: tree_to(v, device) for k, v in obj.items()}
+        return OrderedDict(moved) if isinstance(obj, OrderedDict) else moved
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):  # not a namedtuple
+        return type(obj)(tree_to(v, device) for v in obj)
+    return obj
 
 
 def save(path: str | os.PathLike, state: dict) -> Path:

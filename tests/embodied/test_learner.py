@@ -103,3 +103,99 @@ def test_a_bad_algorithm_config_fails_before_the_policy_is_built():
 
     with pytest.raises(AlgorithmError, match=r"^algorithm.gae_lambda=2.0: must be in \[0, 1\].$"):
         _learner(gae_lambda=2.0)
+
+
+def test_critic_values_run_in_micro_batches_equal_to_a_per_sample_loop():
+    worker = _learner(micro_batch_size=5)
+    policy, rows = worker.policy, []
+    real_value = policy.value
+
+    def spy(obs):
+        rows.append(obs.shape[0])
+        return real_value(obs)
+
+    policy.value = spy
+    traj = trajectory(n=4)  # 32 steps
+    worker.algorithm.add_advantages(policy, traj, revalue=True)
+    assert max(rows) <= 5 and sum(rows) == 2 * 32  # values and next values
+    for obs_key, value_key in (("obs", "value"), (("next", "obs"), ("next", "value"))):
+        with torch.no_grad():
+            loop = torch.cat([real_value(traj[obs_key][i, t : t + 1])
+                              for i in range(4) for t in range(8)])
+        torch.testing.assert_close(traj[value_key].reshape(-1), loop)
+
+
+def test_after_the_first_full_sync_the_learner_ships_trainable_params_and_changed_buffers():
+    worker = _learner()
+    worker.policy.critic.requires_grad_(False)  # frozen: never changes, never shipped again
+    first = worker.plan_weight_sync(full=False, bucket_mb=1.0)
+    assert first.full and set(first.keys) == set(worker.policy.state_dict())
+    worker.update(_OneItem(trajectory()), env_ranks=[0], iteration=0)  # observe() moves obs_norm
+    plan = worker.plan_weight_sync(full=False, bucket_mb=1.0)
+    trainable = {n for n, p in worker.policy.named_parameters() if p.requires_grad}
+    assert not plan.full and trainable == {
+        "actor_mean.0.weight", "actor_mean.0.bias", "actor_mean.2.weight", "actor_mean.2.bias",
+        "actor_log_std"}
+    assert set(plan.keys) == trainable | {"obs_norm.mean", "obs_norm.var", "obs_norm.count"}
+
+
+def test_a_rollout_copy_equals_the_learner_after_bucketed_syncs():
+    from types import SimpleNamespace
+
+    from m2flow.embodied.rollout_worker import RolloutWorker
+    from m2flow.embodied.runner import EmbodiedRunner
+
+    cluster = Cluster(ClusterConfig(backend="local", num_gpus=0))
+    res = [RankResources(0, 1.0, ())]
+    learner = WorkerGroup(cluster, "learner", LearnerWorker, res, PolicyConfig(name="mlp", hidden_sizes=[16]),
+                          PPOConfig(learning_rate=1e-2, target_kl=None), SPEC, seed=0, num_iterations=10)
+    rollout = WorkerGroup(cluster, "rollout", RolloutWorker, res * 2,
+                          PolicyConfig(name="mlp", hidden_sizes=[16]), SPEC, seed=1)
+    # 1 KB buckets: the 16x16 weights (1 KB) and the rest travel in several
+    runner = SimpleNamespace(learner=learner, rollout=rollout,
+                             cfg=SimpleNamespace(runner=SimpleNamespace(weight_sync_bucket_mb=2**-10)))
+    try:
+        for version in (0, 1):
+            if version:
+                learner.handles[0].update(_OneItem(trajectory()), env_ranks=[0], iteration=0)
+            EmbodiedRunner.sync_weights(runner, version, full=version == 0)
+            want = learner.call(LearnerWorker.get_weights).wait()[0]
+            for copy in rollout.handles:
+                assert copy.version == version
+                for k, v in copy.policy.state_dict().items():
+                    assert torch.equal(v, want[k]), k
+    finally:
+        rollout.shutdown()
+        learner.shutdown()
+
+
+def test_a_saved_and_resumed_learner_continues_bit_identically(tmp_path):
+    from m2flow.runs import checkpoint
+
+    traj = [trajectory(seed=s) for s in (0, 1)]
+    straight = _learner()
+    m_straight = [straight.update(_OneItem(traj[i]), env_ranks=[0], iteration=i) for i in (0, 1)]
+    first = _learner()
+    first.update(_OneItem(traj[0]), env_ranks=[0], iteration=0)
+    state = first.state_dict()
+    assert state["optimizer"]["state"]  # Adam's moments exist
+    tensors = [t for t in _leaves(state) if isinstance(t, torch.Tensor)]
+    assert tensors and all(t.device.type == "cpu" for t in tensors)
+    path = checkpoint.save(tmp_path / "c.pt", {"config": "", "learner": state})
+    resumed = _learner()
+    resumed.load_state_dict(checkpoint.load(path)["learner"])
+    m_resumed = resumed.update(_OneItem(traj[1]), env_ranks=[0], iteration=1)
+    assert m_resumed["loss/total"] == m_straight[1]["loss/total"]
+    for k, v in straight.get_weights().items():
+        assert torch.equal(resumed.get_weights()[k], v), k
+
+
+def _leaves(tree):
+    if isinstance(tree, dict):
+        for v in tree.values():
+            yield from _leaves(v)
+    elif isinstance(tree, (list, tuple)):
+        for v in tree:
+            yield from _leaves(v)
+    else:
+        yield tree

@@ -42,3 +42,18 @@ def test_last_points_at_the_newest(tmp_path):
 def test_missing_checkpoint_says_what_to_pass(tmp_path):
     with pytest.raises(checkpoint.CheckpointError, match="m2flow-train"):
         checkpoint.load(tmp_path / "nope.pt")
+
+
+def test_tree_to_moves_every_tensor_of_an_optimizer_state_and_keeps_the_rest():
+    # meta stands in for a device the test machine lacks; the walk is the same for "cpu"
+    opt_state = {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.ones(2, 2)},
+                           1: {"step": torch.tensor(3.0), "exp_avg": torch.ones(4)}},
+                 "param_groups": [{"lr": 1e-3, "params": [0, 1], "betas": (0.9, 0.999)}]}
+    moved = checkpoint.tree_to({"optimizer": opt_state, "extra": [torch.zeros(1), "x"]}, "meta")
+    assert moved["optimizer"]["param_groups"] == opt_state["param_groups"]
+    assert moved["extra"][1] == "x" and moved["extra"][0].device.type == "meta"
+    for i in (0, 1):
+        for k, v in moved["optimizer"]["state"][i].items():
+            assert v.device.type == "meta" and v.shape == opt_state["state"][i][k].shape
+    same = checkpoint.tree_to(opt_state, "cpu")["state"][0]["exp_avg"]  # already there: no copy
+    assert same.data_ptr() == opt_state["state"][0]["exp_avg"].data_ptr()

@@ -19,6 +19,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
+import torch
 from omegaconf import MISSING
 from tensordict import TensorDict
 
@@ -46,8 +47,9 @@ class AlgorithmConfig:
     num_minibatches: int = 4
     """Minibatches per epoch (one optimiser step each)."""
     micro_batch_size: Optional[int] = None
-    """Samples per forward/backward (gradients accumulate over a minibatch); None: the whole
-    minibatch at once. Changes memory, not the update."""
+    """Samples per forward/backward (gradients accumulate over a minibatch), and per forward
+    of ``prepare`` (critic values of the whole batch); None: the whole minibatch (batch) at
+    once. Changes memory, not the update."""
     max_grad_norm: float = 0.5
     """Global gradient-norm clip."""
     precision: str = "auto"
@@ -115,6 +117,28 @@ class Algorithm(ABC):
     def batch_metrics(self, batch: TensorDict) -> dict:
         """Metrics of the whole prepared batch after the update (named with their prefix)."""
         return {}
+
+
+@torch.no_grad()
+def batched_values(policy, obs: TensorDict, micro_batch_size: Optional[int]) -> torch.Tensor:
+    """``policy.value`` of ``obs`` (B,) in forwards of at most ``micro_batch_size`` rows (None:
+    one forward), as fp32 (B,). ``prepare`` runs over every step of an iteration at once, N*T
+    observations: at 7B with images one forward of them all does not fit (the learner's
+    ``algorithm.micro_batch_size`` bounds the training forwards the same way).
+
+    >>> class Sum:
+    ...     def value(self, obs):
+    ...         print(obs.shape[0], end=" ")
+    ...         return obs["x"].sum(-1)
+    >>> batched_values(Sum(), TensorDict({"x": torch.ones(5, 2)}, [5]), 2)
+    2 2 1 tensor([2., 2., 2., 2., 2.])
+    """
+    n = obs.shape[0]
+    k = n if micro_batch_size is None else micro_batch_size
+    if n <= k:
+        return policy.value(obs).float()
+    # float(): under bf16 autocast the critic's output is bf16; returns stay fp32
+    return torch.cat([policy.value(obs[i:i + k]).float() for i in range(0, n, k)])
 
 
 def flatten_valid(traj: TensorDict) -> TensorDict:

@@ -1,0 +1,284 @@
+"""Shipping a model's weights from the worker that trains it to the workers that run it, at
+any size: only what changed, in buckets of bounded bytes, each checked and loaded on arrival.
+
+What changes between two syncs is what the learner writes: its trainable parameters (under
+LoRA only the adapters) and the buffers its update changes (observation-normaliser
+statistics). Frozen weights never change, so a delta sync leaves them out: at 7B with LoRA
+rank 32 that is ~80 MB instead of ~15 GB. A full sync (every tensor of the state dict) is the
+first one and the one after a resume: an inference copy need not have built its frozen weights
+the same way (a tiny model's random init is not seeded like the learner's; a checkpoint may be
+loaded in another dtype), and checking that it did would cost a pass over every frozen weight
+anyway, so the first sync simply ships them, once, streamed in buckets.
+
+A bucket holds whole tensors up to ``cap`` bytes; a tensor larger than the cap is cut along
+its first dimension into row ranges of at most ``cap`` bytes (a single row larger than the cap
+goes alone), so no bucket exceeds the cap except such a row. Each bucket is one object (one
+Ray object between processes), so the object store holds about one bucket at a time.
+
+The receiving side checks names exactly (``load_state_dict(strict=False)`` alone would ignore a
+misspelt name and leave a missing one as it was): every name must be one of its own, and by the
+end of a sync every announced name must have arrived whole.
+
+Imports torch only: both workloads use it.
+
+>>> sender = torch.nn.Linear(2, 2)
+>>> receiver = torch.nn.Linear(2, 2)
+>>> plan = plan_sync(sender, full=True, cap_bytes=16)  # weight 16 B, bias 8 B
+>>> [[p.key for p in b] for b in plan.buckets]
+[['weight'], ['bias']]
+>>> sink = WeightReceiver(receiver)
+>>> sink.begin(plan.keys, full=True)
+>>> for b in plan.buckets:
+...     sink.receive(make_bucket(sender.state_dict(), b))
+>>> sink.finish()
+>>> torch.equal(receiver.weight, sender.weight)
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One tensor of a state dict, or rows ``[start, stop)`` of its first dimension."""
+
+    key: str
+    nbytes: int
+    rows: Optional[tuple[int, int]] = None
+    """None: the whole tensor."""
+
+
+@dataclass
+class SyncPlan:
+    """What one sync ships: the names (``keys``) and the pieces of each bucket."""
+
+    keys: list[str]
+    buckets: list[list[Piece]]
+    full: bool
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for b in self.buckets for p in b)
+
+
+@dataclass
+class WeightBucket:
+    """The tensors of one bucket, on the CPU: ``whole`` by name, ``rows`` as (name, first
+    row, rows)."""
+
+    whole: dict[str, torch.Tensor] = field(default_factory=dict)
+    rows: list[tuple[str, int, torch.Tensor]] = field(default_factory=list)
+
+
+class WeightSyncError(RuntimeError):
+    """A sync whose names do not match the receiving model's (a misspelt, unknown or missing
+    tensor name): the two sides built different models."""
+
+
+# -- what to ship ----------------------------------------------------------------------------
+def trainable_keys(module: nn.Module) -> list[str]:
+    """State-dict names of the parameters that get gradients (tied ones under every name).
+
+    >>> m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    >>> m[0].requires_grad_(False)
+    Linear(in_features=2, out_features=2, bias=True)
+    >>> trainable_keys(m)
+    ['1.weight', '1.bias']
+    """
+    return [k for k, v in module.state_dict(keep_vars=True).items()
+            if isinstance(v, nn.Parameter) and v.requires_grad]
+
+
+def buffer_snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
+    """CPU copies of the module's persistent buffers (the state-dict entries that are not
+    parameters), to tell later which of them changed."""
+    return {k: v.detach().to("cpu", copy=True)
+            for k, v in module.state_dict(keep_vars=True).items()
+            if not isinstance(v, nn.Parameter)}
+
+
+def changed_buffers(module: nn.Module, snapshot: Mapping[str, torch.Tensor]) -> list[str]:
+    """Names of the persistent buffers that differ from ``snapshot`` (or are not in it)."""
+    now = buffer_snapshot(module)
+    return [k for k, v in now.items()
+            if k not in snapshot or v.shape != snapshot[k].shape or not torch.equal(v, snapshot[k])]
+
+
+def cut_buckets(tensors: Mapping[str, torch.Tensor], keys: list[str],
+                cap_bytes: int) -> list[list[Piece]]:
+    """``keys`` of ``tensors`` in buckets of at most ``cap_bytes``, in order (greedy).
+
+    A tensor larger than the cap is cut into row ranges of ``cap_bytes // row_bytes`` rows
+    (at least one); sizes are read from shape and dtype, so ``meta`` tensors will do.
+
+    >>> t = {"a": torch.empty(3, device="meta"), "b": torch.empty(10, 2, device="meta")}
+    >>> [[(p.key, p.nbytes, p.rows) for p in b] for b in cut_buckets(t, ["a", "b"], 32)]
+    [[('a', 12, None)], [('b', 32, (0, 4))], [('b', 32, (4, 8))], [('b', 16, (8, 10))]]
+    """
+    if cap_bytes < 1:
+        raise ValueError(f"weight sync bucket of {cap_bytes} bytes: must be >= 1 byte.")
+    buckets: list[list[Piece]] = []
+    current: list[Piece] = []
+    size = 0
+    for piece in _pieces(tensors, keys, cap_bytes):
+        if current and size + piece.nbytes > cap_bytes:
+            buckets.append(current)
+            current, size = [], 0
+        current.append(piece)
+        size += piece.nbytes
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def _pieces(tensors: Mapping[str, torch.Tensor], keys: list[str], cap_bytes: int):
+    for k in keys:
+        t = tensors[k]
+        nbytes = t.numel() * t.element_size()
+        if nbytes <= cap_bytes or t.dim() == 0 or t.shape[0] <= 1:
+            yield Piece(k, nbytes)
+            continue
+        row_bytes = nbytes // t.shape[0]
+        step = max(1, cap_bytes // max(row_bytes, 1))
+        for start in range(0, t.shape[0], step):
+            stop = min(start + step, t.shape[0])
+            yield Piece(k, (stop - start) * row_bytes, (start, stop))
+
+
+def plan_sync(module: nn.Module, *, full: bool, cap_bytes: int,
+              snapshot: Optional[Mapping[str, torch.Tensor]] = None) -> SyncPlan:
+    """The sync of ``module``: every state-dict tensor (``full``), or its trainable parameters
+    plus the buffers that differ from ``snapshot`` (None: every buffer)."""
+    state = module.state_dict()
+    if full:
+        keys = list(state)
+    else:
+        changed = set(changed_buffers(module, snapshot) if snapshot is not None
+                      else buffer_snapshot(module))
+        trainable = set(trainable_keys(module))
+        keys = [k for k in state if k in trainable or k in changed]  # state-dict order
+    return SyncPlan(keys, cut_buckets(state, keys, cap_bytes), full)
+
+
+def make_bucket(tensors: Mapping[str, torch.Tensor], pieces: list[Piece]) -> WeightBucket:
+    """CPU copies of ``pieces`` of ``tensors`` (a state dict), ready to send."""
+    bucket = WeightBucket()
+    for p in pieces:
+        t = tensors[p.key].detach()
+        if p.rows is None:
+            bucket.whole[p.key] = t.to("cpu", copy=True)
+        else:
+            bucket.rows.append((p.key, p.rows[0], t[p.rows[0]:p.rows[1]].to("cpu", copy=True)))
+    return bucket
+
+
+class WeightSender:
+    """The sending side, kept by the worker that trains ``module``: plans syncs and hands out
+    their buckets; remembers the buffers as last shipped, so a delta sync finds the changed
+    ones.
+
+    The first sync it plans is a full one whatever is asked (nothing was shipped before), and
+    so is the first after ``reset()`` (call it when the weights were replaced, e.g. loaded).
+    """
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+        self._snapshot: Optional[dict[str, torch.Tensor]] = None
+        self._plan: Optional[SyncPlan] = None
+
+    def reset(self) -> None:
+        """Forgets what was shipped: the next sync is a full one."""
+        self._snapshot, self._plan = None, None
+
+    def plan(self, *, full: bool, cap_bytes: int) -> SyncPlan:
+        """Plans the next sync (full: every tensor) in buckets of at most ``cap_bytes`` (see
+        :func:`cut_buckets`); its buckets come from ``bucket(i)``."""
+        self._plan = plan_sync(self.module, full=full or self._snapshot is None,
+                               cap_bytes=cap_bytes, snapshot=self._snapshot)
+        self._snapshot = buffer_snapshot(self.module)
+        return self._plan
+
+    def bucket(self, index: int) -> WeightBucket:
+        if self._plan is None or not 0 <= index < len(self._plan.buckets):
+            raise IndexError(f"weight sync bucket {index}: plan a sync first, then ask for "
+                             "buckets 0 to len(plan.buckets) - 1.")
+        return make_bucket(self.module.state_dict(), self._plan.buckets[index])
+
+
+# -- the receiving side ------------------------------------------------------------------------
+class WeightReceiver:
+    """Loads buckets into ``module``, checking names exactly.
+
+    ``begin(keys, full=..., stage=...)`` announces a sync; ``receive(bucket)`` loads a bucket
+    as it arrives (``stage=False``) or holds it in host memory (``stage=True``); ``finish()``
+    loads what was held and raises :class:`WeightSyncError` unless every announced name arrived
+    whole. Staging makes a sync atomic for inferences running meanwhile (they see the old
+    weights until ``finish``), at the cost of host memory for the sync's bytes.
+    """
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+        self._expected: dict[str, int] = {}  # name -> rows still to come (1 for 0-dim)
+        self._held: list[WeightBucket] = []
+        self._stage = False
+
+    def begin(self, keys: list[str], *, full: bool, stage: bool = False) -> None:
+        own = self.module.state_dict()
+        unknown = [k for k in keys if k not in own]
+        if unknown:
+            raise WeightSyncError(
+                f"weight sync: {len(unknown)} tensor name(s) this model does not have, e.g. "
+                f"{unknown[0]!r}; sender and receiver must build the same policy config.")
+        missing = [k for k in own if k not in set(keys)] if full else []
+        if missing:
+            raise WeightSyncError(
+                f"weight sync: a full sync without {len(missing)} of this model's tensors, e.g. "
+                f"{missing[0]!r}; sender and receiver must build the same policy config.")
+        self._expected = {k: _rows(own[k]) for k in keys}
+        self._held, self._stage = [], stage
+
+    def receive(self, bucket: WeightBucket) -> None:
+        for k in list(bucket.whole) + [k for k, _, _ in bucket.rows]:
+            if k not in self._expected:
+                raise WeightSyncError(f"weight sync: tensor {k!r} was not announced by begin().")
+        for k in bucket.whole:
+            self._expected[k] = 0
+        for k, _, t in bucket.rows:
+            self._expected[k] -= t.shape[0]
+        if self._stage:
+            self._held.append(bucket)
+        else:
+            self._load(bucket)
+
+    def finish(self) -> None:
+        for bucket in self._held:
+            self._load(bucket)
+        self._held = []
+        short = [k for k, left in self._expected.items() if left != 0]
+        if short:
+            raise WeightSyncError(
+                f"weight sync: {len(short)} announced tensor(s) did not arrive whole, e.g. "
+                f"{short[0]!r}; every bucket of the plan must be received before finish().")
+
+    @torch.no_grad()
+    def _load(self, bucket: WeightBucket) -> None:
+        if bucket.whole:
+            result = self.module.load_state_dict(bucket.whole, strict=False)
+            if result.unexpected_keys:  # begin() checked the names; a module that renames
+                raise WeightSyncError(f"weight sync: {result.unexpected_keys[0]!r} was not "
+                                      "loaded by this model.")
+        if bucket.rows:
+            own = self.module.state_dict()  # tensors sharing the parameters' storage
+            for k, start, t in bucket.rows:
+                own[k][start:start + t.shape[0]].copy_(t)
+
+
+def _rows(t: torch.Tensor) -> int:
+    """Rows a tensor arrives in: its first dimension (whole tensors count as all of it)."""
+    return t.shape[0] if t.dim() > 0 else 1
