@@ -2,6 +2,7 @@
 against hand-worked examples."""
 
 import pytest
+import torch
 
 from m2flow.embodied.resets import check_group_size, env_seeds, split, train_tasks
 from m2flow.runs import seeding
@@ -61,3 +62,53 @@ def test_group_size_must_divide_the_envs():
 def test_split_cuts_per_env_values_into_groups():
     assert split([1, 2, 3, 4, 5, 6, 7], [3, 2, 2]) == [[1, 2, 3], [4, 5], [6, 7]]
     assert split(None, [3, 4]) == [None, None]
+
+
+class _FakeManiSkillBatch:
+    """ManiSkill's contract for ``reset(options={"env_idx", "reset_to_env_states"})``
+    (mani_skill/envs/sapien_env.py): row j of each state tensor goes to env ``env_idx[j]``
+    (ascending), the other envs keep theirs, and the obs of every env come back."""
+
+    def __init__(self, n: int):
+        self.device = torch.device("cpu")
+        self.base_env = self
+        self.cube = torch.randn(n, 13, generator=torch.Generator().manual_seed(0))
+        self.qpos = torch.randn(n, 9, generator=torch.Generator().manual_seed(1))
+
+    def get_state_dict(self):
+        return {"actors": {"cube": self.cube.clone()}, "articulations": {"panda": self.qpos.clone()}}
+
+    def reset(self, seed=None, options=None):
+        idx, states = options["env_idx"], options["reset_to_env_states"]["env_states"]
+        assert seed is None and torch.equal(idx, idx.sort().values)
+        self.cube[idx] = states["actors"]["cube"]
+        self.qpos[idx] = states["articulations"]["panda"]
+        return torch.cat([self.cube, self.qpos], dim=1), {}
+
+
+def test_envs_given_one_seed_take_their_leaders_state_on_the_gpu_backend():
+    from m2flow.envs.maniskill import group_leaders, share_leader_states
+
+    seeds = [5, 5, 5, 9, 9, 4]
+    assert group_leaders(seeds) == [0, 0, 0, 3, 3, 5]
+    batch = _FakeManiSkillBatch(6)
+    before = torch.cat([batch.cube, batch.qpos], dim=1)  # six different initial states
+    obs = share_leader_states(batch, group_leaders(seeds), before)
+    for env, leader in enumerate([0, 0, 0, 3, 3, 5]):
+        assert torch.equal(obs[env], before[leader]), env
+    assert len({tuple(obs[i].tolist()) for i in range(6)}) == 3
+    untouched = before.clone()
+    assert share_leader_states(batch, group_leaders([1, 2, 3]), untouched) is untouched
+
+
+@pytest.mark.slow  # three simulator processes: ~20-50 s here
+def test_on_the_cpu_backend_envs_given_one_seed_already_start_alike():
+    """The meaning the GPU backend is made to keep: each CPU env is its own seeded process."""
+    from m2flow.envs import EnvConfig, make_env
+
+    env = make_env(EnvConfig(name="ManiSkill/PushCube-v1", num_envs=3, sim_backend="cpu"))
+    try:
+        state = env.reset(seed=[11, 11, 12])["obs"]["state"]
+    finally:
+        env.close()
+    assert torch.equal(state[0], state[1]) and not torch.equal(state[0], state[2])
