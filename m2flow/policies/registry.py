@@ -1,11 +1,15 @@
 """The policy registry: names -> ``"module:Class"`` or classes, imported on lookup.
 
-Classes are called as ``cls(cfg, env_spec)``. Same rules as the env registry: a decorator
+Classes are called as ``cls(cfg, env_spec, device=device)`` when their ``__init__`` takes a
+``device`` (they build their weights there, in the dtype that device wants), else as
+``cls(cfg, env_spec)`` and then moved (third-party policies written before). Same rules as the env registry: a decorator
 ``@register_policy("name")``, ``override=True`` to replace, and entry points in group
 ``m2flow.policies``.
 """
 
 from __future__ import annotations
+
+import inspect
 
 from m2flow.policies.base import Policy, PolicyError
 from m2flow.policies.config import PolicyConfig
@@ -30,6 +34,14 @@ registered_policies = POLICIES.names
 policy_class = POLICIES.load
 
 
-def make_policy(cfg: PolicyConfig, env_spec) -> Policy:
-    """Builds policy ``cfg.name`` for an env with ``env_spec``."""
-    return policy_class(cfg.name)(cfg, env_spec)
+def make_policy(cfg: PolicyConfig, env_spec, device: str = "cpu") -> Policy:
+    """Builds policy ``cfg.name`` for an env with ``env_spec``, on ``device``."""
+    cls = policy_class(cfg.name)
+    if _takes_device(cls):
+        return cls(cfg, env_spec, device=device)
+    return cls(cfg, env_spec).to(device)
+
+
+def _takes_device(cls) -> bool:
+    """Whether ``cls(cfg, env_spec, device=...)`` is a valid call."""
+    return "device" in inspect.signature(cls.__init__).parameters

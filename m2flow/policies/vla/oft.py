@@ -1,14 +1,28 @@
-"""OpenVLA-OFT-style policy: one forward pass decodes a whole action chunk in parallel.
+"""OpenVLA-OFT policy: one forward pass decodes a whole action chunk in parallel.
 
-Sequence (per env): ``<s>``, the image patches (agent view, then wrist), one proprio token, the
-prompt tokens, then ``chunk x action_dim`` action placeholders. Attention is causal, except
-that the placeholders see each other (bidirectional among themselves); padding of shorter
-prompts goes in front, masked out and skipped by the rotary positions, so every env's sequence
-behaves as if unpadded. Each placeholder's hidden state goes through the LM head restricted to the 256
-action-bin ids (the last 256 of the vocabulary): a categorical over bins, sampled with
-temperature and top-k for RL, argmax when deterministic. Log-probs are of the sampled bins
-under ``softmax(logits / temperature)`` over all 256 bins, computed the same way at rollout and
-in training. An optional value head reads the mean placeholder state (for PPO).
+The forward is openvla-oft's discrete-token one (``predict_action`` with no action head, as
+SimpleVLA-RL's ``generate_action_verl`` and RLinf's ``OpenVLAOFTForRLActionPrediction`` run it
+for RL). Sequence (per env): ``<s>``, the image patches (agent view, then wrist: openvla-oft's
+``num_images_in_input``), one proprio token (``ProprioProjector``: fc1, GELU, fc2), the prompt
+tokens (``prompt_suffix_ids`` ends them; Llama-2 checkpoints: the empty token 29871),
+``chunk x action_dim`` action placeholders whose embeddings are zero (``queries``, a parameter
+that starts at zero and trains only where ``trainable`` says so), then the stop token ``</s>``
+(``stop_token``). Attention is fully bidirectional over the non-padding positions (the
+``transformers-openvla-oft`` fork's Llama); padding of shorter prompts is masked out and
+skipped by the rotary positions, so every env's sequence behaves as if unpadded.
+
+Action token k is read, as a language model predicts the next token, from the position
+*before* placeholder k (the last prompt token for k = 0): its LM-head logits restricted to the
+256 action-bin ids (the last 256 of the tokenizer's vocabulary) form a categorical over bins,
+sampled with temperature and top-k for RL, argmax when deterministic. Log-probs are of the
+sampled bins under ``softmax(logits / temperature)`` over all 256 bins, computed the same way at
+rollout and in training (RLinf's ``compute_logprobs_from_logits``). An optional value head reads
+the last prompt token's state (RLinf's critic input).
+
+Images go through OpenVLA's evaluation preprocessing first (:mod:`.preprocess`: JPEG round trip
+and Lanczos3 resize for frames of another size, centre crop); decoded actions are un-normalised
+with the checkpoint's statistics and, with ``gripper: libero``, put in LIBERO's gripper
+convention. Published layouts that load: see :mod:`.oft_checkpoint`.
 
 Outputs of ``act``: ``action`` (B, chunk, action_dim) float, in the env's units;
 ``action_tokens`` (B, chunk * action_dim) int64 bin ids; ``token_log_prob`` (same shape);
@@ -31,8 +45,14 @@ from m2flow.policies.action_tokenizer import N_BINS, ActionStats, ActionTokenize
 from m2flow.policies.base import Policy, PolicyError
 from m2flow.policies.config import PolicyConfig
 from m2flow.policies.vla import checkpoint as vla_checkpoint
+from m2flow.policies.vla import oft_checkpoint
+from m2flow.policies.vla import preprocess
 from m2flow.policies.vla.prismatic import Prismatic
 from m2flow.policies.vla.text import prompt, tiny_tokenizer
+
+TRAINABLE = ("proprio", "value_head", "queries", "projector", "vision")
+"""Parts that may train beside the LoRA adapters (``policy.kwargs.trainable``)."""
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @dataclass
@@ -44,11 +64,14 @@ class OFTOptions:
     image_size: int = 64
     """Backbone resolution (env images are resized to it)."""
     image_keys: list = field(default_factory=lambda: ["rgb", "wrist_rgb"])
-    """Image observations to read, in this order (those the env has)."""
-    use_proprio: bool = True
-    """Add one token projected from ``("obs", "state")``."""
+    """Image observations to read, in this order (those the env has): openvla-oft's
+    ``num_images_in_input`` images (the published LIBERO RL checkpoints read one: [rgb])."""
+    use_proprio: Optional[bool] = None
+    """Add one token projected from ``("obs", "state")``. None: with a checkpoint, whether it
+    has a ``proprio_projector--*.pt``; without one, True."""
     chunk: int = 8
-    """Actions decoded per forward pass (LIBERO's OFT uses 8)."""
+    """Actions decoded per forward pass (openvla-oft's ``NUM_ACTIONS_CHUNK``: 8 for LIBERO;
+    must be the checkpoint's)."""
     hidden_size: int = 128
     num_layers: int = 2
     num_heads: int = 4
@@ -59,23 +82,43 @@ class OFTOptions:
     top_k: int = 0
     """Sample among the k likeliest bins (0: all)."""
     value_head: bool = True
-    """A critic on the mean placeholder state (PPO); GRPO does not need it."""
+    """A critic on the last prompt token's state (PPO); GRPO does not need it."""
     unnorm: Optional[dict] = None
     """{q01, q99, mask}: un-normalise actions into env units (None: actions are in [-1, 1])."""
     checkpoint: Optional[str] = None
-    """A local directory in OpenVLA's Hugging Face layout: its vision backbones, projector, LM
-    and tokenizer replace the tiny ones (vision, image_size and the LM sizes are then its)."""
+    """A local directory in OpenVLA's Hugging Face layout (an OFT one: see
+    :mod:`m2flow.policies.vla.oft_checkpoint`): its vision backbones, projector, LM, tokenizer
+    and proprio projector replace the tiny ones (vision, image_size and the LM sizes are then
+    its)."""
     unnorm_key: Optional[str] = None
-    """With a checkpoint: the dataset whose action statistics (``norm_stats``) un-normalise."""
+    """With a checkpoint: the dataset whose statistics (``norm_stats``) un-normalise actions
+    and normalise the proprio state."""
     prompt_suffix_ids: list = field(default_factory=list)
     """Token ids appended to every prompt; OpenVLA with Llama-2's tokenizer ends prompts with
     the empty token 29871 (its ``predict_action`` adds it)."""
+    stop_token: bool = True
+    """End the sequence with ``</s>`` after the placeholders (openvla-oft and SimpleVLA-RL do;
+    RLinf's own OFT forward drops it)."""
+    resize: str = "lanczos3"
+    """How frames of another size reach the backbone's: 'lanczos3' (OpenVLA's
+    ``tf.image.resize(lanczos3, antialias=True)``) or 'bilinear'."""
+    jpeg: bool = True
+    """JPEG round trip before resizing (OpenVLA's ``resize_image_for_policy``)."""
+    center_crop: bool = True
+    """Crop the central 90% of the area and resize back (OpenVLA's ``center_crop_image``; the
+    published LIBERO checkpoints were trained with random-crop augmentation)."""
+    gripper: str = "as_is"
+    """'libero': OpenVLA's LIBERO ``process_action`` on the decoded action's last dimension
+    (dataset [0, 1], 1 = open -> robosuite's -1 open / +1 close, binarised); 'as_is': none."""
     lora_rank: int = 0
-    """> 0: train LoRA adapters (``peft``) of this rank on the LM's linear layers, the LM's own
-    weights frozen; 0: train everything."""
+    """> 0: train LoRA adapters (``peft``, fp32) of this rank on the LM's linear layers and
+    the parts in ``trainable``; everything else is frozen in ``dtype``. 0: train everything."""
     lora_alpha: int = 16
+    trainable: list = field(default_factory=lambda: ["proprio", "value_head"])
+    """Under LoRA, the parts that train beside the adapters: any of proprio, value_head,
+    queries, projector, vision."""
     dtype: str = "auto"
-    """'float32', 'bfloat16', or 'auto' (bfloat16 where CUDA is available)."""
+    """'float32', 'bfloat16', or 'auto' (bfloat16 when the policy is built for a CUDA device)."""
 
 
 def _options(kwargs) -> OFTOptions:
@@ -89,14 +132,36 @@ def _options(kwargs) -> OFTOptions:
         raise PolicyError("policy.kwargs: chunk >= 1, temperature > 0 and top_k >= 0 are needed "
                           f"(got chunk={opts.chunk}, temperature={opts.temperature}, "
                           f"top_k={opts.top_k}).")
+    choices = {"dtype": ("auto", *DTYPES), "resize": preprocess.RESIZES,
+               "gripper": tuple(preprocess.GRIPPERS)}
+    for name, allowed in choices.items():
+        if getattr(opts, name) not in allowed:
+            raise PolicyError(f"policy.kwargs.{name}={getattr(opts, name)!r}: use one of "
+                              f"{list(allowed)}.")
+    bad = [t for t in opts.trainable if t not in TRAINABLE]
+    if bad:
+        raise PolicyError(f"policy.kwargs.trainable: {bad[0]!r} is not a part of the policy; "
+                          f"use any of {list(TRAINABLE)}.")
     return opts
+
+
+class ProprioProjector(nn.Module):
+    """openvla-oft's ``ProprioProjector``: the state -> one LM embedding (fc1, GELU, fc2)."""
+
+    def __init__(self, proprio_dim: int, llm_dim: int):
+        super().__init__()
+        self.fc1 = nn.Linear(proprio_dim, llm_dim)
+        self.fc2 = nn.Linear(llm_dim, llm_dim)
+
+    def forward(self, state: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(state)))
 
 
 class OpenVLAOFTPolicy(Policy):
     @staticmethod
     def check_config(policy_cfg: PolicyConfig, env_cfg) -> None:
-        """Raises PolicyError for a state-only env, bad ``policy.kwargs`` or a checkpoint
-        directory that is not one; loads nothing."""
+        """Raises PolicyError for a state-only env, bad ``policy.kwargs``, or a checkpoint
+        directory that is not one or holds a layout that does not load; loads no weights."""
         name = policy_cfg.name
         if env_cfg.obs_mode == "state":
             raise PolicyError(
@@ -117,17 +182,10 @@ class OpenVLAOFTPolicy(Policy):
             )
         if o.lora_rank < 0:
             raise PolicyError(f"policy.kwargs.lora_rank={o.lora_rank}: must be >= 0 (0: no LoRA).")
-        if o.dtype not in ("auto", "float32", "bfloat16"):
-            raise PolicyError(f"policy.kwargs.dtype={o.dtype!r}: use 'auto', 'float32' or "
-                              "'bfloat16'.")
-        ckpt = o.checkpoint
-        if ckpt is not None and not (Path(ckpt).expanduser() / "config.json").is_file():
-            raise PolicyError(
-                f"policy.kwargs.checkpoint={o.checkpoint!r}: no config.json there; give a local "
-                "directory in OpenVLA's Hugging Face layout, or null for the tiny model."
-            )
+        if o.checkpoint is not None:
+            _check_checkpoint(o)
 
-    def __init__(self, cfg: PolicyConfig, env_spec):
+    def __init__(self, cfg: PolicyConfig, env_spec, device: str = "cpu"):
         super().__init__()
         o = self.opts = _options(dict(cfg.kwargs))
         shapes = env_spec.obs_shapes
@@ -137,41 +195,80 @@ class OpenVLAOFTPolicy(Policy):
                 f"policy.name=openvla_oft reads images {list(o.image_keys)}, but the env "
                 f"observes {sorted(shapes)}; set env.obs_mode=rgb (or policy.kwargs.image_keys)."
             )
-        self.use_proprio = o.use_proprio and "state" in shapes
         self.action_dim = env_spec.action_dim
         self.chunk = o.chunk  # env steps per call (the env worker runs the chunk)
         self.num_queries = o.chunk * self.action_dim
         self.stats = ActionStats(**o.unnorm) if o.unnorm else None
+        self.gripper = preprocess.GRIPPERS[o.gripper]
+        dtype = _dtype(o.dtype, device)
+        proprio_file, self.proprio_stats = None, None
         if o.checkpoint:
-            self.vlm, config = vla_checkpoint.load(o.checkpoint)
+            proprio_file = _check_checkpoint(o)
+            self.vlm, _ = vla_checkpoint.load(o.checkpoint, dtype=dtype, device=device)
             self.tokenizer = vla_checkpoint.load_tokenizer(o.checkpoint)
+            stats = oft_checkpoint.norm_stats(o.checkpoint)
             if o.unnorm_key:
-                self.stats = ActionStats.from_openvla(config.get("norm_stats", {}), o.unnorm_key)
+                self.stats = ActionStats.from_openvla(stats, o.unnorm_key)
+            use_proprio = proprio_file is not None if o.use_proprio is None else o.use_proprio
+            if use_proprio and "state" in shapes:
+                self.proprio_stats = ActionStats(**{
+                    k: v for k, v in oft_checkpoint.proprio_bounds(
+                        stats, o.unnorm_key, o.checkpoint).items() if k in ("q01", "q99", "mask")})
         else:
             self.tokenizer = tiny_tokenizer(o.text_vocab)
-            self.vlm = Prismatic(list(o.vision), o.image_size,
-                                 self._tiny_llm(len(self.tokenizer)))
+            with torch.device(device):
+                self.vlm = Prismatic(list(o.vision), o.image_size,
+                                     self._tiny_llm(len(self.tokenizer)))
+            self.vlm.to(dtype)
+            use_proprio = o.use_proprio is not False
+        self.use_proprio = use_proprio and "state" in shapes
         # as OpenVLA: the bins are the last 256 ids of the tokenizer's base vocabulary (the
         # LM's embedding table may be padded beyond it)
         self.actions = ActionTokenizer(self.tokenizer.vocab_size)
+        h = self.vlm.hidden_size
+        with torch.device(device):  # the heads: fp32 (they train, or are tiny)
+            self.proprio = ProprioProjector(shapes["state"][0], h) if self.use_proprio else None
+            # the placeholders' embeddings: zero, as openvla-oft's masked input embeddings
+            self.queries = nn.Parameter(torch.zeros(self.num_queries, h))
+            self.value_head = nn.Linear(h, 1) if o.value_head else None
+        if self.proprio is not None and proprio_file is not None:
+            self.proprio.load_state_dict(oft_checkpoint.load_proprio(proprio_file))
         if o.lora_rank > 0:
             _add_lora(self.vlm.llm, o.lora_rank, o.lora_alpha)
-        dtype = _dtype(o.dtype)
-        self.vlm.to(dtype)
-        h = self.vlm.hidden_size
-        self.proprio = nn.Linear(shapes["state"][0], h) if self.use_proprio else None
-        self.queries = nn.Parameter(torch.randn(self.num_queries, h) * 0.02)
-        self.value_head = nn.Linear(h, 1) if o.value_head else None
+            self._freeze_all_but(o.trainable)
+        self._set_prompts(env_spec, o, device)
+
+    def _set_prompts(self, env_spec, o: OFTOptions, device) -> None:
+        """``prompt_ids`` (n_tasks, P) right-padded and ``prompt_valid`` (n_tasks, P)."""
         tasks = list(env_spec.tasks) or [""]
         ids = [self.tokenizer(prompt(t), add_special_tokens=False)["input_ids"]
                + [int(i) for i in o.prompt_suffix_ids] for t in tasks]
         width = max(len(i) for i in ids)
         pad = self.tokenizer.pad_token_id or 0  # masked out: any id does
-        self.register_buffer("prompt_ids", torch.tensor([i + [pad] * (width - len(i)) for i in ids]),
-                             persistent=False)
-        self.register_buffer("prompt_valid",
-                             torch.tensor([[True] * len(i) + [False] * (width - len(i)) for i in ids]),
-                             persistent=False)
+        self.register_buffer("prompt_ids", torch.tensor(
+            [i + [pad] * (width - len(i)) for i in ids], device=device), persistent=False)
+        self.register_buffer("prompt_valid", torch.tensor(
+            [[True] * len(i) + [False] * (width - len(i)) for i in ids], device=device),
+            persistent=False)
+
+    def trainable_parts(self, names) -> dict[str, nn.Module]:
+        """The modules (or parameters) ``policy.kwargs.trainable`` names, those this policy has."""
+        parts = {"proprio": self.proprio, "value_head": self.value_head,
+                 "queries": self.queries, "projector": self.vlm.projector,
+                 "vision": self.vlm.backbones}
+        return {n: parts[n] for n in names if parts.get(n) is not None}
+
+    def _freeze_all_but(self, names) -> None:
+        """Under LoRA: only the adapters (fp32, peft's convention) and the named parts train;
+        every other weight is frozen in the dtype it was built in."""
+        for name, param in self.named_parameters():
+            param.requires_grad = "lora_" in name
+            if "lora_" in name:
+                param.data = param.data.float()
+        for part in self.trainable_parts(names).values():
+            params = [part] if isinstance(part, nn.Parameter) else list(part.parameters())
+            for param in params:
+                param.requires_grad = True
 
     def _tiny_llm(self, vocab: int):
         from transformers import LlamaConfig
@@ -189,10 +286,20 @@ class OpenVLAOFTPolicy(Policy):
     # -- the forward pass ------------------------------------------------------------------
     def _forward(self, obs: TensorDict) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """(bin logits (B, Q, 256), value (B,) or None): the placeholders decoded at once."""
-        b = obs.batch_size[0]
-        hidden = self._hidden(obs, self.queries.expand(b, -1, -1), bidirectional_tail=True)
+        b, q = obs.batch_size[0], self.num_queries
+        tail = self.queries.expand(b, -1, -1)
+        if self.opts.stop_token:
+            stop = torch.full((b, 1), self.tokenizer.eos_token_id, device=self.prompt_ids.device)
+            tail = torch.cat([tail, self.vlm.embed_tokens(stop).to(tail.dtype)], dim=1)
+        embeds, allowed, positions, _ = self._sequence(obs, tail, bidirectional_tail=True,
+                                                       full=True)
+        hidden = self.vlm.hidden_states(embeds, allowed, positions)
+        # action k is read where the LM predicts the token after: the last prompt token, then
+        # placeholders 0 .. q-2
+        first = embeds.shape[1] - tail.shape[1] - 1
+        hidden = hidden[:, first : first + q]  # (B, Q, h)
         logits = self.vlm.action_logits(hidden, self.actions.first_id, N_BINS).float()
-        value = (self.value_head(hidden.float().mean(1)).squeeze(-1) if self.value_head
+        value = (self.value_head(hidden[:, 0].float()).squeeze(-1) if self.value_head
                  else None)
         return logits, value
 
@@ -204,18 +311,40 @@ class OpenVLAOFTPolicy(Policy):
         keep = tail.shape[1] if keep is None else keep
         return self.vlm.hidden_states(embeds, allowed, positions)[:, embeds.shape[1] - keep :]
 
-    def _sequence(self, obs: TensorDict, tail: torch.Tensor, bidirectional_tail: bool):
-        """(embeds (B, L, h), allowed (B, L, L), rotary positions (B, L), valid (B, L))."""
+    def _images(self, obs: TensorDict) -> torch.Tensor:
+        """(B, n, S, S, 3) uint8 at the backbone's size S, preprocessed as OpenVLA's evaluation
+        does (:func:`preprocess.prepare_images`)."""
         images = torch.stack([obs[k] for k in self.image_keys], dim=1)  # (B, n, H, W, 3)
+        b, n = images.shape[:2]
+        o, size = self.opts, self.vlm.image_size
+        flat = preprocess.prepare_images(images.reshape(b * n, *images.shape[2:]), size,
+                                         resize=o.resize, jpeg=o.jpeg, crop=o.center_crop)
+        return flat.reshape(b, n, size, size, 3)
+
+    def _state(self, obs: TensorDict, dev) -> torch.Tensor:
+        """The proprio state, normalised to [-1, 1] by the checkpoint's q01/q99 where it has
+        them (openvla-oft's ``normalize_proprio``)."""
+        state = obs[keys.leaf(keys.STATE)].float().to(dev)
+        if self.proprio_stats is None:
+            return state
+        q01, q99, mask = self.proprio_stats._as(state)
+        scaled = 2 * (state - q01) / (q99 - q01 + 1e-8) - 1
+        return torch.where(mask, scaled, state).clamp(-1, 1)
+
+    def _sequence(self, obs: TensorDict, tail: torch.Tensor, bidirectional_tail: bool,
+                  full: bool = False):
+        """(embeds (B, L, h), allowed (B, L, L), rotary positions (B, L), valid (B, L)) of
+        ``<s>, images, proprio, prompt, tail``. Attention: causal, the tail bidirectional among
+        itself if ``bidirectional_tail``, or every position sees every valid one if ``full``."""
+        images = self._images(obs)
         b = images.shape[0]
-        dev = self.vlm.projector.fc1.weight.device
+        dev = self.prompt_ids.device
         task = obs.get(keys.leaf(keys.TASK), None)
         task = torch.zeros(b, dtype=torch.long, device=dev) if task is None else task.long().to(dev)
         bos = self.vlm.embed_tokens(torch.full((b, 1), self.tokenizer.bos_token_id, device=dev))
-        parts = [bos, self.vlm.image_tokens(images.to(dev))]
+        parts = [bos, self.vlm.image_tokens(images.to(dev)).to(bos.dtype)]
         if self.proprio is not None:
-            state = obs[keys.leaf(keys.STATE)].float().to(dev)
-            parts.append(self.proprio(state)[:, None].to(bos.dtype))
+            parts.append(self.proprio(self._state(obs, dev))[:, None].to(bos.dtype))
         n_prefix = sum(p.shape[1] for p in parts)
         parts += [self.vlm.embed_tokens(self.prompt_ids[task]), tail.to(bos.dtype)]
         embeds = torch.cat(parts, dim=1)
@@ -227,12 +356,15 @@ class OpenVLAOFTPolicy(Policy):
         order = torch.sort(valid.long(), dim=1, stable=True).indices
         embeds = embeds.gather(1, order[..., None].expand_as(embeds))
         valid = valid.gather(1, order)
-        allowed = torch.ones(L, L, dtype=torch.bool, device=dev).tril()
-        if bidirectional_tail and Q:
-            is_tail = torch.zeros(L, dtype=torch.bool, device=dev)
-            is_tail[L - Q :] = True
-            allowed = allowed | (is_tail[:, None] & is_tail[None, :])
-        allowed = allowed[None] & valid[:, None, :]
+        if full:
+            allowed = valid[:, None, :].expand(b, L, L)
+        else:
+            allowed = torch.ones(L, L, dtype=torch.bool, device=dev).tril()
+            if bidirectional_tail and Q:
+                is_tail = torch.zeros(L, dtype=torch.bool, device=dev)
+                is_tail[L - Q :] = True
+                allowed = allowed | (is_tail[:, None] & is_tail[None, :])
+            allowed = allowed[None] & valid[:, None, :]
         positions = (valid.long().cumsum(-1) - 1).clamp_min(0)
         return embeds, allowed, positions, valid
 
@@ -250,9 +382,11 @@ class OpenVLAOFTPolicy(Policy):
         return F.log_softmax(logits / self.opts.temperature, dim=-1)
 
     def _to_actions(self, bins: torch.Tensor) -> torch.Tensor:
+        """Bins -> actions in the env's units: bin centres, un-normalised, gripper converted."""
         ids = bins + self.actions.first_id
         a = self.actions.decode(ids).reshape(bins.shape[0], self.opts.chunk, self.action_dim)
-        return self.stats.unnormalize(a) if self.stats is not None else a
+        a = self.stats.unnormalize(a) if self.stats is not None else a
+        return self.gripper(a) if self.gripper is not None else a
 
     # -- Policy ----------------------------------------------------------------------------
     @torch.no_grad()
@@ -304,10 +438,35 @@ def _add_lora(llm: nn.Module, rank: int, alpha: int) -> None:
         param.requires_grad = "lora_" in name
 
 
-def _dtype(name: str) -> torch.dtype:
+def _dtype(name: str, device="cpu") -> torch.dtype:
+    """The weights' dtype: ``name``, or for 'auto' bfloat16 when ``device`` is a CUDA device and
+    float32 elsewhere (whatever else the machine has).
+
+    >>> _dtype("auto", "cpu"), _dtype("auto", "cuda:1"), _dtype("float32", "cuda")
+    (torch.float32, torch.bfloat16, torch.float32)
+    """
     if name == "auto":
-        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
-    table = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-    if name not in table:
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    if name not in DTYPES:
         raise PolicyError(f"policy.kwargs.dtype={name!r}: use 'auto', 'float32' or 'bfloat16'.")
-    return table[name]
+    return DTYPES[name]
+
+
+def _check_checkpoint(o: OFTOptions) -> Optional[Path]:
+    """Start-up checks of ``policy.kwargs.checkpoint`` (file names and config.json only);
+    returns its proprio projector file or None."""
+    ckpt = o.checkpoint
+    if not (Path(ckpt).expanduser() / "config.json").is_file():
+        raise PolicyError(
+            f"policy.kwargs.checkpoint={ckpt!r}: no config.json there; give a local "
+            "directory in OpenVLA's Hugging Face layout, or null for the tiny model."
+        )
+    proprio = oft_checkpoint.check_layout(ckpt)
+    if o.use_proprio and proprio is None:
+        raise PolicyError(
+            f"policy.kwargs.use_proprio=true, but {ckpt!r} has no proprio_projector--*.pt; "
+            "set policy.kwargs.use_proprio: false (or null: follow the checkpoint)."
+        )
+    if o.unnorm_key is not None:
+        vla_checkpoint.check_unnorm_key(ckpt, o.unnorm_key)
+    return proprio

@@ -1,0 +1,263 @@
+"""OpenVLA-OFT for RL (issue 13, items 3, 5, 12): the forward equals a transcription of
+openvla-oft's discrete-token ``predict_action`` (with the transformers-openvla-oft fork's fully
+bidirectional Llama) on a checkpoint with a proprio projector in the published file layout;
+unsupported published layouts are refused at start-up; under LoRA only the adapters and the
+named heads train; ``dtype=auto`` follows the device the policy is built for."""
+
+import json
+import math
+import re
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from tensordict import TensorDict
+
+from m2flow.envs.base import EnvSpec
+from m2flow.policies import PolicyConfig, PolicyError, make_policy
+from m2flow.policies import registry
+from m2flow.policies.vla import checkpoint
+from m2flow.policies.vla.oft import OpenVLAOFTPolicy
+from m2flow.policies.vla.text import prompt
+
+TASKS = ("pick up the bowl", "open the top drawer of the cabinet and put the black bowl inside")
+KW = {"image_size": 32, "vision": ["timm/vit_tiny_patch16_224"], "chunk": 2, "hidden_size": 64,
+      "intermediate_size": 128, "num_heads": 4, "image_keys": ["rgb"], "center_crop": False}
+KEY = "libero_spatial_no_noops"
+STATS = {KEY: {
+    "action": {"q01": [-0.5, -0.4, -0.3, -0.2, -0.1, -0.6, 0.0], "q99": [0.5] * 6 + [1.0],
+               "mask": [True] * 6 + [False]},
+    "proprio": {"q01": [-0.3] * 8, "q99": [0.3] * 8, "mask": [True] * 7 + [False]},
+}}
+SUFFIX = 5  # stands in for Llama-2's empty token 29871 at the end of the prompt
+TEMPERATURE = 1.6
+
+
+def spec():
+    return EnvSpec({"rgb": (32, 32, 3), "state": (8,), "task": ()}, 7, (-1.0,) * 7, (1.0,) * 7,
+                   10, tasks=TASKS)
+
+
+def obs(b=3, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return TensorDict({
+        "rgb": torch.randint(0, 256, (b, 32, 32, 3), dtype=torch.uint8, generator=g),
+        "state": torch.randn(b, 8, generator=g) * 0.4,  # some beyond q01/q99: clipped
+        "task": torch.tensor([i % 2 for i in range(b)]),
+    }, batch_size=[b])
+
+
+@pytest.fixture(scope="module")
+def oft_checkpoint_dir(tmp_path_factory):
+    """A tiny OpenVLA checkpoint plus openvla-oft's proprio_projector--<step>_checkpoint.pt,
+    saved by DDP (keys prefixed ``module.``), as finetune.py writes it."""
+    path = tmp_path_factory.mktemp("oft")
+    torch.manual_seed(0)
+    base = make_policy(PolicyConfig(name="openvla_oft", kwargs={**KW, "use_proprio": False}),
+                       spec())
+    checkpoint.save(base.vlm, str(path), base.opts.vision, base.tokenizer, norm_stats=STATS)
+    g = torch.Generator().manual_seed(3)
+    h = base.vlm.hidden_size
+    proprio = {"module.fc1.weight": torch.randn(h, 8, generator=g) * 0.3,
+               "module.fc1.bias": torch.randn(h, generator=g) * 0.1,
+               "module.fc2.weight": torch.randn(h, h, generator=g) * 0.1,
+               "module.fc2.bias": torch.randn(h, generator=g) * 0.1}
+    torch.save(proprio, path / "proprio_projector--50000_checkpoint.pt")
+    return path, {k.removeprefix("module."): v for k, v in proprio.items()}
+
+
+def loaded_policy(path, **kw):
+    torch.manual_seed(1)  # the heads m2flow adds start differently than the saved model's
+    kwargs = {**KW, "checkpoint": str(path), "unnorm_key": KEY, "gripper": "libero",
+              "prompt_suffix_ids": [SUFFIX], "dtype": "float32", "temperature": TEMPERATURE,
+              **kw}
+    return make_policy(PolicyConfig(name="openvla_oft", kwargs=kwargs), spec())
+
+
+# -- a transcription of openvla-oft's predict_action (discrete tokens, no action head) -------
+IGNORE_INDEX = -100
+
+
+def upstream_predict_action(p, proprio_sd, image, state, task, chunk=2, action_dim=7):
+    """Batch size 1, as openvla-oft evaluates. Returns (bin logits (Q, 256), actions)."""
+    tok, vlm = p.tokenizer, p.vlm
+    vocab = tok.vocab_size
+    action_token_begin_idx = vocab - 257  # Llama-2: 31743
+    stop_index = tok.eos_token_id  # Llama-2: 2
+    ids = [tok.bos_token_id] + tok(prompt(task), add_special_tokens=False)["input_ids"]
+    input_ids = torch.tensor([ids + [SUFFIX]])  # "insert the empty token if absent"
+    labels = torch.full_like(input_ids, IGNORE_INDEX)
+    num_prompt_tokens = input_ids.shape[-1] - 1
+    q = action_dim * chunk
+    # _prepare_input_for_action_prediction / _prepare_labels_for_action_prediction
+    input_ids = torch.cat([input_ids, torch.ones(1, q, dtype=torch.long),
+                           torch.full((1, 1), stop_index)], dim=-1)
+    labels = torch.cat([labels, torch.full((1, q + 1), action_token_begin_idx + 1)], dim=-1)
+    labels[:, -1] = stop_index
+    # _process_action_masks (get_current_action_mask | get_next_actions_mask)
+    cumsum = torch.cumsum(labels != IGNORE_INDEX, dim=1)
+    is_action = labels > action_token_begin_idx
+    all_actions_mask = (((1 <= cumsum) & (cumsum <= action_dim)) | (cumsum > action_dim)) & is_action
+    input_embeddings = vlm.llm.get_input_embeddings()(input_ids)
+    input_embeddings = input_embeddings * ~all_actions_mask.unsqueeze(-1)
+    patches = vlm.image_tokens(image[None, None])  # (1, P, h)
+    # normalize_proprio (BOUNDS_Q99), then ProprioProjector: fc1, GELU, fc2
+    st = STATS[KEY]["proprio"]
+    lo, hi, mask = np.array(st["q01"]), np.array(st["q99"]), np.array(st["mask"])
+    s = np.clip(np.where(mask, 2 * (state - lo) / (hi - lo + 1e-8) - 1, state), -1.0, 1.0)
+    s = torch.tensor(s, dtype=torch.float32)[None]
+    proprio = F.linear(F.gelu(F.linear(s, proprio_sd["fc1.weight"], proprio_sd["fc1.bias"])),
+                       proprio_sd["fc2.weight"], proprio_sd["fc2.bias"])
+    patches = torch.cat([patches, proprio[:, None]], dim=1)
+    num_patches = patches.shape[1]
+    mm = torch.cat([input_embeddings[:, :1], patches, input_embeddings[:, 1:]], dim=1)
+    # the fork's SdpaAttention: every row takes the last row of the causal mask (no padding
+    # here: every key), i.e. full bidirectional attention
+    n = mm.shape[1]
+    logits = vlm.llm(inputs_embeds=mm, attention_mask=torch.zeros(1, 1, n, n)).logits
+    logits = logits[0, num_patches + num_prompt_tokens : num_patches + num_prompt_tokens + q]
+    bin_logits = logits[:, vocab - 256 : vocab]
+    token_ids = (bin_logits.argmax(-1) + vocab - 256).numpy()
+    bins = np.linspace(-1, 1, 256)
+    centers = (bins[:-1] + bins[1:]) / 2.0
+    discretized = np.clip(vocab - token_ids - 1, a_min=0, a_max=centers.shape[0] - 1)
+    normalized = centers[discretized].reshape(chunk, action_dim)
+    a = STATS[KEY]["action"]
+    q01, q99, amask = np.array(a["q01"]), np.array(a["q99"]), np.array(a["mask"])
+    actions = np.where(amask, 0.5 * (normalized + 1) * (q99 - q01 + 1e-8) + q01, normalized)
+    # run_libero_eval.process_action: normalize_gripper_action(binarize) + invert
+    actions[..., -1] = -np.sign(2 * actions[..., -1] - 1)
+    return bin_logits, actions
+
+
+def test_forward_equals_openvla_ofts_predict_action_on_a_published_layout(oft_checkpoint_dir):
+    path, proprio_sd = oft_checkpoint_dir
+    p = loaded_policy(path)
+    for name, t in proprio_sd.items():  # the projector came from the file
+        assert torch.equal(p.proprio.state_dict()[name], t)
+    o = obs()
+    with torch.no_grad():
+        logits, _ = p._forward(o)  # a padded batch: the two tasks' prompts differ in length
+        det = p.act(TensorDict({"obs": o}, batch_size=[3]), deterministic=True)
+        sampled = p.act(TensorDict({"obs": o}, batch_size=[3]))
+        for i in range(3):
+            ref_logits, ref_actions = upstream_predict_action(
+                p, proprio_sd, o["rgb"][i], o["state"][i].double().numpy(), TASKS[i % 2])
+            torch.testing.assert_close(logits[i], ref_logits, atol=1e-4, rtol=1e-4)
+            np.testing.assert_allclose(det["action"][i].numpy(), ref_actions, atol=1e-5)
+            # RLinf's log-probs: log-softmax of logits / temperature over the 256 bins
+            ref_logp = F.log_softmax(ref_logits / TEMPERATURE, -1)
+            torch.testing.assert_close(
+                sampled["token_log_prob"][i],
+                ref_logp.gather(-1, sampled["action_tokens"][i][:, None]).squeeze(-1),
+                atol=1e-4, rtol=1e-4)
+    assert set(det["action"][..., -1].unique().tolist()) <= {-1.0, 0.0, 1.0}  # binarised
+
+
+@pytest.mark.parametrize("file, what", [
+    ("action_head--150000_checkpoint.pt", "continuous action head"),
+    ("noisy_action_projector--150000_checkpoint.pt", "diffusion"),
+    ("vision_backbone--150000_checkpoint.pt", "FiLM"),
+])
+def test_continuous_and_film_oft_layouts_are_refused_at_start_up(tmp_path, file, what):
+    (tmp_path / "config.json").write_text(json.dumps({"use_fused_vision_backbone": True}))
+    (tmp_path / file).write_bytes(b"")
+    cfg = PolicyConfig(name="openvla_oft", kwargs={"checkpoint": str(tmp_path)})
+    with pytest.raises(PolicyError, match=rf"has {re.escape(file)}: .*{what}.*it loads OFT "
+                                          r"checkpoints that decode discrete action tokens") as e:
+        OpenVLAOFTPolicy.check_config(cfg, SimpleNamespace(obs_mode="rgb"))
+    assert "\n" not in str(e.value)
+
+
+def test_film_in_config_and_a_missing_proprio_projector_are_refused(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"use_film": True}))
+    env = SimpleNamespace(obs_mode="rgb")
+    with pytest.raises(PolicyError, match="use_film: true"):
+        OpenVLAOFTPolicy.check_config(
+            PolicyConfig(name="openvla_oft", kwargs={"checkpoint": str(tmp_path)}), env)
+    (tmp_path / "config.json").write_text(json.dumps({}))
+    with pytest.raises(PolicyError, match=r"use_proprio=true, .*no proprio_projector--\*\.pt"):
+        OpenVLAOFTPolicy.check_config(PolicyConfig(name="openvla_oft", kwargs={
+            "checkpoint": str(tmp_path), "use_proprio": True}), env)
+
+
+# -- LoRA: what trains, in which dtype --------------------------------------------------------
+def tiny_policy(**kw):
+    torch.manual_seed(0)
+    return make_policy(PolicyConfig(name="openvla_oft", kwargs={**KW, **kw}), spec())
+
+
+def test_under_lora_only_adapters_and_named_heads_train_and_a_step_leaves_the_rest_untouched():
+    from m2flow.runs.learner import Trainer
+
+    p = tiny_policy(lora_rank=4, dtype="bfloat16", value_head=True)
+    names = [n for n, _ in p.named_parameters()]
+    # peft names its adapters <layer>.lora_A.<adapter>.weight / lora_B; the default heads
+    expected = {n for n in names if re.search(r"\.lora_[AB]\.", n)}
+    expected |= {n for n in names if n.split(".")[0] in ("proprio", "value_head")}
+    assert {n for n, t in p.named_parameters() if t.requires_grad} == expected
+    dtypes = dict((n, t.dtype) for n, t in p.named_parameters())
+    assert {dtypes[n] for n in names if ".lora_" in n} == {torch.float32}
+    assert dtypes["vlm.projector.fc1.weight"] == torch.bfloat16
+    assert dtypes["vlm.llm.model.layers.0.self_attn.q_proj.base_layer.weight"] == torch.bfloat16
+
+    trainer = Trainer(p, lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1))
+    before = {n: t.detach().clone() for n, t in p.named_parameters()}
+    o = obs()
+    out = p.act(TensorDict({"obs": o}, batch_size=[3]))
+    trainer.zero_grad()
+    with trainer.autocast():
+        ev = p.evaluate_actions(TensorDict({"obs": o, "action_tokens": out["action_tokens"]},
+                                           batch_size=[3]))
+        loss = -ev["log_prob"].mean() + ev["value"].pow(2).mean()
+    trainer.backward(loss)
+    trainer.step()
+    after = dict(p.named_parameters())
+    frozen = [n for n in names if n not in expected]
+    assert any(n.startswith("vlm.backbones.") for n in frozen)
+    assert all(torch.equal(after[n], before[n]) for n in frozen)  # bit-identical
+    changed = {n for n in expected if not torch.equal(after[n], before[n])}
+    assert any(".lora_B." in n for n in changed)
+    assert {"proprio.fc1.weight", "value_head.weight"} <= changed
+
+
+def test_trainable_names_are_checked():
+    with pytest.raises(PolicyError, match=r"policy.kwargs.trainable: 'projektor' .*projector"):
+        tiny_policy(lora_rank=4, trainable=["projektor"])
+
+
+# -- dtype=auto and the device ------------------------------------------------------------------
+def test_auto_dtype_follows_the_device_the_policy_is_built_for_not_the_machine(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU machine
+    p = make_policy(PolicyConfig(name="openvla_oft", kwargs=KW), spec(), device="cpu")
+    assert {t.dtype for t in p.parameters()} == {torch.float32}
+
+
+def test_a_policy_class_without_a_device_argument_is_built_then_moved(monkeypatch):
+    class Legacy(torch.nn.Module):  # a plugin written for make_policy(cfg, env_spec)
+        def __init__(self, cfg, env_spec):
+            super().__init__()
+            self.head = torch.nn.Linear(env_spec.obs_shapes["state"][0], env_spec.action_dim)
+
+    monkeypatch.setattr(registry, "policy_class", lambda name: Legacy)
+    p = registry.make_policy(PolicyConfig(name="legacy"), spec(), device="meta")
+    assert p.head.weight.device.type == "meta"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_auto_is_bfloat16_lora_adapters_fp32_and_log_probs_agree():
+    torch.manual_seed(0)
+    p = make_policy(PolicyConfig(name="openvla_oft", kwargs={**KW, "lora_rank": 4}), spec(),
+                    device="cuda")
+    assert p.vlm.projector.fc1.weight.dtype == torch.bfloat16
+    assert all(t.dtype == torch.float32 and t.is_cuda
+               for n, t in p.named_parameters() if ".lora_" in n)
+    o = obs().to("cuda")
+    out = p.act(TensorDict({"obs": o}, batch_size=[3]))
+    ev = p.evaluate_actions(TensorDict({"obs": o, "action_tokens": out["action_tokens"]},
+                                       batch_size=[3]))
+    assert torch.equal(ev["token_log_prob"], out["token_log_prob"])
+    assert math.isfinite(float(out["log_prob"].sum()))
