@@ -7,13 +7,19 @@ True
 
 from __future__ import annotations
 
+import itertools
 import os
+import re
 import sys
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
+
+from m2flow.pipelines.errors import PlacementError
 
 BACKENDS = ("ray", "local")
 MIN_OBJECT_STORE_MB = 75  # Ray refuses a smaller object store
+VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+_UUID_PREFIXES = ("GPU-", "MIG-")  # a whole GPU's UUID, or one MIG instance's
 
 
 @dataclass
@@ -27,7 +33,8 @@ class ClusterConfig:
     num_cpus: Optional[int] = None
     """CPUs a local Ray may use (None: all of this machine's)."""
     num_gpus: Optional[int] = None
-    """GPUs a local Ray may use (None: all visible ones)."""
+    """GPUs this machine offers (local backend, or a local Ray): at most the ones visible to
+    this process (``CUDA_VISIBLE_DEVICES``). None: all visible ones."""
     object_store_memory_mb: int = 512
     """Size of a local Ray's object store; bounded so Ray does not take a third of RAM."""
     context_switch: str = "auto"
@@ -70,7 +77,8 @@ class Cluster:
             if cfg.address is None:
                 ray.init(
                     num_cpus=cfg.num_cpus,
-                    num_gpus=cfg.num_gpus,
+                    # counted as placement counts them, so Ray's node and ours agree
+                    num_gpus=_this_machine(cfg).num_gpus,
                     object_store_memory=cfg.object_store_memory_mb * 2**20,
                     include_dashboard=False,
                     configure_logging=False,
@@ -158,8 +166,79 @@ def _ray_nodes() -> list[NodeInfo]:
 def _this_machine(cfg: ClusterConfig) -> NodeInfo:
     cpus = cfg.num_cpus or len(os.sched_getaffinity(0))
     gpus = cfg.num_gpus
-    if gpus is None:
-        import torch
-
-        gpus = torch.cuda.device_count()
+    if gpus != 0:  # 0 asks for none: nothing to count
+        visible = visible_gpu_count()
+        if gpus is not None and gpus > visible:
+            value = os.environ.get(VISIBLE_DEVICES)
+            shown = "" if value is None else f" ({VISIBLE_DEVICES}={value!r})"
+            raise ValueError(
+                f"cluster.num_gpus={gpus}, but this machine shows {visible} GPU(s){shown}; set "
+                f"at most {visible}, or null for all visible ones."
+            )
+        gpus = visible if gpus is None else gpus
     return NodeInfo(node_id="local", address="127.0.0.1", num_cpus=cpus, num_gpus=gpus)
+
+
+def visible_gpu_count() -> int:
+    """GPUs this process may use: those its ``CUDA_VISIBLE_DEVICES`` shows that exist (torch
+    counts them; the list bounds the count, so a variable set after CUDA started in this
+    process, which torch's count no longer follows, still binds the workers it starts)."""
+    visible = visible_gpus(os.environ.get(VISIBLE_DEVICES))
+    if visible == []:
+        return 0
+    import torch
+
+    count = torch.cuda.device_count()
+    return count if visible is None else min(count, len(visible))
+
+
+def visible_gpus(value: Optional[str]) -> Optional[list[str]]:
+    """The GPUs a ``CUDA_VISIBLE_DEVICES`` value shows, in order, read as CUDA reads it;
+    None when the variable is unset (every GPU of the machine).
+
+    Entries are ordinals ("4"), or UUIDs of GPUs ("GPU-8f3a...") or of MIG instances
+    ("MIG-..."), as the first entry's kind says. The list ends before the first entry CUDA
+    cannot read (a non-number among ordinals, another kind among UUIDs); an ordinal keeps its
+    leading digits ("1gpu" is 1); an entry given twice hides every GPU; "" shows none.
+
+    >>> visible_gpus("4,5"), visible_gpus(""), visible_gpus("3,x,5"), visible_gpus(None)
+    (['4', '5'], [], ['3'], None)
+    """
+    if value is None:
+        return None
+    for prefix in _UUID_PREFIXES:
+        if value.startswith(prefix):
+            names = list(itertools.takewhile(lambda e: e.startswith(prefix), value.split(",")))
+            return names if len(set(names)) == len(names) else []
+    readable = itertools.takewhile(lambda o: o is not None, map(_ordinal, value.split(",")))
+    ordinals = [str(o) for o in readable]
+    return ordinals if len(set(ordinals)) == len(ordinals) else []
+
+
+def _ordinal(entry: str) -> Optional[int]:
+    """The device ordinal an entry starts with (as C's strtoul reads it); None if none, or
+    if it is negative (CUDA stops reading the list there)."""
+    m = re.match(r"[+-]?\d+", entry.strip())
+    return int(m.group()) if m and int(m.group()) >= 0 else None
+
+
+def gpu_names(gpu_ids: Sequence[int], visible: Optional[list[str]]) -> list[str]:
+    """What ``CUDA_VISIBLE_DEVICES`` calls placement GPUs ``gpu_ids`` on a node whose GPUs
+    are ``visible`` (:func:`visible_gpus`): placement GPU i is the i-th GPU the node shows, so
+    under ``CUDA_VISIBLE_DEVICES=4,5`` (a SLURM job, a shared machine) GPU 0 is the one CUDA
+    calls 4. Raises ``PlacementError`` for an id past the visible ones.
+
+    >>> gpu_names([1], ["4", "5"]), gpu_names([0, 1], ["4", "5"]), gpu_names([1], None)
+    (['5'], ['4', '5'], ['1'])
+    """
+    if visible is None:
+        return [str(i) for i in gpu_ids]
+    missing = [i for i in gpu_ids if not 0 <= i < len(visible)]
+    if missing:
+        have = f"ids 0-{len(visible) - 1}" if visible else "no GPU ids"
+        raise PlacementError(
+            f"placement GPU {missing[0]} is not visible on its node: {VISIBLE_DEVICES} there "
+            f"shows {len(visible)} GPU(s) {visible}, placement GPU i being the i-th of them; "
+            f"use {have} in the component's gpus, or widen {VISIBLE_DEVICES}."
+        )
+    return [visible[i] for i in gpu_ids]

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 from m2flow.pipelines import channel as _channel
-from m2flow.pipelines.cluster import Cluster
+from m2flow.pipelines.cluster import VISIBLE_DEVICES, Cluster, gpu_names, visible_gpus
 from m2flow.pipelines.context_switch import DeviceContext
 from m2flow.pipelines.errors import WorkerError
 from m2flow.pipelines.placement import RankResources
@@ -53,6 +53,8 @@ class Worker:
         self.rank = info.rank
         self.world_size = info.world_size
         self.timer = Timer()
+        # every GPU this rank was given, in placement order, as torch names it here; [] on CPU
+        self.devices: list[str] = claim_gpus(info)
         if info.backend == "ray":  # this process is this rank's alone
             import torch
 
@@ -63,12 +65,8 @@ class Worker:
 
     @property
     def device(self) -> str:
-        """'cpu', or the first GPU this rank was given (as seen inside its process)."""
-        if not self.info.resources.gpu_ids:
-            return "cpu"
-        if self.info.backend == "ray":
-            return "cuda:0"  # CUDA_VISIBLE_DEVICES holds exactly this rank's GPUs
-        return f"cuda:{self.info.resources.gpu_ids[0]}"
+        """'cpu', or the first GPU this rank was given (``devices`` lists them all)."""
+        return self.devices[0] if self.devices else "cpu"
 
     def float_threads(self) -> None:
         """Moves this process's own threads off its cores (onto the others it may use);
@@ -156,6 +154,32 @@ def _method_name(worker_cls: type, method: Callable, group: str) -> str:
             f"{worker_cls.__name__}, the class of worker group {group!r}."
         )
     return name
+
+
+def claim_gpus(info: WorkerInfo) -> list[str]:
+    """The torch devices of rank ``info``'s GPUs, the same physical GPUs under both backends.
+
+    Placement GPU i is the i-th GPU its node shows (:func:`~m2flow.pipelines.cluster.gpu_names`
+    reads this process's ``CUDA_VISIBLE_DEVICES``: the driver's, or for a Ray worker the one
+    its node's Ray was started with). A rank in its own process (Ray) narrows
+    ``CUDA_VISIBLE_DEVICES`` to its GPUs, so it and the processes it starts (simulators,
+    renderers) see only them, as cuda:0, cuda:1, ...; a CPU rank sees none. A rank in the
+    driver's process (local) names them in the driver's numbering, cuda:<placement id>.
+    """
+    ids = info.resources.gpu_ids
+    names = gpu_names(ids, visible_gpus(os.environ.get(VISIBLE_DEVICES)))
+    if info.backend != "ray":
+        return [f"cuda:{i}" for i in ids]
+    import torch
+
+    if torch.cuda.is_initialized():  # the variable is read once, when CUDA starts
+        raise WorkerError(
+            f"{info.group}[rank {info.rank}]: CUDA was started in this process before the "
+            f"worker could narrow {VISIBLE_DEVICES} to its GPUs {names}; do not touch CUDA "
+            "when the worker's module is imported (create tensors in the worker instead)."
+        )
+    os.environ[VISIBLE_DEVICES] = ",".join(names)
+    return [f"cuda:{j}" for j in range(len(ids))]
 
 
 def pin_process(cpu_ids) -> None:
@@ -355,7 +379,8 @@ def _launch_ray_actor(cluster: Cluster, worker_cls: type, info: WorkerInfo, args
     res = info.resources
     threads = str(res.threads)
     env_vars = {
-        "CUDA_VISIBLE_DEVICES": ",".join(map(str, res.gpu_ids)),
+        # The worker picks its GPUs from the CUDA_VISIBLE_DEVICES it inherits (see
+        # claim_gpus); Ray must not overwrite that variable before it does.
         "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1",
         "OMP_NUM_THREADS": threads,
         "MKL_NUM_THREADS": threads,
