@@ -65,6 +65,8 @@ RULES: list[Rule] = [
     ("runner.max_minutes", optional(above(0), "runner.num_steps decides"),
      "give GRPO's wall-time budget in minutes"),
     ("runner.eval_interval", at_least(0), "evaluate every N steps, or 0 for first and last only"),
+    ("runner.warn_constant_reward_steps", at_least(0),
+     "warn after N steps in a row without a reward signal (e.g. 5), or 0 for never"),
     ("eval.size", at_least(0), "give the held-out problems to score, or 0 for data.test_size"),
     ("eval.samples", at_least(0), "give the completions to write into the report"),
 ]

@@ -123,6 +123,9 @@ class ReasoningRunnerConfig(RunnerBaseConfig):
     """Evaluate held-out accuracy every N steps (and before the first and after the last)."""
     checkpoint_interval: int = 50
     """Save every N steps (and after the warm start and the last step); 0: only those."""
+    warn_constant_reward_steps: int = 5
+    """Warn (log and stdout) after this many GRPO steps in a row whose every group got equal
+    rewards: no learning signal (advantages 0; filter_groups drops them all); 0: never."""
 
 
 @dataclass

@@ -51,7 +51,22 @@ class GenerationEngine(ABC):
 
 
 class HFEngine(GenerationEngine):
-    """``model.generate`` with a KV cache; sampling seeded per call."""
+    """``model.generate`` with a KV cache; sampling seeded per call.
+
+    Memory: the log-probs are gathered step by step (:class:`SampledLogprobs`), never from
+    stacked logits: ``output_logits=True`` would keep (B, C, V) fp32 for the whole call,
+    32 prompts x 8 samples x 1024 tokens x a 152k vocabulary = 159 GB. What it keeps is one
+    step's (B, V) log-softmax (256 x 152k x 4 B = 156 MB) and (B, C) log-probs.
+
+    The model's own generation config is replaced by one holding only its token ids: a chat
+    checkpoint's ``generation_config.json`` (e.g. Qwen2.5-Instruct: repetition_penalty 1.05,
+    top_p 0.8, top_k 20) would otherwise change the sampling distribution behind
+    ``rollout.temperature``/``rollout.top_k``, and the log-probs the learner divides by.
+    """
+
+    def __init__(self, model, tokenizer, cfg: GenerationConfig, device: str):
+        super().__init__(model, tokenizer, cfg, device)
+        model.generation_config = plain_generation_config(model.generation_config)
 
     @torch.no_grad()
     def generate(self, prompts: list[str], n: int, *, greedy: bool = False,
@@ -60,13 +75,17 @@ class HFEngine(GenerationEngine):
         enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         ids, mask = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
         kwargs = dict(max_new_tokens=cfg.max_new_tokens, pad_token_id=tok.pad_token_id,
-                      eos_token_id=tok.eos_token_id, return_dict_in_generate=True)
+                      eos_token_id=tok.eos_token_id, num_return_sequences=n,
+                      return_dict_in_generate=True)
+        recorder = None
         if greedy:
-            kwargs.update(do_sample=False, num_return_sequences=n, temperature=None,
-                          top_k=None, top_p=None)
+            kwargs.update(do_sample=False)
         else:
-            kwargs.update(do_sample=True, num_return_sequences=n, temperature=cfg.temperature,
-                          top_k=cfg.top_k or None, top_p=None, output_logits=True)
+            from transformers import LogitsProcessorList
+
+            recorder = SampledLogprobs(cfg.temperature)
+            kwargs.update(do_sample=True, temperature=cfg.temperature, top_k=cfg.top_k,
+                          top_p=1.0, logits_processor=LogitsProcessorList([recorder]))
         self.model.eval()
         devices = [torch.device(self.device)] if str(self.device).startswith("cuda") else []
         with torch.random.fork_rng(devices=devices):
@@ -78,10 +97,8 @@ class HFEngine(GenerationEngine):
         completion = torch.full((b, c), tok.pad_token_id, dtype=torch.long, device=comp.device)
         completion[:, : comp.shape[1]] = comp
         logprobs = torch.zeros(b, c)
-        if not greedy:
-            logits = torch.stack(out.logits, dim=1).float() / cfg.temperature  # (B, L, V)
-            lp = torch.log_softmax(logits, dim=-1).gather(-1, comp.unsqueeze(-1)).squeeze(-1)
-            logprobs[:, : comp.shape[1]] = lp.cpu()
+        if recorder is not None:
+            logprobs[:, : comp.shape[1]] = recorder.finish(comp).cpu()
         cmask = completion_mask(completion, tok.eos_token_id)
         return TensorDict({
             keys.PROMPT_IDS: ids.repeat_interleave(n, dim=0).cpu(),
@@ -93,6 +110,57 @@ class HFEngine(GenerationEngine):
 
     def load_weights(self, state_dict: dict) -> None:
         self.model.load_state_dict(state_dict)
+
+
+class SampledLogprobs:
+    """A transformers logits processor that records the log-prob of each sampled token under ``log_softmax(raw logits / T)``.
+
+    transformers runs custom processors after its own (none with :func:`plain_generation_config`)
+    and before the sampling warpers (temperature, top-k), so the scores seen here are the raw
+    logits, and the recorded distribution is the documented one (before top-k). A processor runs
+    before its step's token is drawn: each call keeps the step's (B, V) log-softmax and
+    gathers the previous one at the token then appended to ``input_ids``; :meth:`finish`
+    gathers the last step's. Kept at any time: one (B, V), and the (B,) gathered per step.
+    """
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.pending: torch.Tensor | None = None  # (B, V) fp32: the last step's log-softmax
+        self.taken: list[torch.Tensor] = []  # (B,) per generated token, in order
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.pending is not None:
+            self.taken.append(self.pending.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        self.pending = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def finish(self, completion: torch.Tensor) -> torch.Tensor:
+        """(B, L) log-probs of ``completion`` (B, L), the tokens ``generate`` returned (steps
+        it ran and then dropped, if any, come after them and are cut off)."""
+        length = completion.shape[1]
+        if len(self.taken) < length and self.pending is not None:
+            self.taken.append(self.pending.gather(-1, completion[:, length - 1 :]).squeeze(-1))
+        self.pending = None
+        if not self.taken:
+            return torch.zeros(completion.shape, device=completion.device)
+        return torch.stack(self.taken[:length], dim=1)
+
+
+def plain_generation_config(config):
+    """A transformers ``GenerationConfig`` with ``config``'s token ids and nothing else: no
+    sampling defaults shipped with a checkpoint (repetition penalty, top-p, ...); ``generate``
+    fills what is unset with its neutral defaults or the call's arguments.
+
+    >>> from transformers import GenerationConfig
+    >>> shipped = GenerationConfig(eos_token_id=2, repetition_penalty=1.05, top_p=0.8)
+    >>> plain = plain_generation_config(shipped)
+    >>> plain.eos_token_id, plain.repetition_penalty, plain.top_p
+    (2, None, None)
+    """
+    from transformers import GenerationConfig
+
+    return GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+                              pad_token_id=config.pad_token_id)
 
 
 def completion_mask(ids: torch.Tensor, eos_id: int) -> torch.Tensor:

@@ -16,10 +16,11 @@ __all__ = ["group_advantages", "token_loss"]
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
-    """Per-completion advantage against its group; ``rewards`` lists groups one after another
-    (population std, so a group of equal rewards gets 0, not nan).
+    """Per-completion advantage against its group; ``rewards`` lists groups one after another.
+    A group whose rewards are all equal has no signal and gets exactly 0 for any ``eps``
+    (not ``0/0 = nan`` with ``eps=0``, nor a rounding residue of its mean over ``eps``).
 
-    >>> group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0]), group_size=2)
+    >>> group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0, 0.1, 0.1]), group_size=2)
     tensor([ 1.0000, -1.0000, -1.0000,  1.0000,  0.0000,  0.0000])
     """
     if group_size < 1 or rewards.numel() % group_size:
@@ -27,8 +28,10 @@ def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) 
                          f"{group_size}; rollout.n must divide them.")
     r = rewards.float().reshape(-1, group_size)  # (groups, n)
     mean = r.mean(dim=1, keepdim=True)
-    std = r.std(dim=1, unbiased=False, keepdim=True)
-    return ((r - mean) / (std + eps)).reshape(-1)
+    std = r.std(dim=1, unbiased=False, keepdim=True)  # population std, as GRPO's paper
+    constant = (r == r[:, :1]).all(dim=1, keepdim=True)
+    adv = torch.where(constant, torch.zeros_like(r), (r - mean) / (std + eps))
+    return adv.reshape(-1)
 
 
 def token_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,

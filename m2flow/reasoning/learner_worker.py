@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from typing import Any, Callable
 
 import torch
 from tensordict import TensorDict
@@ -20,6 +21,29 @@ from m2flow.runs.learner import Trainer
 WARM_START_MAX_GRAD_NORM = 1.0
 WARM_START_WARMUP_STEPS = 20
 PRECISION_OF_DTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16"}  # anything else: fp32
+
+
+def map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``obj`` with ``fn`` applied to every tensor inside it (dicts, lists and tuples are
+    walked and rebuilt; anything else is kept as it is).
+
+    >>> map_tensors({"state": {0: {"exp_avg": torch.ones(2)}}, "lr": [1e-3, (torch.zeros(1),)]},
+    ...             lambda t: t + 1)
+    {'state': {0: {'exp_avg': tensor([2., 2.])}}, 'lr': [0.001, (tensor([1.]),)]}
+    """
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return type(obj)((k, map_tensors(v, fn)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(map_tensors(v, fn) for v in obj)
+    return obj
+
+
+def cpu_copy(obj: Any) -> Any:
+    """``obj`` with every tensor replaced by a detached CPU copy (a new one even when it is
+    on the CPU already, so the result does not change as training goes on)."""
+    return map_tensors(obj, lambda t: t.detach().to("cpu", copy=True))
 
 
 class ReasoningLearner(Worker):
@@ -55,9 +79,18 @@ class ReasoningLearner(Worker):
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
     def state_dict(self) -> dict:
-        return {"model": self.get_weights(), "optimizer": self.optimizer.state_dict()}
+        """Weights, AdamW state and (with a KL term) the reference, as CPU copies: the driver
+        that saves them may have no GPU, and a checkpoint must not alias live tensors."""
+        state = {"model": self.get_weights(), "optimizer": cpu_copy(self.optimizer.state_dict())}
+        if self.ref is not None:
+            state["reference"] = cpu_copy(self.ref.state_dict())
+        return state
 
     def load_state_dict(self, state: dict) -> None:
+        """The inverse of :meth:`state_dict`. ``Optimizer.load_state_dict`` moves the AdamW
+        state onto each parameter's device and dtype itself (``step`` stays where it was, as
+        torch keeps it for non-fused AdamW). A checkpoint without a reference (written before
+        references were saved) falls back to its weights."""
         self.model.load_state_dict(state["model"])
         if "optimizer" in state:
             self.optimizer.load_state_dict(state["optimizer"])

@@ -32,17 +32,12 @@ def exact_match(completion: str, answer: str) -> float:
 
 def math_verify_reward(completion: str, answer: str) -> float:
     """``math-verify``: the completion's final answer (boxed, LaTeX or plain) is equivalent
-    to the reference; anything it cannot parse scores 0."""
-    from math_verify import parse, verify
+    to the reference; anything it cannot parse scores 0. Right on any thread: math-verify
+    runs in a child process of this one (``m2flow.reasoning.math_verify_process``), whose
+    main thread its signal-based timeout needs."""
+    from m2flow.reasoning.math_verify_process import shared_verifier
 
-    try:
-        gold = parse(answer if "$" in answer or "\\" in answer else f"${answer}$")
-        pred = parse(completion)
-        if not gold or not pred:
-            return 0.0
-        return float(verify(gold, pred))
-    except Exception:  # noqa: BLE001 - a malformed answer is a wrong answer, not a crash
-        return 0.0
+    return shared_verifier().score(completion, answer)
 
 
 REWARDS: dict[str, Callable[[str, str], float]] = {

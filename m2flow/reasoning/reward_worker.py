@@ -25,9 +25,11 @@ class RewardWorker(Worker):
         self.score = reward_fn(cfg.algorithm.reward)
 
     def score_step(self, in_ch: Channel, out_ch: Channel, *, num_groups: int) -> dict:
-        """Scores ``num_groups`` groups from ``in_ch`` (adds ``reward``) into ``out_ch``."""
+        """Scores ``num_groups`` groups from ``in_ch`` (adds ``reward``) into ``out_ch``;
+        returns the step's mean reward, accuracy, response length, and how many groups got
+        one reward for all their completions (``train/groups_constant``)."""
         timeout = self.cfg.runner.channel_timeout_s
-        rewards, lengths = [], []
+        rewards, lengths, constant = [], [], 0
         for _ in range(num_groups):
             with self.timer("wait"):
                 group = in_ch.get(key=0, timeout=timeout)
@@ -36,9 +38,11 @@ class RewardWorker(Worker):
                 r = torch.tensor([self.score(t, answer) for t in decode(self.tokenizer, group)])
                 group[keys.COMPLETION_REWARD] = r
             rewards.append(r)
+            constant += bool((r == r[0]).all())  # no signal: its advantages are all 0
             lengths.append(group[keys.COMPLETION_MASK].sum(-1).float())
             out_ch.put(group, key=0, timeout=timeout)
         out_ch.flush()
         r, n = torch.cat(rewards), torch.cat(lengths)
         return {"train/reward": r.mean().item(), "train/accuracy": (r == 1).float().mean().item(),
-                "train/response_len": n.mean().item()}
+                "train/response_len": n.mean().item(),
+                "train/groups_constant": float(constant)}

@@ -46,6 +46,41 @@ BAR_FIELDS = [
 ]
 
 
+class RewardSignalWatch:
+    """Counts GRPO steps in a row whose every group got one reward for all its completions
+    (advantages all 0: nothing to learn) and returns a warning line every ``steps`` of them.
+
+    >>> watch = RewardSignalWatch(steps=2, reward="exact")
+    >>> [watch.update({"train/groups_constant": 4.0, "train/reward": 0.0}, num_groups=4)
+    ...  is not None for _ in range(4)]
+    [False, True, False, True]
+    >>> watch.update({"train/groups_constant": 3.0, "train/reward": 0.2}, num_groups=4), watch.streak
+    (None, 0)
+    """
+
+    def __init__(self, steps: int, reward: str):
+        self.steps, self.reward, self.streak = steps, reward, 0
+
+    def update(self, metrics: dict, *, num_groups: int) -> Optional[str]:
+        if metrics["train/groups_constant"] < num_groups:
+            self.streak = 0
+            return None
+        self.streak += 1
+        if self.steps <= 0 or self.streak % self.steps:
+            return None
+        return (
+            f"WARNING: no reward signal for {self.streak} GRPO steps in a row: every group's "
+            f"completions got the same reward (mean {metrics['train/reward']:.3f}), so every "
+            "advantage is 0, algorithm.filter_groups drops every group and the model does not "
+            "learn. Likely causes: the reward function fails and scores everything alike "
+            f"(algorithm.reward={self.reward}: check that it gives a known-correct completion "
+            "1.0 on the worker), answers the model never gets right (too hard, "
+            "rollout.max_new_tokens too short to finish, data.template not asking for the form "
+            "the reward reads) or always gets right (too easy). "
+            "runner.warn_constant_reward_steps=0 silences this."
+        )
+
+
 class ReasoningRunner:
     def __init__(self, cfg: ReasoningConfig, *, train: bool = True):
         self.cfg = cfg
@@ -156,8 +191,12 @@ class ReasoningRunner:
                 self.save({"eval/accuracy": ev["accuracy"]})
                 self.timings()  # the warm start's and evaluation's time is not step 0's
             grpo_start = time.perf_counter()  # runner.max_minutes counts GRPO steps only
+            watch = RewardSignalWatch(r.warn_constant_reward_steps, cfg.algorithm.reward)
             for step in range(self.step, r.num_steps):
                 metrics = self.iterate(step)
+                warning = watch.update(metrics, num_groups=cfg.algorithm.prompts_per_step)
+                if warning is not None:
+                    logger.info(warning)
                 over = (r.max_minutes is not None
                         and time.perf_counter() - grpo_start > 60 * r.max_minutes)
                 last = self.step == r.num_steps or over

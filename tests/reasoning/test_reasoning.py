@@ -8,14 +8,8 @@ import torch
 
 from m2flow.cli import load_run_config
 from m2flow.configs import ConfigError
-from m2flow.reasoning.config import (
-    DataConfig,
-    GenerationConfig,
-    ModelConfig,
-    ReasoningConfig,
-)
+from m2flow.reasoning.config import DataConfig, ModelConfig
 from m2flow.reasoning.data import DataError, make_datasets
-from m2flow.reasoning.engine import HFEngine
 from m2flow.reasoning.grpo import group_advantages, token_loss
 from m2flow.reasoning.model import (
     ModelError,
@@ -24,16 +18,37 @@ from m2flow.reasoning.model import (
     tiny_tokenizer,
 )
 from m2flow.reasoning.reward import exact_match, math_verify_reward
+from tests.reasoning.common import (
+    ListChannel,
+    learner_config,
+    make_learner,
+    scored_groups,
+    tiny_engine,
+)
 
 
 # -- GRPO maths ----------------------------------------------------------------------------
 def test_group_advantages_hand_computed():
-    # group 1: rewards 1,0,0,1 -> mean 0.5, std 0.5 -> +1,-1,-1,+1; group 2: all equal -> 0
-    adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0]), 4, eps=0.0)
-    assert torch.allclose(adv[:4], torch.tensor([1.0, -1.0, -1.0, 1.0]))
-    assert torch.isnan(adv[4:]).all() or torch.equal(adv[4:], torch.zeros(4))
-    adv = group_advantages(torch.tensor([3.0, 1.0]), 2, eps=1e-6)
-    assert torch.allclose(adv, torch.tensor([1.0, -1.0]), atol=1e-5)
+    """Population std, worked by hand. [1,0,0,1]: mean 1/2, std 1/2 -> +1,-1,-1,+1.
+    [2,0,1]: mean 1, std sqrt(2/3) -> +-sqrt(3/2), 0. [3,1] with eps 0.5: std 1 -> +-1/1.5."""
+    adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), 4, eps=0.0)
+    assert adv.tolist() == [1.0, -1.0, -1.0, 1.0]
+    adv = group_advantages(torch.tensor([2.0, 0.0, 1.0]), 3, eps=0.0)
+    torch.testing.assert_close(adv, torch.tensor([1.5 ** 0.5, -(1.5 ** 0.5), 0.0]))
+    adv = group_advantages(torch.tensor([3.0, 1.0]), 2, eps=0.5)
+    torch.testing.assert_close(adv, torch.tensor([1 / 1.5, -1 / 1.5]))
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-6])
+@pytest.mark.parametrize("value", [1.0, 0.0, 0.1, 1 / 3])
+def test_a_constant_group_has_zero_advantages_for_any_eps(value, eps):
+    """No signal means advantage 0 exactly: not 0/0 = nan (eps 0), and not the rounding
+    residue of a mean that is not representable, divided by eps."""
+    rewards = torch.tensor([value] * 7 + [1.0, 0.0])
+    adv = group_advantages(rewards[:7], 7, eps=eps)
+    assert torch.equal(adv, torch.zeros(7))
+    adv = group_advantages(rewards[-2:], 2, eps=eps)  # a group with a signal still has one
+    assert adv.abs().min() > 0.99
 
 
 def test_token_loss_hand_computed():
@@ -145,16 +160,8 @@ def test_config_names_are_checked():
         load_run_config("reasoning_arith_grpo_tiny", ["algorithm.rewrd=exact"])
 
 
-def _engine(n_layers=2, temperature=1.0, max_new=6):
-    cfg = ModelConfig()
-    cfg.tiny.num_hidden_layers = n_layers
-    torch.manual_seed(0)
-    model, tok = load_model(cfg)
-    return HFEngine(model, tok, GenerationConfig(max_new_tokens=max_new, temperature=temperature), "cpu")
-
-
 def test_rollout_logprobs_equal_the_training_forward():
-    engine = _engine(temperature=0.7)
+    engine = tiny_engine(temperature=0.7)
     out = engine.generate(["Q: a\nA:", "Q: a longer one\nA:"], 4, seed=3)
     ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
     mask = torch.cat([out["prompt_mask"], out["completion_mask"]], 1).long()
@@ -174,44 +181,11 @@ def test_tokenizer_round_trip():
 
 
 # -- the learner: micro-batching does not change the update ---------------------------------
-def _scored_groups(engine, n_groups=4, n=4):
-    out = engine.generate([f"Q: {i}+{i}\nA:" for i in range(n_groups)], n, seed=1)
-    groups = []
-    for g in range(n_groups):
-        grp = out[g * n : (g + 1) * n].clone()
-        grp["problem"] = torch.full((n,), g)
-        grp["policy_version"] = torch.zeros(n, dtype=torch.long)
-        grp["reward"] = torch.tensor([1.0, 0.0, 0.0, 1.0]) if g % 2 == 0 else torch.ones(n)
-        groups.append(grp)
-    return groups
-
-
-class _ListChannel:
-    def __init__(self, items):
-        self.items = list(items)
-
-    def get(self, key=0, timeout=None):
-        return self.items.pop(0)
-
-
-def _learner(micro_batch):
-    from m2flow.pipelines import RankResources, WorkerInfo
-    from m2flow.reasoning.learner_worker import ReasoningLearner
-
-    cfg = ReasoningConfig()
-    cfg.model.tiny.num_hidden_layers = 2
-    cfg.rollout.max_new_tokens = 6
-    cfg.algorithm.micro_batch_size = micro_batch
-    cfg.algorithm.kl_coef = 0.05
-    info = WorkerInfo("learner", 0, 1, RankResources(0, 1.0, ()), "local")
-    return ReasoningLearner(info, cfg)
-
-
 def test_update_is_the_same_for_any_micro_batch_size():
-    groups = _scored_groups(_engine())
-    a, b = _learner(micro_batch=4), _learner(micro_batch=16)
-    ma = a.update(_ListChannel([g.clone() for g in groups]), num_groups=4, step=0)
-    mb = b.update(_ListChannel([g.clone() for g in groups]), num_groups=4, step=0)
+    groups = scored_groups(tiny_engine())
+    a, b = make_learner(learner_config(micro_batch=4)), make_learner(learner_config(micro_batch=16))
+    ma = a.update(ListChannel([g.clone() for g in groups]), num_groups=4, step=0)
+    mb = b.update(ListChannel([g.clone() for g in groups]), num_groups=4, step=0)
     assert ma["train/groups_kept"] == 2.0  # the all-correct groups are filtered out
     assert ma["train/tokens_trained"] == mb["train/tokens_trained"] > 0
     for (name, pa), pb in zip(a.model.named_parameters(), b.model.parameters()):
@@ -221,9 +195,9 @@ def test_update_is_the_same_for_any_micro_batch_size():
 
 
 def test_grpo_step_raises_the_rewarded_completions_logprob():
-    engine = _engine()
-    groups = _scored_groups(engine, n_groups=2)
-    learner = _learner(micro_batch=8)
+    engine = tiny_engine()
+    groups = scored_groups(engine, n_groups=2)
+    learner = make_learner(learner_config(micro_batch=8))
     learner.cfg.algorithm.learning_rate = 1e-3
     learner.optimizer.param_groups[0]["lr"] = 1e-3
     learner.model.load_state_dict(engine.model.state_dict())
@@ -236,7 +210,7 @@ def test_grpo_step_raises_the_rewarded_completions_logprob():
         return (lp * group["completion_mask"]).sum(-1)
 
     before = mean_lp(groups[0])
-    learner.update(_ListChannel([g.clone() for g in groups]), num_groups=2, step=0)
+    learner.update(ListChannel([g.clone() for g in groups]), num_groups=2, step=0)
     after = mean_lp(groups[0])
     good = groups[0]["reward"] == 1
     assert (after - before)[good].mean() > (after - before)[~good].mean()
