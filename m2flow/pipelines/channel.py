@@ -5,11 +5,12 @@ The queue of a channel lives in the process of the worker that reads it; there i
 it is one frame on a Unix socket into that worker (:mod:`m2flow.pipelines.transport`,
 ~40 us); from another machine it is one Ray call. An item that leaves its process, either way,
 has its tensors copied to host memory first (``transport.to_host``: GPU data crosses as CPU
-tensors, and the receiver moves them to its device); a same-process put hands it over as is. A remote Ray put returns once sent; the
-next put on the same lane first waits for the previous one to land, so each producer keeps at
-most one item in flight per lane: order is kept, a full lane still blocks the producer (one
-item later), and errors surface at the next put or at ``flush()``. Keys are lanes (e.g.
-pipeline stages): each key has its own FIFO and is read by one rank, ``rank_of(key)``.
+tensors, and the receiver moves them to its device); a same-process put hands it over as is.
+A remote Ray put returns once sent; the next put on the same lane first waits for the
+previous one to land, so each producer keeps at most one item in flight per lane: order is
+kept, a full lane still blocks the producer (one item later), and errors surface at the next
+put or at ``flush()``. Keys are lanes (e.g. pipeline stages): each key has its own FIFO and
+is read by one rank, ``rank_of(key)``.
 
 >>> from m2flow.pipelines import Cluster, ClusterConfig, WorkerGroup, RankResources, Worker
 >>> g = WorkerGroup(Cluster(ClusterConfig(backend="local")), "sink", Worker,

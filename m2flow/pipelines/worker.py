@@ -172,7 +172,7 @@ def claim_gpus(info: WorkerInfo) -> list[str]:
         return [f"cuda:{i}" for i in ids]
     import torch
 
-    if torch.cuda.is_initialized():  # the variable is read once, when CUDA starts
+    if ids and torch.cuda.is_initialized():  # the variable is read once, when CUDA starts
         raise WorkerError(
             f"{info.group}[rank {info.rank}]: CUDA was started in this process before the "
             f"worker could narrow {VISIBLE_DEVICES} to its GPUs {names}; do not touch CUDA "

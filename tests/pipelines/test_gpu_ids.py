@@ -158,7 +158,8 @@ def test_the_local_node_counts_only_visible_gpus(monkeypatch, eight_gpus, value,
 
 def test_num_gpus_above_the_visible_ones_is_refused(monkeypatch, eight_gpus):
     monkeypatch.setenv(VAR, "4,5")
-    with pytest.raises(ValueError, match=r"cluster.num_gpus=4, .*CUDA_VISIBLE_DEVICES='4,5'.*at most 2"):
+    fragment = r"cluster.num_gpus=4, .*CUDA_VISIBLE_DEVICES='4,5'.*at most 2"
+    with pytest.raises(ValueError, match=fragment):
         planned_nodes(ClusterConfig(backend="local", num_gpus=4))
     assert planned_nodes(ClusterConfig(backend="local", num_gpus=2))[0].num_gpus == 2
 
