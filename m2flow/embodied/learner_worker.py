@@ -33,7 +33,7 @@ class LearnerWorker(Worker):
             algo_cfg, action_dim=env_spec.action_dim, seed=seed)
         self.cfg = algo_cfg
         torch.manual_seed(seed)  # the initial weights: the same in every run with this seed
-        self.policy = make_policy(policy_cfg, env_spec).to(self.device)
+        self.policy = make_policy(policy_cfg, env_spec, device=self.device)
         self.seed = seed
         self.num_iterations = num_iterations
         self.timeout = channel_timeout

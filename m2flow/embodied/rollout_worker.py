@@ -24,7 +24,7 @@ class RolloutWorker(Worker):
     def __init__(self, info, cfg: PolicyConfig, env_spec, *, seed: int,
                  channel_timeout: float = 600.0):
         super().__init__(info)
-        self.policy = make_policy(cfg, env_spec).to(self.device).eval()
+        self.policy = make_policy(cfg, env_spec, device=self.device).eval()
         self.context.register(modules={"policy": self.policy})  # offloaded while the learner runs
         self.seed = seed
         self.timeout = channel_timeout
