@@ -15,8 +15,14 @@ Observations (``env.obs_mode``):
   are the tasks' language instructions;
 - ``state``: ``state`` and ``task`` only; nothing is rendered (physics only).
 
+OpenVLA's LIBERO evaluation splits its image steps the same way: the 180-degree turn here,
+the rest (JPEG round trip, Lanczos3 resize to the model's 224 px, centre crop) in the policy
+(``m2flow/policies/vla/preprocess.py``); it renders at 256 px, so OpenVLA checkpoints want
+``env.image_size=256``.
+
 Actions: 7-dim in [-1, 1] (end-effector delta position and rotation, gripper -1 open / +1
-close; robosuite's OSC_POSE controller). Reward: 1 in a step where the task's own BDDL
+close; robosuite's OSC_POSE controller). OpenVLA checkpoints predict the gripper in their
+datasets' [0, 1] with 1 = open; ``policy.kwargs.gripper=libero`` converts it. Reward: 1 in a step where the task's own BDDL
 predicate holds (sparse), which also ends the episode unless ``env.ignore_terminations``.
 
 ``env.kwargs`` (see :class:`LiberoOptions`): ``task_ids`` (a subset of the suite), ``gl``

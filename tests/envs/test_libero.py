@@ -123,6 +123,32 @@ def test_frames_are_libero_raw_frames_turned_180_degrees(rgb_env):
         np.testing.assert_array_equal(ours_wrist, wrist[::-1, ::-1])
 
 
+def test_what_an_openvla_policy_sees_equals_openvlas_own_libero_pipeline(rgb_env):
+    """The env's frame through the policy's preprocessing (``prepare_images``: JPEG round trip,
+    Lanczos3 to the model's size, 90% centre crop) equals OpenVLA's evaluation on LIBERO's raw
+    frame: ``get_libero_image`` (turn 180 degrees), ``resize_image_for_policy``,
+    ``center_crop_image`` -- transcribed in tests/policies/test_preprocess.py, with OpenCV's
+    JPEG at TF's defaults."""
+    import cv2
+
+    from m2flow.policies.vla.preprocess import prepare_images
+    from tests.policies.test_preprocess import openvla_center_crop_loop, tf_lanczos3_loop
+
+    model_size = 48  # stands in for OpenVLA's 224 (the env renders 64, as 256 there)
+    obs = rgb_env.reset(seed=[5, 5], task=[4, 4])["obs"]
+    ctx = mp.get_context("forkserver")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        agent, _ = pool.submit(raw_libero_frames, "libero_spatial", 4, 5, SIZE).result()
+    upright = np.ascontiguousarray(agent[::-1, ::-1])
+    ok, buf = cv2.imencode(".jpg", cv2.cvtColor(upright, cv2.COLOR_RGB2BGR),
+                           [cv2.IMWRITE_JPEG_QUALITY, 95])
+    jpeg = cv2.cvtColor(cv2.imdecode(buf, cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+    ref = openvla_center_crop_loop(tf_lanczos3_loop(jpeg, model_size))
+    ours = prepare_images(obs["rgb"][:1], model_size)[0].numpy()
+    diff = np.abs(ours.astype(int) - ref)
+    assert ok and diff.max() <= 1 and (diff == 0).mean() > 0.99  # float32 vs float64 rounding
+
+
 def test_the_same_seed_gives_the_same_scene(rgb_env):
     first = rgb_env.reset(seed=[7, 7], task=[3, 3])["obs"]
     # two processes, same task and seed: the same scene, to the pixel

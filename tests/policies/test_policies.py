@@ -40,6 +40,14 @@ def test_every_policy_acts_and_evaluates_consistently(name, n):
     assert (ev["entropy"] > -1e9).all()
 
 
+@pytest.mark.parametrize("name", registered_policies())
+def test_every_policy_is_built_on_the_device_make_policy_is_given(name):
+    """``make_policy(..., device=)``: built there (policies whose ``__init__`` takes a device)
+    or moved there (the others); ``meta`` stands in for a GPU and allocates nothing."""
+    pi = make_policy(PolicyConfig(name=name), SPECS[name], device="meta")
+    assert {t.device.type for t in [*pi.parameters(), *pi.buffers()]} == {"meta"}
+
+
 def test_deterministic_action_is_the_mean_and_repeatable():
     pi = make_policy(PolicyConfig(name="mlp"), STATE_SPEC)
     b = TensorDict({"obs": {"state": torch.randn(4, 7)}}, batch_size=[4])
