@@ -137,6 +137,14 @@ def test_prepare_images_resizes_only_frames_of_another_size():
     assert pp.prepare_images(img, 16).shape == (1, 16, 16, 3)
 
 
+def test_preprocessing_ignores_the_learners_autocast():
+    """The learner recomputes log-probs under bf16 autocast: the pixels must not change."""
+    img = torch.from_numpy(smooth_image(40, 40)[None])
+    plain = pp.prepare_images(img, 24)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(pp.prepare_images(img, 24), plain)
+
+
 # -- actions: robot_utils.normalize_gripper_action / invert_gripper_action ----------------------
 def openvla_process_action(action: np.ndarray) -> np.ndarray:
     """run_libero_eval.process_action for model_family openvla, as robot_utils writes it."""

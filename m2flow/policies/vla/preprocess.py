@@ -143,7 +143,14 @@ def prepare_images(images: torch.Tensor, size: int, *, resize: str = "lanczos3",
                    jpeg: bool = True, crop: bool = True) -> torch.Tensor:
     """OpenVLA's ``prepare_images_for_vla`` on a batch: (B, H, W, 3) uint8 (already upright) ->
     (B, size, size, 3) uint8. Frames of another size are JPEG round-tripped (``jpeg``) and
-    resized (``resize``: 'lanczos3' as OpenVLA, or 'bilinear'); then centre-cropped (``crop``)."""
+    resized (``resize``: 'lanczos3' as OpenVLA, or 'bilinear'); then centre-cropped (``crop``).
+    Always in float32, also inside the learner's bf16 autocast: rollout and training must see
+    the same pixels."""
+    with torch.autocast(images.device.type, enabled=False):
+        return _prepare(images, size, resize, jpeg, crop)
+
+
+def _prepare(images: torch.Tensor, size: int, resize: str, jpeg: bool, crop: bool) -> torch.Tensor:
     if images.shape[1:3] != (size, size):
         if jpeg:
             images = jpeg_round_trip(images)
