@@ -10,6 +10,11 @@ A policy maps a TensorDict of observations to actions and back to log-probs:
 - ``observe(batch)`` lets the policy update statistics (e.g. observation normalisation) from a
   training batch; the learner calls it after each update, so log-probs within an update never
   see the statistics change.
+
+Construction: ``make_policy(cfg, env_spec, device)`` calls ``cls(cfg, env_spec,
+device=device)`` when ``__init__`` takes a ``device`` -- the policy then builds (or loads) its
+weights there, in the dtype that device wants (a VLA's ``dtype=auto``: bf16 on CUDA only) --
+and otherwise ``cls(cfg, env_spec)`` followed by ``.to(device)``.
 """
 
 from __future__ import annotations

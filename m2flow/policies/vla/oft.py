@@ -16,8 +16,9 @@ Action token k is read, as a language model predicts the next token, from the po
 256 action-bin ids (the last 256 of the tokenizer's vocabulary) form a categorical over bins,
 sampled with temperature and top-k for RL, argmax when deterministic. Log-probs are of the
 sampled bins under ``softmax(logits / temperature)`` over all 256 bins, computed the same way at
-rollout and in training (RLinf's ``compute_logprobs_from_logits``). An optional value head reads
-the last prompt token's state (RLinf's critic input).
+rollout and in training (RLinf's ``compute_logprobs_from_logits``; with ``top_k`` > 0 RLinf
+scores under the top-k-truncated distribution instead, the same at its published ``top_k: -1``).
+An optional value head reads the last prompt token's state (RLinf's critic input).
 
 Images go through OpenVLA's evaluation preprocessing first (:mod:`.preprocess`: JPEG round trip
 and Lanczos3 resize for frames of another size, centre crop); decoded actions are un-normalised
