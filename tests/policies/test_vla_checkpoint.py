@@ -1,4 +1,5 @@
-"""Loading OpenVLA checkpoints from a local directory in the published HF layout (issue 5)."""
+"""m2flow's own writer and loader round trip (``checkpoint.save`` then ``load``) and the errors
+for directories that are not checkpoints; the published naming itself: test_vla_published.py."""
 
 import json
 

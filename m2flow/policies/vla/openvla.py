@@ -37,14 +37,14 @@ class OpenVLAPolicy(OpenVLAOFTPolicy):
         OpenVLAOFTPolicy.check_config(replace(policy_cfg, kwargs={**policy_cfg.kwargs,
                                                                    "chunk": 1}), env_cfg)
 
-    def __init__(self, cfg: PolicyConfig, env_spec):
+    def __init__(self, cfg: PolicyConfig, env_spec, device: str = "cpu"):
         kwargs = dict(cfg.kwargs)
         if kwargs.get("chunk", 1) != 1:
             raise PolicyError(
                 f"policy.kwargs.chunk={kwargs['chunk']}: policy.name=openvla decodes one action "
                 "per call; use policy.name=openvla_oft for action chunks."
             )
-        super().__init__(replace(cfg, kwargs={**kwargs, "chunk": 1}), env_spec)
+        super().__init__(replace(cfg, kwargs={**kwargs, "chunk": 1}), env_spec, device=device)
         del self.queries  # no placeholders: the tail is the action tokens themselves
 
     def _step(self, obs: TensorDict, bins: torch.Tensor, keep: int):

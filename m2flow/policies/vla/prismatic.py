@@ -9,6 +9,8 @@ built from a config (random weights) or loaded from a local directory.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -18,8 +20,12 @@ from m2flow.policies.base import PolicyError
 PIXEL_MAX = 255.0
 
 
-def vision_backbone(name: str, image_size: int) -> nn.Module:
-    """A randomly initialised timm ViT that returns patch features (no hub download)."""
+def vision_backbone(name: str, image_size: int, **overrides) -> nn.Module:
+    """A randomly initialised timm ViT that returns patch features (no hub download).
+
+    ``overrides`` go to ``timm.create_model`` as OpenVLA passes them (``act_layer``, e.g.
+    ``"quick_gelu"`` for CLIP) or to shrink the named architecture (``embed_dim``, ``depth``,
+    ``num_heads``, ``mlp_ratio``) while keeping its kind (registers, LayerScale, pooling)."""
     import timm
 
     model = name.removeprefix("timm/")
@@ -29,11 +35,12 @@ def vision_backbone(name: str, image_size: int) -> nn.Module:
             "timm.list_models(), e.g. 'timm/vit_tiny_patch16_224'."
         )
     try:
-        return timm.create_model(model, pretrained=False, num_classes=0, img_size=image_size)
+        return timm.create_model(model, pretrained=False, num_classes=0, img_size=image_size,
+                                 **overrides)
     except TypeError:
         raise PolicyError(
-            f"policy.kwargs.vision={name!r} is not a ViT (it takes no img_size); the VLA "
-            "policies need patch tokens from a ViT."
+            f"policy.kwargs.vision={name!r} is not a ViT (it takes no img_size) or does not take "
+            f"{sorted(overrides)}; the VLA policies need patch tokens from a ViT."
         ) from None
 
 
@@ -63,13 +70,24 @@ class Prismatic(nn.Module):
         vision: one timm ViT name, or two (fused, as OpenVLA's DINOv2 + SigLIP).
         image_size: input resolution of the backbones.
         llm: a ``transformers`` Llama config (random init) or a built ``LlamaForCausalLM``.
+        vision_kwargs: per backbone, extra ``timm.create_model`` arguments (see
+            :func:`vision_backbone`); default none.
+
+    Built under ``torch.device("meta")`` (as the checkpoint loader does, to hold no weights),
+    the non-persistent buffers have no values until :meth:`reset_buffers`.
     """
 
-    def __init__(self, vision: list[str], image_size: int, llm):
+    def __init__(self, vision: list[str], image_size: int, llm,
+                 vision_kwargs: Optional[list[dict]] = None):
         super().__init__()
         from transformers import LlamaForCausalLM
 
-        self.backbones = nn.ModuleList(vision_backbone(n, image_size) for n in vision)
+        self.vision_kwargs = [dict(k) for k in (vision_kwargs or [{}] * len(vision))]
+        if len(self.vision_kwargs) != len(vision):
+            raise PolicyError(f"vision_kwargs: one dict per backbone ({len(vision)}), got "
+                              f"{len(self.vision_kwargs)}.")
+        self.backbones = nn.ModuleList(vision_backbone(n, image_size, **k)
+                                       for n, k in zip(vision, self.vision_kwargs))
         grids = {b.patch_embed.num_patches for b in self.backbones}
         if len(grids) != 1:
             raise PolicyError(f"policy.kwargs.vision={vision}: fused backbones must give the same "
@@ -80,12 +98,38 @@ class Prismatic(nn.Module):
         dim = self.llm.config.hidden_size
         self.projector = Projector(sum(b.num_features for b in self.backbones), dim,
                                    fused=len(self.backbones) > 1)
-        for i, b in enumerate(self.backbones):
+        for i, (mean, std) in enumerate(self._pixel_stats()):
+            self.register_buffer(f"mean{i}", mean, persistent=False)
+            self.register_buffer(f"std{i}", std, persistent=False)
+
+    def _pixel_stats(self, device=None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each backbone's pixel (mean, std), (1, 3, 1, 1) fp32, from its timm config."""
+        out = []
+        for b in self.backbones:
             cfg = b.pretrained_cfg
-            self.register_buffer(f"mean{i}", torch.tensor(cfg.get("mean", (0.5,) * 3)).view(1, 3, 1, 1),
-                                 persistent=False)
-            self.register_buffer(f"std{i}", torch.tensor(cfg.get("std", (0.5,) * 3)).view(1, 3, 1, 1),
-                                 persistent=False)
+            out.append(tuple(torch.tensor(cfg.get(k, (0.5,) * 3), dtype=torch.float32,
+                                          device=device).view(1, 3, 1, 1)
+                             for k in ("mean", "std")))
+        return out
+
+    def reset_buffers(self, device="cpu") -> None:
+        """Computes the non-persistent buffers on ``device``: each backbone's pixel mean/std and
+        the LM's rotary frequencies (fp32, as transformers keeps them). No checkpoint stores
+        them, so after a ``meta`` build they must be made here; a module that holds such a
+        buffer is rebuilt from its own config (``LlamaRotaryEmbedding(config)``)."""
+        for i, (mean, std) in enumerate(self._pixel_stats(device)):
+            setattr(self, f"mean{i}", mean)
+            setattr(self, f"std{i}", std)
+        for name, module in list(self.llm.named_modules()):
+            if not any(b.is_meta for b in module.buffers(recurse=False)):
+                continue
+            if not hasattr(module, "config"):
+                raise PolicyError(f"llm.{name}: a buffer without values after a meta build, and "
+                                  f"no config to rebuild {type(module).__name__} from.")
+            with torch.device("cpu"):
+                fresh = type(module)(module.config)
+            parent, _, child = name.rpartition(".")
+            setattr(self.llm.get_submodule(parent), child, fresh.to(device))
 
     @property
     def hidden_size(self) -> int:
