@@ -204,17 +204,13 @@ class OpenVLAOFTPolicy(Policy):
         dtype = _dtype(o.dtype, device)
         proprio_file, self.proprio_stats = None, None
         if o.checkpoint:
-            proprio_file = _check_checkpoint(o)
-            self.vlm, _ = vla_checkpoint.load(o.checkpoint, dtype=dtype, device=device)
-            self.tokenizer = vla_checkpoint.load_tokenizer(o.checkpoint)
-            stats = oft_checkpoint.norm_stats(o.checkpoint)
-            if o.unnorm_key:
-                self.stats = ActionStats.from_openvla(stats, o.unnorm_key)
+            proprio_file = self._load_checkpoint(o, dtype, device)
             use_proprio = proprio_file is not None if o.use_proprio is None else o.use_proprio
             if use_proprio and "state" in shapes:
                 self.proprio_stats = ActionStats(**{
                     k: v for k, v in oft_checkpoint.proprio_bounds(
-                        stats, o.unnorm_key, o.checkpoint).items() if k in ("q01", "q99", "mask")})
+                        self.norm_stats, o.unnorm_key, o.checkpoint).items()
+                    if k in ("q01", "q99", "mask")})
         else:
             self.tokenizer = tiny_tokenizer(o.text_vocab)
             with torch.device(device):
@@ -238,6 +234,17 @@ class OpenVLAOFTPolicy(Policy):
             _add_lora(self.vlm.llm, o.lora_rank, o.lora_alpha)
             self._freeze_all_but(o.trainable)
         self._set_prompts(env_spec, o, device)
+
+    def _load_checkpoint(self, o: OFTOptions, dtype: torch.dtype, device) -> Optional[Path]:
+        """The VLM (in ``dtype`` on ``device``), tokenizer and statistics of
+        ``o.checkpoint``; returns its proprio projector file (or None)."""
+        proprio_file = _check_checkpoint(o)
+        self.vlm, _ = vla_checkpoint.load(o.checkpoint, dtype=dtype, device=device)
+        self.tokenizer = vla_checkpoint.load_tokenizer(o.checkpoint)
+        self.norm_stats = oft_checkpoint.norm_stats(o.checkpoint)
+        if o.unnorm_key:
+            self.stats = ActionStats.from_openvla(self.norm_stats, o.unnorm_key)
+        return proprio_file
 
     def _set_prompts(self, env_spec, o: OFTOptions, device) -> None:
         """``prompt_ids`` (n_tasks, P) right-padded and ``prompt_valid`` (n_tasks, P)."""
@@ -470,4 +477,10 @@ def _check_checkpoint(o: OFTOptions) -> Optional[Path]:
         )
     if o.unnorm_key is not None:
         vla_checkpoint.check_unnorm_key(ckpt, o.unnorm_key)
+    elif proprio is not None and o.use_proprio is not False:
+        raise PolicyError(
+            f"policy.kwargs.unnorm_key is needed: {ckpt!r} has a proprio projector, and the state "
+            "is normalised with a dataset's statistics; set unnorm_key (e.g. "
+            "libero_spatial_no_noops) or use_proprio: false."
+        )
     return proprio
