@@ -10,8 +10,9 @@ prompt_ids             int64    (B, P)      the prompt, left-padded
 prompt_mask            bool     (B, P)      real prompt tokens
 completion_ids         int64    (B, C)      sampled tokens, right-padded to max_new_tokens
 completion_mask        bool     (B, C)      tokens up to and including the first EOS
-logprobs               float32  (B, C)      log-prob of each sampled token under the
-                                            sampling distribution (logits / temperature)
+logprobs               float32  (B, C)      log-prob of each sampled token under
+                                            log_softmax(raw logits / temperature), before
+                                            the top-k cut (0 past the mask)
 =====================  =======  ==========  ============================================
 
 ``hf`` (transformers ``generate`` with its KV cache) is the default and runs anywhere. A vLLM
@@ -19,7 +20,8 @@ or SGLang backend implements the same three methods on GPU machines and register
 ``ENGINES``: ``generate``, ``load_weights`` (the learner's state dict after each step) and
 ``release_cache`` (free the KV cache before the device goes to the learner). Its log-probs
 must be of the same distribution (raw logits / temperature, before top-k), since the learner's
-ratio divides by them.
+ratio divides by them. Sizes scale with (B, C) only: an engine keeps no (B, C, V) logits
+(``HFEngine``'s docstring has the numbers).
 """
 
 from __future__ import annotations
@@ -75,8 +77,8 @@ class HFEngine(GenerationEngine):
         enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         ids, mask = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
         kwargs = dict(max_new_tokens=cfg.max_new_tokens, pad_token_id=tok.pad_token_id,
-                      eos_token_id=tok.eos_token_id, num_return_sequences=n,
-                      return_dict_in_generate=True)
+                      eos_token_id=tok.eos_token_id, num_return_sequences=n)
+        # (a dict output would also return the KV cache, kept until this call ends)
         recorder = None
         if greedy:
             kwargs.update(do_sample=False)
@@ -90,9 +92,9 @@ class HFEngine(GenerationEngine):
         devices = [torch.device(self.device)] if str(self.device).startswith("cuda") else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
-            out = self.model.generate(input_ids=ids, attention_mask=mask, **kwargs)
+            sequences = self.model.generate(input_ids=ids, attention_mask=mask, **kwargs)
         p = ids.shape[1]
-        comp = out.sequences[:, p:]
+        comp = sequences[:, p:]
         b, c = comp.shape[0], cfg.max_new_tokens
         completion = torch.full((b, c), tok.pad_token_id, dtype=torch.long, device=comp.device)
         completion[:, : comp.shape[1]] = comp
@@ -113,14 +115,16 @@ class HFEngine(GenerationEngine):
 
 
 class SampledLogprobs:
-    """A transformers logits processor that records the log-prob of each sampled token under ``log_softmax(raw logits / T)``.
+    """A transformers logits processor that records the log-prob of each sampled token
+    under ``log_softmax(raw logits / T)``.
 
-    transformers runs custom processors after its own (none with :func:`plain_generation_config`)
-    and before the sampling warpers (temperature, top-k), so the scores seen here are the raw
-    logits, and the recorded distribution is the documented one (before top-k). A processor runs
-    before its step's token is drawn: each call keeps the step's (B, V) log-softmax and
-    gathers the previous one at the token then appended to ``input_ids``; :meth:`finish`
-    gathers the last step's. Kept at any time: one (B, V), and the (B,) gathered per step.
+    transformers runs custom processors after its own (none with
+    :func:`plain_generation_config`) and before the sampling warpers (temperature, top-k), so
+    the scores seen here are the raw logits, and the recorded distribution is the documented
+    one (before top-k). A processor runs before its step's token is drawn: each call keeps
+    the step's (B, V) log-softmax and gathers the previous one at the token then appended to
+    ``input_ids``; :meth:`finish` gathers the last step's. Kept at any time: one (B, V), and
+    the (B,) gathered per step.
     """
 
     def __init__(self, temperature: float):

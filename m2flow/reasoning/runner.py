@@ -54,8 +54,9 @@ class RewardSignalWatch:
     >>> [watch.update({"train/groups_constant": 4.0, "train/reward": 0.0}, num_groups=4)
     ...  is not None for _ in range(4)]
     [False, True, False, True]
-    >>> watch.update({"train/groups_constant": 3.0, "train/reward": 0.2}, num_groups=4), watch.streak
-    (None, 0)
+    >>> watch.update({"train/groups_constant": 3.0, "train/reward": 0.2}, num_groups=4)
+    >>> watch.streak
+    0
     """
 
     def __init__(self, steps: int, reward: str):

@@ -8,6 +8,9 @@ import torch
 from m2flow.cli import load_run_config
 from m2flow.cli import evaluate, train
 
+# A random tiny model gets (almost) every arithmetic answer wrong, so with groups filtered
+# there would be nothing to train: these tests compare execution modes and checkpoints, not
+# rewards (test_gpu_config_... and test_constant_rewards_... keep the filter on).
 SMALL = ["model.tiny.num_hidden_layers=2", "model.tiny.hidden_size=64",
          "model.tiny.intermediate_size=128", "data.train_size=200", "data.test_size=16",
          "rollout.n=4", "rollout.max_new_tokens=8", "rollout.prompts_per_call=2",
@@ -71,31 +74,77 @@ def test_pipelined_mode_refuses_a_shared_device(tmp_path):
             *SMALL])
 
 
-def test_gpu_config_runs_a_step_on_cpu_with_a_local_model_and_jsonl(tmp_path, monkeypatch, capsys):
-    """reasoning_math_grpo_qwen's code path (a local HF directory, JSONL data, math-verify,
-    KL to the reference, gradient checkpointing) on a tiny model saved here, on CPU."""
-    from m2flow.reasoning.config import ModelConfig
-    from m2flow.reasoning.model import load_model
+def answer_or_stop_model(tok, answer_token: str = "4"):
+    """A Qwen2 whose next token is ``answer_token`` or EOS, about evenly (0.48 each), whatever
+    came before: its layers write nothing (o_proj and down_proj are 0), every token embeds
+    alike, and the output layer scores only those two. Its completions are "", "4", "44", ...;
+    against the answer 4 about a quarter are right, so groups of 4 mostly differ."""
+    import transformers
 
-    torch.manual_seed(0)
-    cfg = ModelConfig()
-    cfg.tiny.num_hidden_layers = 1
-    model, tok = load_model(cfg)
-    model.save_pretrained(tmp_path / "qwen")
+    h = 64
+    config = transformers.Qwen2Config(
+        vocab_size=len(tok), hidden_size=h, intermediate_size=128, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        tie_word_embeddings=False, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id)
+    model = transformers.Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.embed_tokens.weight.fill_(1.0)  # RMS-normed: all ones
+        model.lm_head.weight.zero_()
+        for t in (tok.convert_tokens_to_ids(answer_token), tok.eos_token_id):
+            model.lm_head.weight[t] = 8.0 / h  # logit 8 against 0 for the 99 others
+    return model
+
+
+def test_gpu_config_runs_a_step_on_cpu_with_a_local_model_and_jsonl(tmp_path, monkeypatch, capsys):
+    """reasoning_math_grpo_qwen's code path (a local HF directory, JSONL data, math-verify on
+    the reward worker's thread, KL to the reference, gradient checkpointing) on a tiny model
+    saved here, on CPU, with groups filtered as configured: the model's completions are
+    right about a quarter of the time, so math-verify must score some 1 and groups are kept."""
+    from m2flow.reasoning.model import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    answer_or_stop_model(tok).save_pretrained(tmp_path / "qwen")
     tok.save_pretrained(tmp_path / "qwen")
-    rows = [{"problem": f"What is {i} + {i}?", "answer": f"\\frac{{{4 * i}}}{{2}}"} for i in range(8)]
+    rows = [{"problem": f"What is {i} + {4 - i}?", "answer": "\\frac{8}{2}" if i % 2 else "4"}
+            for i in range(8)]
     for name in ("train", "test"):
         (tmp_path / f"{name}.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     monkeypatch.setenv("M2FLOW_QWEN_PATH", str(tmp_path / "qwen"))
     monkeypatch.setenv("M2FLOW_MATH_TRAIN", str(tmp_path / "train.jsonl"))
     monkeypatch.setenv("M2FLOW_MATH_TEST", str(tmp_path / "test.jsonl"))
     rc = train(["--config-name", "reasoning_math_grpo_qwen", "cluster=inprocess",
-                "model.dtype=float32", "rollout.n=2", "rollout.max_new_tokens=6",
-                "rollout.prompts_per_call=2", "algorithm.prompts_per_step=2",
-                "algorithm.micro_batch_size=2", "algorithm.filter_groups=false",
-                "data.test_size=2", "runner.num_steps=1", "runner.progress_bar=false",
-                f"runner.log_dir={tmp_path / 'runs'}"])
+                "model.dtype=float32", "rollout.n=4", "rollout.max_new_tokens=6",
+                "rollout.prompts_per_call=2", "algorithm.prompts_per_step=4",
+                "algorithm.micro_batch_size=4", "data.test_size=2", "runner.num_steps=1",
+                "runner.progress_bar=false", f"runner.log_dir={tmp_path / 'runs'}"])
     assert rc == 0
     assert "done: 1 GRPO steps" in capsys.readouterr().out
-    log = next((tmp_path / "runs").glob("*/*/train.log")).read_text()
-    assert "reward" in log
+    run = next((tmp_path / "runs").glob("reasoning_math_grpo_qwen/*"))
+    metrics = torch.load(run / "checkpoints" / "last.pt", weights_only=False)["metrics"]
+    assert 0.0 < metrics["train/reward"] < 1.0
+    assert metrics["train/groups_kept"] == 4 - metrics["train/groups_constant"] > 0
+    assert metrics["train/tokens_trained"] > 0
+
+
+def test_constant_rewards_are_reported_loudly(tmp_path, monkeypatch, capsys):
+    """A reward that scores everything alike (as math-verify off the main thread once did)
+    leaves GRPO nothing to learn: after runner.warn_constant_reward_steps steps the run says
+    so, on stdout and in train.log."""
+    from m2flow.reasoning import reward
+
+    monkeypatch.setitem(reward.REWARDS, "exact", lambda completion, answer: 0.0)
+    small = [o for o in SMALL if not o.startswith("algorithm.filter_groups")]
+    rc = train(["--config-name", "reasoning_arith_grpo_tiny", "cluster=inprocess",
+                "warm_start.steps=0", "runner.num_steps=2", "runner.eval_interval=0",
+                "runner.warn_constant_reward_steps=2", "data.test_size=4",
+                f"runner.log_dir={tmp_path}", *small])
+    assert rc == 0
+    line = "WARNING: no reward signal for 2 GRPO steps in a row"
+    out = capsys.readouterr().out
+    assert out.count(line) == 1 and "algorithm.reward=exact" in out
+    log = next(tmp_path.glob("reasoning_arith_grpo_tiny/*/train.log")).read_text()
+    assert log.count(line) == 1

@@ -1,6 +1,7 @@
 """The ``hf`` engine's sampling and log-probs against a plain loop over the Hugging Face
 model's own forward, and the memory it keeps."""
 
+import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -37,6 +38,20 @@ def test_logprobs_are_the_raw_distribution_over_temperature_and_sampling_cuts_to
     torch.testing.assert_close(out["logprobs"][mask], expected[mask], atol=1e-5, rtol=0)
     assert ranks[mask].max() < 5
     assert (out["logprobs"][~mask] == 0).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_logprobs_on_cuda_equal_the_plain_loop():
+    engine = tiny_engine(temperature=0.7, top_k=5)
+    engine.model.to("cuda")
+    engine.device = "cuda"
+    out = engine.generate(PROMPTS, 4, seed=3)
+    mask = out["completion_mask"]
+    engine.model.to("cpu")
+    expected, ranks = plain_loop(engine.model, out, 0.7)
+    torch.testing.assert_close(out["logprobs"][mask], expected[mask], atol=1e-4, rtol=0)
+    assert ranks[mask].max() < 5
 
 
 def test_top_k_zero_samples_the_whole_vocabulary():

@@ -158,6 +158,9 @@ def test_config_names_are_checked():
         load_run_config("reasoning_arith_grpo_tiny", ["algorithm.reward=regex"])
     with pytest.raises(ConfigError, match="algorithm.rewrd"):
         load_run_config("reasoning_arith_grpo_tiny", ["algorithm.rewrd=exact"])
+    with pytest.raises(ConfigError, match="runner.warn_constant_reward_steps=-1: must be >= 0"):
+        load_run_config("reasoning_arith_grpo_tiny", ["runner.warn_constant_reward_steps=-1"])
+    assert load_run_config("reasoning_arith_grpo_tiny", []).runner.warn_constant_reward_steps == 5
 
 
 def test_rollout_logprobs_equal_the_training_forward():
@@ -183,7 +186,8 @@ def test_tokenizer_round_trip():
 # -- the learner: micro-batching does not change the update ---------------------------------
 def test_update_is_the_same_for_any_micro_batch_size():
     groups = scored_groups(tiny_engine())
-    a, b = make_learner(learner_config(micro_batch=4)), make_learner(learner_config(micro_batch=16))
+    a = make_learner(learner_config(micro_batch=4))
+    b = make_learner(learner_config(micro_batch=16))
     ma = a.update(ListChannel([g.clone() for g in groups]), num_groups=4, step=0)
     mb = b.update(ListChannel([g.clone() for g in groups]), num_groups=4, step=0)
     assert ma["train/groups_kept"] == 2.0  # the all-correct groups are filtered out
