@@ -22,7 +22,8 @@ from m2flow.policies import PolicyConfig, PolicyError, make_policy
 from m2flow.policies.vla import checkpoint
 from m2flow.policies.vla.text import tiny_tokenizer
 
-DINO, SIGLIP, LM = "vision_backbone.featurizer.", "vision_backbone.fused_featurizer.", "language_model."
+DINO, SIGLIP = "vision_backbone.featurizer.", "vision_backbone.fused_featurizer."
+LM = "language_model."
 TOTAL_SIZE = 15082474368  # openvla-7b's index, metadata.total_size: bytes of bf16 tensors
 DINO_ID, SIGLIP_ID = "vit_large_patch14_reg4_dinov2.lvd142m", "vit_so400m_patch14_siglip_224"
 # OpenVLA's preprocessor_config.json: per backbone pixel means and stds
@@ -49,7 +50,8 @@ def published_layout(D, Dm, Dd, S, Sm, Sd, H, F, L, V, img, P=14, reg=4):
                 b + "mlp.fc2.weight": (D, Dm), b + "mlp.fc2.bias": (D,),
                 b + "ls2.scale_factor": (D,)}
     out |= {SIGLIP + "pos_embed": (1, g, S),  # no class token
-            SIGLIP + "patch_embed.proj.weight": (S, 3, P, P), SIGLIP + "patch_embed.proj.bias": (S,),
+            SIGLIP + "patch_embed.proj.weight": (S, 3, P, P),
+            SIGLIP + "patch_embed.proj.bias": (S,),
             SIGLIP + "norm.weight": (S,), SIGLIP + "norm.bias": (S,),
             SIGLIP + "attn_pool.latent": (1, 1, S),
             SIGLIP + "attn_pool.q.weight": (S, S), SIGLIP + "attn_pool.q.bias": (S,),
@@ -164,7 +166,8 @@ class Reference:
 
         self.vits = []
         for prefix, model, kw in ((DINO, DINO_ID, TINY_TIMM[0]), (SIGLIP, SIGLIP_ID, TINY_TIMM[1])):
-            vit = timm.create_model(model, pretrained=False, num_classes=0, img_size=TINY["img"], **kw)
+            vit = timm.create_model(model, pretrained=False, num_classes=0,
+                                    img_size=TINY["img"], **kw)
             vit.load_state_dict({k[len(prefix):].replace("scale_factor", "gamma"): v
                                  for k, v in state.items() if k.startswith(prefix)})
             self.vits.append(vit.eval())
@@ -267,7 +270,8 @@ def test_meta_build_and_assign_give_the_eagerly_built_model_and_its_buffers(tmp_
     text = {k: v for k, v in TINY_TEXT.items() if k not in ("model_type", "torch_dtype")}
     eager = Prismatic([f"timm/{DINO_ID}", f"timm/{SIGLIP_ID}"], TINY["img"],
                       LlamaForCausalLM(LlamaConfig(**text)), vision_kwargs=TINY_TIMM)
-    prefixes = {DINO: "backbones.0.", SIGLIP: "backbones.1.", LM: "llm.", "projector.": "projector."}
+    prefixes = {DINO: "backbones.0.", SIGLIP: "backbones.1.", LM: "llm.",
+                "projector.": "projector."}
 
     def ours(name):
         prefix = next(p for p in prefixes if name.startswith(p))
@@ -348,3 +352,19 @@ def test_loads_straight_onto_the_gpu_in_bfloat16(tmp_path):
     a = cpu.image_tokens(img[:, None])
     b = gpu.image_tokens(img[:, None].cuda()).float().cpu()
     assert torch.allclose(a, b, atol=0.1 * a.abs().max().item())
+
+
+@pytest.mark.parametrize("timm_kwargs, match", [
+    (None, r"missing \['vision_backbone.featurizer.blocks.10"),  # published sizes: ViT-L, So400m
+    ([{**TINY_TIMM[0], "embed_dim": 16}, TINY_TIMM[1]],
+     r"cls_token \(1, 1, 32\) \(config.json gives \(1, 1, 16\)\)"),
+])
+def test_weights_the_config_does_not_describe_are_named_before_any_is_read(tmp_path, timm_kwargs,
+                                                                          match):
+    write_published(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["m2flow_timm_kwargs"] = timm_kwargs
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(PolicyError, match=match) as e:
+        checkpoint.load(str(tmp_path))
+    assert "config.json does not describe these weights" in str(e.value)

@@ -203,6 +203,9 @@ def read_config(path: str) -> dict:
         if len(value) < n:
             raise PolicyError(f"{where} has {field}={value}, but use_fused_vision_backbone="
                               f"{fused} needs {n} entries.")
+    if not all(isinstance(k, dict) for k in kwargs):
+        raise PolicyError(f"{where} has {TIMM_KWARGS}={kwargs}; give one dict of "
+                          "timm.create_model arguments per backbone (or leave it out).")
     if len(set(config["image_sizes"][:n])) != 1:
         raise PolicyError(f"{where}: backbones with different image sizes "
                           f"{config['image_sizes']} are not supported.")
@@ -281,11 +284,12 @@ def _check_headers(root: Path, path: str, files: list[str], expected: dict) -> N
              if found[k] != expected[k]]
     if wrong:
         raise PolicyError(f"policy.kwargs.checkpoint={path!r}: tensor shapes differ from what "
-                          f"config.json describes: {wrong[:3]}")
+                          f"config.json describes: {wrong[:3]}; config.json does not describe "
+                          "these weights.")
 
 
 def load(path: str, dtype: torch.dtype = torch.float32,
-         device="cpu") -> tuple[Prismatic, dict]:
+         device: str | torch.device = "cpu") -> tuple[Prismatic, dict]:
     """(the model with the checkpoint's weights, its checked config dict) from a local
     directory, every floating tensor in ``dtype`` on ``device``.
 
@@ -304,6 +308,8 @@ def load(path: str, dtype: torch.dtype = torch.float32,
     files = _shard_files(root, path)
     _check_headers(root, path, files, expected)
     device = torch.device(device)
+    if device.type == "cuda" and device.index is None:  # safetensors reads "cuda" as cuda:0
+        device = torch.device("cuda", torch.cuda.current_device())
     for f in files:
         state = {}
         with safe_open(str(root / f), framework="pt", device=str(device)) as fh:
