@@ -56,6 +56,8 @@ RULES: list[Rule] = [
     ("runner.stop_at_success", optional(within(0, 1, open_low=True), "run all iterations"),
      "give the success rate to stop at, e.g. 0.9"),
     ("runner.max_staleness", at_least(0), "give the updates an action may lag behind (e.g. 1)"),
+    ("runner.weight_sync_bucket_mb", above(0),
+     "give the most MB of one weight-sync bucket (default 256)"),
     ("eval.episodes", at_least(0), "give the episodes to run, or 0 for runner.eval_episodes"),
     ("eval.episodes_per_task", at_least(0), "give the episodes per task, or 0 for the default"),
     ("eval.max_steps", optional(at_least(1), "the env's limit"), "give the steps per episode"),
@@ -178,3 +180,24 @@ def _check_reset_groups(cfg: TrainConfig) -> None:
             f"must be a multiple of {size}, the envs of one reset group of "
             f"algorithm={cfg.algorithm.name} (e.g. algorithm.group_size): each env worker holds "
             f"whole groups that reset to one initial state; use env.num_envs={fit}.")
+    groups = cfg.rollout.env_groups
+    if size > 1 and groups and groups > 1 and _gpu_batched(cfg):
+        from m2flow.embodied.stages import stage_sizes
+
+        sizes = stage_sizes(n, groups)
+        if any(s % size for s in sizes):
+            raise field_error(
+                "rollout.env_groups", groups,
+                f"splits env.num_envs={n} into batches of {sizes}, but on ManiSkill's GPU "
+                f"backend a reset group of {size} envs shares one initial state only within one "
+                f"batch; choose rollout.env_groups so that every batch holds whole groups "
+                f"(a divisor of {n // size}).")
+
+
+def _gpu_batched(cfg: TrainConfig) -> bool:
+    """ManiSkill on its GPU backend (asked for, or ``auto`` with the env placed on a GPU)."""
+    if not cfg.env.name.startswith("ManiSkill/"):
+        return False
+    env = cfg.cluster.placement.components.get("env")
+    on_gpu = env is not None and bool(env.gpus)
+    return cfg.env.sim_backend == "gpu" or (cfg.env.sim_backend == "auto" and on_gpu)

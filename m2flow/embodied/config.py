@@ -54,6 +54,11 @@ class RunnerConfig(RunnerBaseConfig):
     max_staleness: int = 1
     """With overlap_learner: the most learner updates any action of a trajectory may lag
     behind the weights it is trained into (the learner refuses staler data)."""
+    weight_sync_bucket_mb: float = 256.0
+    """Weight sync from learner to rollout: the most MB of one bucket (one Ray object; a tensor
+    larger than this travels in row ranges). Each iteration ships only what the update changed
+    (trainable tensors, e.g. LoRA adapters and named heads, and changed buffers); the first sync
+    after start or resume ships everything."""
 
 
 @dataclass

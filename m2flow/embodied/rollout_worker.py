@@ -24,6 +24,9 @@ class RolloutWorker(Worker):
     def __init__(self, info, cfg: PolicyConfig, env_spec, *, seed: int,
                  channel_timeout: float = 600.0):
         super().__init__(info)
+        # seeded as the learner seeds its copy: without a checkpoint (evaluating initial
+        # weights) every rank holds the run's initial weights, and no driver builds a copy
+        torch.manual_seed(seed)
         self.policy = make_policy(cfg, env_spec, device=self.device).eval()
         self.context.register(modules={"policy": self.policy})  # offloaded while the learner runs
         self.seed = seed

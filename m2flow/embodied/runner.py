@@ -189,17 +189,6 @@ class EmbodiedRunner:
         )
         return env_out
 
-    def init_policy(self) -> None:
-        """Gives every rollout worker the same initial weights (seeded by ``cfg.seed``), as
-        the learner would: evaluation without a checkpoint."""
-        import torch
-
-        from m2flow.policies import make_policy
-
-        torch.manual_seed(self.cfg.seed)
-        policy = make_policy(self.cfg.policy, self.spec)
-        self.send_policy(policy.state_dict())
-
     def _serve(self, steps: int, iteration: int, deterministic: bool):
         return self.rollout.call(
             RolloutWorker.serve, self.obs_ch, self.act_ch, lanes=self.lanes, num_steps=steps,

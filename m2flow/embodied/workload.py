@@ -71,10 +71,8 @@ def evaluate(cfg: TrainConfig, state: Optional[dict]) -> int:
 
     runner = EmbodiedRunner(cfg, train=False)
     try:
-        if state is not None:
+        if state is not None:  # else: the rollout workers built the seed's initial weights
             runner.load_policy(state)
-        else:
-            runner.init_policy()
         report = run_protocol(runner, cfg, progress=cfg.runner.progress_bar)
     finally:
         runner.close()

@@ -56,7 +56,7 @@ def test_prompt_padding_is_invisible():
     assert torch.allclose(la, lb, atol=1e-5)
 
 
-def test_placeholders_attend_to_each_other_but_the_prefix_does_not_see_them():
+def test_the_first_action_reads_the_last_placeholder_bidirectional_attention():
     p = policy()
     o = obs(b=1, task=[1])
     base = p._forward(o)[0]

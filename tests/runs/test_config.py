@@ -1,5 +1,7 @@
 """Configs: every entry config composes; mistakes fail at load time with one clear line."""
 
+import json
+
 import pytest
 import torch
 
@@ -15,7 +17,8 @@ GPU_CONFIGS = ("libero_spatial_grpo_openvla_oft", "reasoning_math_grpo_qwen")
 def test_every_entry_config_composes_and_validates(name, tmp_path, monkeypatch):
     # the GPU-scale configs name local files through variables: point those at stand-ins (the
     # start-up checks look at paths, nothing is loaded)
-    (tmp_path / "config.json").write_text("{}")
+    stats = {"libero_spatial_no_noops": {"action": {"q01": [0.0] * 7, "q99": [1.0] * 7}}}
+    (tmp_path / "config.json").write_text(json.dumps({"norm_stats": stats}))
     (tmp_path / "data.jsonl").write_text("")
     for var in ("M2FLOW_QWEN_PATH", "M2FLOW_OPENVLA_CHECKPOINT"):
         monkeypatch.setenv(var, str(tmp_path))

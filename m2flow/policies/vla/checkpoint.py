@@ -154,12 +154,13 @@ def _raw_config(path: str) -> dict:
 def norm_stats(path: str) -> dict:
     """The checkpoint's per-dataset statistics: ``config.json``'s ``norm_stats`` and
     ``dataset_statistics.json`` together (the published openvla-7b has both, with the same
-    Open-X keys; config.json wins where they differ). Reads no weights."""
-    stats = {}
+    Open-X keys). ``dataset_statistics.json`` wins where they differ, as in openvla's and
+    openvla-oft's evaluation (``get_vla`` replaces ``vla.norm_stats`` by the file) and in
+    SimpleVLA-RL's and RLinf's loaders. Reads no weights."""
+    stats = dict(_raw_config(path).get("norm_stats") or {})
     file = Path(path).expanduser() / STATISTICS
     if file.is_file():
         stats.update(_read_json(file, "its statistics"))
-    stats.update(_raw_config(path).get("norm_stats") or {})
     return stats
 
 

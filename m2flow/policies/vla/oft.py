@@ -241,7 +241,7 @@ class OpenVLAOFTPolicy(Policy):
         proprio_file = _check_checkpoint(o)
         self.vlm, _ = vla_checkpoint.load(o.checkpoint, dtype=dtype, device=device)
         self.tokenizer = vla_checkpoint.load_tokenizer(o.checkpoint)
-        self.norm_stats = oft_checkpoint.norm_stats(o.checkpoint)
+        self.norm_stats = vla_checkpoint.norm_stats(o.checkpoint)
         if o.unnorm_key:
             self.stats = ActionStats.from_openvla(self.norm_stats, o.unnorm_key)
         return proprio_file

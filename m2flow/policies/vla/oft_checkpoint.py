@@ -13,8 +13,8 @@ Refused at start-up, with one line naming the file found: openvla-oft's continuo
 ``use_film: true`` in ``config.json``). Their action distribution is not a categorical over
 bins, so the token log-probs RL needs do not exist for them.
 
-Norm statistics: as SimpleVLA-RL and RLinf load them, ``dataset_statistics.json`` entries
-replace ``config.json``'s ``norm_stats`` entries of the same dataset.
+Norm statistics are :func:`m2flow.policies.vla.checkpoint.norm_stats` (``dataset_statistics.json``
+entries replace ``config.json``'s of the same dataset, as SimpleVLA-RL and RLinf load them).
 """
 
 from __future__ import annotations
@@ -72,17 +72,6 @@ def load_proprio(file: Path) -> dict[str, torch.Tensor]:
     ``load_component_state_dict``)."""
     state = torch.load(file, map_location="cpu", weights_only=True)
     return {k.removeprefix("module."): v for k, v in state.items()}
-
-
-def norm_stats(path: str) -> dict:
-    """config.json's ``norm_stats`` updated by ``dataset_statistics.json`` (as RLinf's and
-    SimpleVLA-RL's loaders do)."""
-    root = Path(path).expanduser()
-    stats = dict(json.loads((root / "config.json").read_text()).get("norm_stats") or {})
-    extra = root / "dataset_statistics.json"
-    if extra.is_file():
-        stats.update(json.loads(extra.read_text()))
-    return stats
 
 
 def proprio_bounds(stats: dict, key: str, path: str) -> dict:
