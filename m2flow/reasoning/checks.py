@@ -67,6 +67,8 @@ RULES: list[Rule] = [
     ("runner.eval_interval", at_least(0), "evaluate every N steps, or 0 for first and last only"),
     ("runner.warn_constant_reward_steps", at_least(0),
      "warn after N steps in a row without a reward signal (e.g. 5), or 0 for never"),
+    ("runner.weight_sync_bucket_mb", above(0),
+     "give the most MB of one weight-sync bucket (default 256)"),
     ("eval.size", at_least(0), "give the held-out problems to score, or 0 for data.test_size"),
     ("eval.samples", at_least(0), "give the completions to write into the report"),
 ]

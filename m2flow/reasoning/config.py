@@ -126,6 +126,11 @@ class ReasoningRunnerConfig(RunnerBaseConfig):
     warn_constant_reward_steps: int = 5
     """Warn (log and stdout) after this many GRPO steps in a row whose every group got equal
     rewards: no learning signal (advantages 0; filter_groups drops them all); 0: never."""
+    weight_sync_bucket_mb: float = 256.0
+    """Weight sync from learner to rollout: the most MB of one bucket (one Ray object; a tensor
+    larger than this travels in row ranges), so the object store never holds the whole model
+    (~15 GB at 7B). Each step ships what the update changed (every parameter: the whole
+    model is fine-tuned); the first sync after start or resume ships every tensor."""
 
 
 @dataclass

@@ -17,11 +17,24 @@ logprobs               float32  (B, C)      log-prob of each sampled token under
 
 ``hf`` (transformers ``generate`` with its KV cache) is the default and runs anywhere. A vLLM
 or SGLang backend implements the same three methods on GPU machines and registers in
-``ENGINES``: ``generate``, ``load_weights`` (the learner's state dict after each step) and
-``release_cache`` (free the KV cache before the device goes to the learner). Its log-probs
+``ENGINES``: ``generate``, ``weight_receiver`` (where the learner's weights go after each step)
+and ``release_cache`` (free the KV cache before the device goes to the learner). Its log-probs
 must be of the same distribution (raw logits / temperature, before top-k), since the learner's
 ratio divides by them. Sizes scale with (B, C) only: an engine keeps no (B, C, V) logits
 (``HFEngine``'s docstring has the numbers).
+
+Weights arrive in buckets of bounded bytes, never as one state dict (a 7B model's is ~15 GB,
+more than a local Ray object store holds; see :mod:`m2flow.runs.weights`). The receiver an
+engine returns takes one sync as ``begin(keys, full=..., stage=...)``, ``receive(bucket)`` per
+:class:`~m2flow.runs.weights.WeightBucket`, then ``finish()``; names are the Hugging Face
+state-dict names of the learner's model; tensors come in the learner's dtype (fp32 masters)
+and are cast on load; a tensor larger than a bucket comes as row ranges of its first dimension
+(``bucket.rows``). ``HFEngine`` loads into its model with
+:class:`~m2flow.runs.weights.WeightReceiver`. A backend whose model takes whole named tensors
+(vLLM's and SGLang's ``model.load_weights(iterable of (name, tensor))``, which also fuse q/k/v
+and gate/up) holds a row-cut tensor's ranges until it is whole (one tensor at a time), and must
+raise :class:`~m2flow.runs.weights.WeightSyncError` as ``WeightReceiver`` does when a name is
+not its model's or an announced tensor did not arrive by ``finish()``.
 """
 
 from __future__ import annotations
@@ -33,6 +46,7 @@ from tensordict import TensorDict
 
 from m2flow import keys
 from m2flow.reasoning.config import GenerationConfig
+from m2flow.runs.weights import WeightReceiver
 
 
 class GenerationEngine(ABC):
@@ -45,8 +59,9 @@ class GenerationEngine(ABC):
         """``n`` completions of each prompt (the table above)."""
 
     @abstractmethod
-    def load_weights(self, state_dict: dict) -> None:
-        """Takes the learner's weights."""
+    def weight_receiver(self) -> WeightReceiver:
+        """The receiving side of weight syncs into the model that generates (the contract is
+        the module docstring's); one object kept for the engine's life."""
 
     def release_cache(self) -> None:
         """Frees any KV cache kept between calls (none for ``hf``: generate builds its own)."""
@@ -69,6 +84,7 @@ class HFEngine(GenerationEngine):
     def __init__(self, model, tokenizer, cfg: GenerationConfig, device: str):
         super().__init__(model, tokenizer, cfg, device)
         model.generation_config = plain_generation_config(model.generation_config)
+        self._receiver = WeightReceiver(model)
 
     @torch.no_grad()
     def generate(self, prompts: list[str], n: int, *, greedy: bool = False,
@@ -110,8 +126,10 @@ class HFEngine(GenerationEngine):
             keys.LOGPROBS: logprobs * cmask.cpu(),
         }, batch_size=[b])
 
-    def load_weights(self, state_dict: dict) -> None:
-        self.model.load_state_dict(state_dict)
+    def weight_receiver(self) -> WeightReceiver:
+        """Loads buckets into the model's own tensors (cast to its dtype, on its device, or in
+        host memory while it is offloaded)."""
+        return self._receiver
 
 
 class SampledLogprobs:

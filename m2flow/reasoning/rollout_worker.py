@@ -14,6 +14,7 @@ from m2flow.reasoning.data import make_datasets
 from m2flow.reasoning.engine import make_engine
 from m2flow.reasoning.model import load_model
 from m2flow.reasoning.reward import reward_fn
+from m2flow.runs.weights import SyncPlan, WeightBucket
 
 
 class ReasoningRollout(Worker):
@@ -27,14 +28,33 @@ class ReasoningRollout(Worker):
         self.engine = make_engine(self.model, self.tokenizer, cfg.rollout, self.device)
         self.train, self.test = make_datasets(cfg.data, cfg.seed)
         self.version = 0
+        self._next_version = 0
         self._perm: tuple[int, list[int]] = (-1, [])
         self.context.register(modules={"model": self.model},
                               caches={"kv_cache": self.engine.release_cache})
 
-    def set_weights(self, state_dict: dict, *, version: int) -> None:
+    # -- weights, bucket by bucket (m2flow.runs.weights) ---------------------------------------
+    def begin_weight_sync(self, plan: SyncPlan, *, version: int) -> None:
+        """Announces a sync of ``plan.keys`` (an unknown name, or a full sync missing one of
+        the model's, is an error here). Nothing generates while weights arrive (the runner
+        syncs between steps), so each bucket is loaded as it arrives and host memory holds
+        one bucket at a time; the groups generated next carry ``version``."""
         with self.timer("weight_sync"):
-            self.engine.load_weights(state_dict)
-            self.version = version
+            self.engine.weight_receiver().begin(plan.keys, full=plan.full, stage=False)
+            self._next_version = version
+
+    def receive_weight_bucket(self, bucket: WeightBucket) -> None:
+        """Loads one bucket into the engine's model (into host memory while it is offloaded:
+        the next onload carries it to the device)."""
+        with self.timer("weight_sync"):
+            self.engine.weight_receiver().receive(bucket)
+
+    def finish_weight_sync(self) -> None:
+        """Ends the sync: raises if an announced tensor did not arrive whole; the model is now
+        the announced version."""
+        with self.timer("weight_sync"):
+            self.engine.weight_receiver().finish()
+            self.version = self._next_version
 
     def problems_of_step(self, step: int) -> list[int]:
         """Indices of the training problems of ``step``: epochs of seeded permutations."""

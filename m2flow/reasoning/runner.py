@@ -1,8 +1,9 @@
 """The reasoning runner: GRPO on prompts with reference answers, on the ``pipelines`` engine.
 
 One step reads top to bottom: generate ``prompts_per_step`` groups of ``n`` completions ->
-score them -> one GRPO update -> send the weights to the rollout worker. The placement picks
-how the three workers share time:
+score them -> one GRPO update -> send the weights to the rollout worker (bucket by bucket, at
+most ``runner.weight_sync_bucket_mb`` each). The placement picks how the three workers share
+time:
 
 - ``collocated``: rollout and learner take turns on one device. Generation streams each group
   to the reward worker (scoring overlaps generation), then the rollout worker steps aside
@@ -31,6 +32,7 @@ from m2flow.reasoning.reward_worker import RewardWorker
 from m2flow.reasoning.rollout_worker import ReasoningRollout
 from m2flow.runs.logger import log_field
 from m2flow.runs.session import RunSession
+from m2flow.runs.weights import SyncPlan, cut_buckets, make_bucket
 
 WORKLOAD = "reasoning"
 COMPONENTS = ("rollout", "reward", "learner")
@@ -124,11 +126,32 @@ class ReasoningRunner:
         metrics.update(self.sync_weights(self.step))
         return metrics
 
-    def sync_weights(self, version: int) -> dict:
+    def sync_weights(self, version: int, *, full: bool = False) -> dict:
+        """Sends the learner's weights (the version after ``version`` GRPO steps) to the
+        rollout's engine: what an update changed (the trainable parameters), or everything
+        when ``full`` (the learner's first sync and the one after a resume are full anyway),
+        one bucket of at most ``runner.weight_sync_bucket_mb`` at a time: the object store
+        holds one bucket, not the model (see :mod:`m2flow.runs.weights`)."""
         t0 = time.perf_counter()
-        weights = self.learner.call(ReasoningLearner.get_weights).as_arg()
-        self.rollout.call(ReasoningRollout.set_weights, weights, version=version).wait()
+        plan = self.learner.call(ReasoningLearner.plan_weight_sync, full=full,
+                                 bucket_mb=self.cfg.runner.weight_sync_bucket_mb).wait()[0]
+        self.rollout.call(ReasoningRollout.begin_weight_sync, plan, version=version).wait()
+        for i in range(len(plan.buckets)):
+            bucket = self.learner.call(ReasoningLearner.weight_bucket, index=i).as_arg()
+            self.rollout.call(ReasoningRollout.receive_weight_bucket, bucket).wait()
+        self.rollout.call(ReasoningRollout.finish_weight_sync).wait()
         return {"time/driver_weight_sync": time.perf_counter() - t0}
+
+    def send_policy(self, state: dict, version: int = 0) -> None:
+        """Sends a whole state dict held here (evaluation: a checkpoint's weights) to the
+        rollout's engine, bucket by bucket like ``sync_weights``."""
+        cap = max(1, int(self.cfg.runner.weight_sync_bucket_mb * 2**20))
+        plan = SyncPlan(list(state), cut_buckets(state, list(state), cap), full=True)
+        self.rollout.call(ReasoningRollout.begin_weight_sync, plan, version=version).wait()
+        for pieces in plan.buckets:
+            self.rollout.call(ReasoningRollout.receive_weight_bucket,
+                              make_bucket(state, pieces)).wait()
+        self.rollout.call(ReasoningRollout.finish_weight_sync).wait()
 
     def iterate(self, step: int) -> dict:
         """One GRPO step; its metrics."""
@@ -235,11 +258,11 @@ class ReasoningRunner:
         state = self.session.load(path)
         self.learner.call(ReasoningLearner.load_state_dict, state["learner"]).wait()
         self.step = state["iteration"]
-        self.sync_weights(self.step)
+        self.sync_weights(self.step, full=True)  # full anyway: the learner was loaded
 
     def load_policy(self, state: dict) -> None:
-        self.rollout.call(ReasoningRollout.set_weights, state["learner"]["model"],
-                          version=state["iteration"]).wait()
+        """Loads a checkpoint's weights into the rollout's engine (evaluation)."""
+        self.send_policy(state["learner"]["model"], version=state["iteration"])
 
     def close(self) -> None:
         self.session.close()
