@@ -56,6 +56,8 @@ RULES: list[Rule] = [
     ("runner.stop_at_success", optional(within(0, 1, open_low=True), "run all iterations"),
      "give the success rate to stop at, e.g. 0.9"),
     ("runner.max_staleness", at_least(0), "give the updates an action may lag behind (e.g. 1)"),
+    ("runner.warn_no_signal_iterations", at_least(0),
+     "give the iterations without learning signal before a warning (0: never)"),
     ("runner.weight_sync_bucket_mb", above(0),
      "give the most MB of one weight-sync bucket (default 256)"),
     ("eval.episodes", at_least(0), "give the episodes to run, or 0 for runner.eval_episodes"),

@@ -54,6 +54,9 @@ class RunnerConfig(RunnerBaseConfig):
     max_staleness: int = 1
     """With overlap_learner: the most learner updates any action of a trajectory may lag
     behind the weights it is trained into (the learner refuses staler data)."""
+    warn_no_signal_iterations: int = 5
+    """Warn (log and stdout) after this many iterations in a row with nothing to learn from:
+    every reward of the batch equal, or (GRPO) every group filtered; 0: never."""
     weight_sync_bucket_mb: float = 256.0
     """Weight sync from learner to rollout: the most MB of one bucket (one Ray object; a tensor
     larger than this travels in row ranges). Each iteration ships only what the update changed

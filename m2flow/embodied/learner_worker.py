@@ -93,13 +93,14 @@ class LearnerWorker(Worker):
             lr = self._learning_rate(iteration)
             self.trainer.set_lr(lr)
             traj = torch.cat(parts, dim=0).to(self.device)  # (N, T)
+            spread = reward_spread(traj)
             with self.trainer.autocast():  # prepare's forward passes (values) too
                 batch, extra = self.algorithm.prepare(self.policy, traj, iteration=iteration,
                                                       staleness=staleness)  # (B,)
             metrics = self._epochs(batch, iteration) if batch.shape[0] else {}
             self.policy.observe(batch)  # statistics change between updates, never within one
             return {**metrics, **extra, "loss/learning_rate": lr,
-                    "perf/staleness": float(staleness)}
+                    "perf/staleness": float(staleness), "train/reward_spread": spread}
 
     def _learning_rate(self, iteration: int) -> float:
         """A function of the iteration alone, so a resumed run uses the same schedule."""
@@ -119,6 +120,21 @@ class LearnerWorker(Worker):
         metrics["loss/total"] = sum(v for k, v in metrics.items() if k.startswith("loss/loss_"))
         metrics.update(a.batch_metrics(batch))
         return metrics
+
+
+def reward_spread(traj: TensorDict) -> float:
+    """Largest minus smallest reward over the valid steps of ``traj`` (0: every step got the
+    same reward, so there is nothing to learn from this batch).
+
+    >>> t = TensorDict({"next": {"reward": torch.tensor([[0., 2.], [1., 5.]])},
+    ...                 "valid": torch.tensor([[True, True], [True, False]])}, [2, 2])
+    >>> reward_spread(t)
+    2.0
+    """
+    r = traj[keys.REWARD].float()
+    if keys.VALID in traj.keys():
+        r = r[traj[keys.VALID]]
+    return float(r.max() - r.min()) if r.numel() else 0.0
 
 
 def check_staleness(parts: list[TensorDict], iteration: int, max_staleness: int) -> int:

@@ -22,17 +22,21 @@ SHORT = ["env.max_episode_steps=16", "runner.rollout_steps=2", "env.kwargs.settl
          "runner.eval_episodes=2", "runner.eval_interval=0", "runner.progress_bar=false",
          "algorithm.filter_low=-1", "algorithm.filter_high=2"]
 # No episode succeeds in two policy calls, so with every group kept all advantages (and the
-# loss) are 0: this run checks the plumbing (envs, VLA, learner, checkpoint, eval) only; the
-# GRPO update itself is checked on episodes of which some succeed at the end of this file.
+# loss) are 0: this run checks the plumbing (envs, VLA, learner, checkpoint, eval) and that the
+# run says loudly that it has nothing to learn from; the GRPO update itself is checked on
+# episodes of which some succeed at the end of this file.
 
 
 def test_libero_grpo_openvla_oft_tiny_trains_two_iterations_and_evaluates(tmp_path, capsys):
     rc = train(["--config-name", "libero_spatial_grpo_openvla_oft_tiny", "cluster=inprocess",
-                "runner.num_iterations=2", f"runner.log_dir={tmp_path}", *SHORT])
+                "runner.num_iterations=2", f"runner.log_dir={tmp_path}",
+                "runner.warn_no_signal_iterations=2", *SHORT])
     assert rc == 0
     out = capsys.readouterr().out
     # 2 iterations x 4 envs x 2 policy calls x chunks of 8 env steps
     assert "done: 2 iterations, 128 env steps" in out
+    # LIBERO's reward is success only, and nothing succeeded: said once, after 2 iterations
+    assert out.count("WARNING: no learning signal for 2 iterations in a row: every reward") == 1
     run = next(tmp_path.glob("libero_spatial_grpo_openvla_oft_tiny/*"))
     ckpt = run / "checkpoints" / "last.pt"
     rc = evaluate([f"checkpoint={ckpt}", "episodes_per_task=1", "env.kwargs.task_ids=[0,1]",
