@@ -93,14 +93,16 @@ class LearnerWorker(Worker):
             lr = self._learning_rate(iteration)
             self.trainer.set_lr(lr)
             traj = torch.cat(parts, dim=0).to(self.device)  # (N, T)
-            spread = reward_spread(traj)
+            spread = reward_spread(traj) if keys.REWARD in traj.keys(True) else None
             with self.trainer.autocast():  # prepare's forward passes (values) too
                 batch, extra = self.algorithm.prepare(self.policy, traj, iteration=iteration,
                                                       staleness=staleness)  # (B,)
             metrics = self._epochs(batch, iteration) if batch.shape[0] else {}
             self.policy.observe(batch)  # statistics change between updates, never within one
+            if spread is not None:  # (behaviour cloning's demonstrations have no reward)
+                metrics["train/reward_spread"] = spread
             return {**metrics, **extra, "loss/learning_rate": lr,
-                    "perf/staleness": float(staleness), "train/reward_spread": spread}
+                    "perf/staleness": float(staleness)}
 
     def _learning_rate(self, iteration: int) -> float:
         """A function of the iteration alone, so a resumed run uses the same schedule."""
