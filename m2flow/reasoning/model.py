@@ -93,7 +93,9 @@ def load_model(cfg: ModelConfig, device: str = "cpu"):
         )
     model = model.to(device=device, dtype=resolve_dtype(cfg.dtype, device))
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        # transformers >= 5.x names it activation checkpointing (the old name warns)
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        (enable or model.gradient_checkpointing_enable)()
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
 
