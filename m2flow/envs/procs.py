@@ -203,7 +203,10 @@ class ProcessSlots:
         log.warning("%s; restarting it (its episode is discarded)", cause)
         proc = self._procs[i]
         if proc.is_alive():
-            os.kill(proc.pid, signal.SIGKILL)
+            try:
+                os.kill(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:  # it ended (and was reaped) since is_alive looked
+                pass
         proc.join(timeout=10)
         self._conns[i].close()
         self._spawn(i)

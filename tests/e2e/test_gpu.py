@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from m2flow.envs import EnvConfig, make_env
+from m2flow.pipelines import RankResources, Worker, WorkerGroup
 
 pytestmark = [
     pytest.mark.gpu,
@@ -103,3 +104,44 @@ def test_bucketed_weight_sync_from_a_cuda_learner_to_a_cuda_rollout_copy():
         rollout.finish_weight_sync()
         for k, v in learner.policy.state_dict().items():
             assert torch.equal(rollout.policy.state_dict()[k], v), k
+
+
+# -- issue 13: action chunks and placement GPU ids on a real GPU ---------------------------
+
+
+def test_action_chunks_on_a_maniskill_gpu_batch_combine_on_the_gpu():
+    from m2flow.envs.chunked import ChunkedEnv, combine
+    from tests.envs.test_chunked import steps
+
+    # the pure function on CUDA inputs equals its CPU result
+    on_gpu, on_cpu = combine(steps("cuda")), combine(steps("cpu"))
+    for key, v in on_cpu.items(include_nested=True, leaves_only=True):
+        assert on_gpu[key].device.type == "cuda" and torch.equal(on_gpu[key].cpu(), v), key
+    # and a real GPU batch stepping (n, K, A) chunks
+    cfg = EnvConfig(name="ManiSkill/PushCube-v1", num_envs=8, sim_backend="gpu",
+                    max_episode_steps=6)
+    env = ChunkedEnv(make_env(cfg, device="cuda"))
+    try:
+        env.reset(seed=list(range(8)))
+        out = env.step(torch.rand(8, 4, env.spec.action_dim, device="cuda") * 2 - 1)
+        assert out["next", "num_steps"].device.type == "cuda"
+        assert out["next", "step_reward"].shape == (8, 4)
+    finally:
+        env.close()
+
+
+def test_placement_gpu_0_is_the_first_visible_gpu_in_a_ray_rank(ray_cluster):
+    first = str(torch.cuda.get_device_properties(0).uuid)  # the driver's first visible GPU
+    group = WorkerGroup(ray_cluster, "gpu_probe", DeviceProbe, [RankResources(0, 1.0, (0,))])
+    try:
+        (got,) = group.call(DeviceProbe.where).wait(timeout=120)
+    finally:
+        group.shutdown()
+    assert got == (["cuda:0"], 1, first)
+
+
+class DeviceProbe(Worker):
+    def where(self):
+        x = torch.ones(2, device=self.device)
+        props = torch.cuda.get_device_properties(x.device)
+        return self.devices, torch.cuda.device_count(), str(props.uuid)
