@@ -3,6 +3,7 @@
     m2flow-train                                   # the default job (PushCube, PPO, MLP)
     m2flow-train --config-name maniskill_pickcube_ppo_mlp env.num_envs=4
     m2flow-train --cfg                             # print the composed config and exit
+    m2flow-train resume=latest                     # continue this config's newest checkpoint
     m2flow-eval checkpoint=runs/.../checkpoints/last.pt episodes=50
     m2flow-eval env=libero_spatial policy=cnn episodes_per_task=2
 
@@ -60,8 +61,35 @@ def load_run_config(config_name: str, overrides: Sequence[str] = ()):
     composed = load_config(config_name, overrides)
     w = workload(composed.workload)
     obj = to_object(composed)
+    _resolve_resume(obj)
     _check(w, obj)
     return obj
+
+
+def _resolve_resume(cfg) -> None:
+    """``resume=latest``: the newest checkpoint of runs named ``run_name`` under
+    ``runner.log_dir`` (one config-error line if there is none); ``resume=auto``: the same, or
+    a fresh start if there is none. Any other value is a path, checked as such."""
+    from pathlib import Path
+
+    from m2flow.configs import ConfigError
+    from m2flow.runs import checkpoint
+
+    if cfg.resume not in ("latest", "auto"):
+        return
+    found = checkpoint.find_latest(cfg.runner.log_dir, cfg.run_name)
+    where = Path(cfg.runner.log_dir) / cfg.run_name / "*" / "checkpoints" / checkpoint.LAST
+    if found is None and cfg.resume == "latest":
+        raise ConfigError(
+            f"config error: resume=latest: no checkpoint of run {cfg.run_name!r} under {where}; "
+            "check run_name and runner.log_dir, give a path (resume=runs/.../last.pt), or use "
+            "resume=auto to start from scratch when there is none.")
+    if found is None:
+        print(f"resume=auto: no checkpoint of run {cfg.run_name!r} under {where}; "
+              "starting from iteration 0.", flush=True)
+    else:
+        print(f"resume={cfg.resume}: {found}", flush=True)
+    cfg.resume = None if found is None else str(found)
 
 
 def load_eval_config(overrides: Sequence[str]) -> tuple[object, Optional[dict]]:

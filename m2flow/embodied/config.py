@@ -101,6 +101,8 @@ class TrainConfig:
     seed: int = 0
     """Seed of weights, env resets and sampling."""
     resume: Optional[str] = None
-    """Checkpoint path to continue training from."""
+    """Checkpoint path to continue training from; ``latest``: the newest checkpoint of the
+    runs named ``run_name`` under ``runner.log_dir``; ``auto``: that, or a fresh start if
+    there is none."""
     run_name: str = "run"
     """Name of the run directory's parent (entry configs set it to their own name)."""

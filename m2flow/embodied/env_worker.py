@@ -115,20 +115,6 @@ class EnvWorker(Worker):
             traj_ch.flush()
         return stats
 
-    def eval_episodes(self, obs_ch: Channel, act_ch: Channel, *, rounds: int, stages: int = 1,
-                      chunk: int = 1) -> EpisodeStats:
-        """``rounds`` x num_envs episodes from fixed seeds; counts each env's first episode."""
-        stats = EpisodeStats()
-        for r in range(rounds):
-            seeds = seeding.derive(self.seed, seeding.EVAL, r, self.rank, self.num_envs)
-            for ep in self.eval_round(obs_ch, act_ch, seeds=seeds, stages=stages, chunk=chunk):
-                if ep.discarded:
-                    stats.discarded += 1
-                else:
-                    stats.extend(EpisodeStats([ep.ret], [ep.length], [ep.success]))
-        self._obs = None  # training resumes from a fresh reset
-        return stats
-
     def eval_round_ranks(self, obs_ch: Channel, act_ch: Channel, *, per_rank: list[EvalRound],
                          stages: int = 1) -> list[EvalEpisode]:
         """``eval_round`` with this rank's entry of ``per_rank`` (one call for all ranks)."""

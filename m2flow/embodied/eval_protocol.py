@@ -97,7 +97,11 @@ def plan(num_tasks: int, per_task: int, ranks: int, envs_per_rank: int, base_see
 
 
 def run_protocol(runner, cfg, progress: bool = True) -> dict:
-    """Runs the protocol with ``runner``'s workers; returns the report (see ``write_report``)."""
+    """Runs the protocol with ``runner``'s workers; returns the report (see ``write_report``).
+
+    After each round, the episodes done of the total, the success so far and (multi-task
+    envs) the task reached show in a bar on a terminal (``progress``, and
+    ``runner.progress_bar``), else as a line every ``runner.progress_interval_s`` seconds."""
     spec = runner.spec
     ev = cfg.eval
     tasks = list(spec.tasks)
@@ -117,7 +121,7 @@ def run_protocol(runner, cfg, progress: bool = True) -> dict:
     results = [TaskResult(j, n) for j, n in enumerate(names)]
     videos: list[tuple[Slot, EvalEpisode]] = []
     total = len(names) * per_task
-    bar = _bar(total, progress, cfg.env.name)
+    bar = runner.session.progress(f"eval {cfg.env.name}", total, bar=progress)
     t0 = time.perf_counter()
     for rnd in rounds:
         per_rank = [
@@ -140,9 +144,8 @@ def run_protocol(runner, cfg, progress: bool = True) -> dict:
                 res.lengths.append(ep.length)
                 if slot.video and ep.frames:
                     videos.append((slot, ep))
-                bar.update(1)
-        done = sum(r.episodes for r in results)
-        bar.set_postfix(success=f"{sum(r.successes for r in results) / max(1, done):.2f}")
+        bar.update(sum(s.episode is not None for row in rnd for s in row),
+                   _status(results, rnd, names if multi else None))
     bar.close()
     rows = [r.row() for r in results]
     counted = [r for r in results if r.episodes]
@@ -220,7 +223,13 @@ def _slug(text: str, limit: int = 60) -> str:
     return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")[:limit]
 
 
-def _bar(total: int, enabled: bool, name: str):
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=f"eval {name}", unit="ep", disable=not enabled, dynamic_ncols=True)
+def _status(results: list[TaskResult], rnd: list[list[Slot]], tasks: Optional[list[str]]) -> str:
+    """``success 0.25`` (over the episodes counted so far) and, for a multi-task env, the
+    last task this round ran: ``task 4/10 pick up the black bowl on the ...``."""
+    done = sum(r.episodes for r in results)
+    text = f"success {sum(r.successes for r in results) / max(1, done):.2f}"
+    if tasks is None:
+        return text
+    j = max(s.task for row in rnd for s in row if s.episode is not None)
+    name = tasks[j] if len(tasks[j]) <= 40 else tasks[j][:37] + "..."
+    return f"{text} | task {j + 1}/{len(tasks)} {name}"

@@ -30,7 +30,8 @@ from m2flow.embodied.learner_worker import LearnerWorker
 from m2flow.embodied.rollout_worker import RolloutWorker
 from m2flow.pipelines import Channel
 from m2flow.pipelines.worker import Futures, gather
-from m2flow.runs.logger import log_field
+from m2flow.runs import seeding
+from m2flow.runs.logger import announce, log_field
 from m2flow.runs.session import RunSession
 from m2flow.runs.weights import SyncPlan, cut_buckets, make_bucket
 
@@ -101,7 +102,9 @@ class EmbodiedRunner:
     def __init__(self, cfg: TrainConfig, *, train: bool = True):
         self.cfg = cfg
         r = cfg.runner
-        self.session = RunSession(cfg, workload=WORKLOAD)
+        t0 = time.perf_counter()
+        announce(_building(cfg, train))
+        self.session = RunSession(cfg, workload=WORKLOAD, best_metric="eval/success")
         self.cluster, self.placement = self.session.cluster, self.session.placement
         # who steps aside for whom on a shared device (without a learner: only checks the mode)
         plan = self.session.switch_plan(["rollout", "learner"] if train else [])
@@ -142,6 +145,10 @@ class EmbodiedRunner:
             if cfg.resume:
                 self.load(cfg.resume)
             self.sync_weights(self.iteration, full=True)
+        learners = f", {self.learner.world_size} learner" if self.learner is not None else ""
+        announce(f"start-up: ready in {time.perf_counter() - t0:.1f} s: {self.env.world_size} "
+                 f"env worker(s) x {cfg.env.num_envs} envs, {self.rollout.world_size} rollout"
+                 f"{learners}; placement {self.placement.mode}")
 
     def set_stages(self, stages: int) -> None:
         """Pipeline stages from the next collection on (1 to rollout.env_groups)."""
@@ -203,17 +210,32 @@ class EmbodiedRunner:
         self.rollout.call(RolloutWorker.finish_weight_sync).wait()
 
     def run_eval(self, episodes: Optional[int] = None, deterministic: bool = True) -> dict:
-        """Episodes from fixed seeds (mean actions by default): ``eval/success`` and friends."""
+        """Episodes from fixed seeds (mean actions by default): ``eval/success`` and friends.
+
+        Round r runs one episode per env; env i of env worker w starts from seed
+        ``seeding.derive(seed, EVAL, r, w, env.num_envs)[i]`` (the seeds ``m2flow-eval`` gives
+        a one-task env). After each round the progress (episodes done, success so far) goes
+        to the bar or the log (``RunSession.progress``).
+        """
         episodes = episodes or self.cfg.runner.eval_episodes
         self.switcher.activate("rollout")  # its cost is part of time/eval
         rounds = max(1, math.ceil(episodes / self.num_envs))
-        steps = rounds * math.ceil(self.spec.max_episode_steps / self.chunk)
-        env_out, _ = gather(
-            self.env.call(EnvWorker.eval_episodes, self.obs_ch, self.act_ch, rounds=rounds,
-                          stages=self.stages, chunk=self.chunk),
-            self._serve(steps, 0, deterministic=deterministic),
-        )
-        return {k.replace("env/", "eval/"): v for k, v in _merge(env_out).summary().items()}
+        per_rank = [EpisodeStats() for _ in self.env_ranks]
+        progress = self.session.progress(f"eval {self.cfg.env.name}", rounds * self.num_envs)
+        try:
+            for r in range(rounds):
+                seeds = [seeding.derive(self.cfg.seed, seeding.EVAL, r, e, self.cfg.env.num_envs)
+                         for e in self.env_ranks]
+                out = self.eval_round([EvalRound(seeds=s) for s in seeds], deterministic)
+                for stats, eps in zip(per_rank, out):
+                    stats.extend(_episode_stats(eps))
+                so_far = _merge(per_rank)
+                success = sum(so_far.successes) / max(1, len(so_far.successes))
+                progress.update(self.num_envs, f"success {success:.2f}")
+        finally:
+            progress.close()
+        # ranks in order, each rank's rounds in order: the sums of one call per rank
+        return {k.replace("env/", "eval/"): v for k, v in _merge(per_rank).summary().items()}
 
     def eval_round(self, per_rank: list[EvalRound], deterministic: bool = True) -> list[list]:
         """One episode per env (``EnvWorker.eval_round``, one ``EvalRound`` per env worker);
@@ -377,6 +399,26 @@ class _Collection:
 
 def _sum(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
     return {k: a.get(k, 0.0) + b.get(k, 0.0) for k in a.keys() | b.keys()}
+
+
+def _building(cfg: TrainConfig, train: bool) -> str:
+    """The start-up line: what is about to be built."""
+    who = "rollout and learner" if train else "rollout (evaluation)"
+    resume = f"; resuming {cfg.resume}" if train and cfg.resume else ""
+    return (f"start-up: building the {cfg.cluster.backend} cluster, env workers of "
+            f"{cfg.env.num_envs} {cfg.env.name} simulators each, policy {cfg.policy.name} for "
+            f"{who}{resume}")
+
+
+def _episode_stats(episodes: list) -> EpisodeStats:
+    """An evaluation round's episodes (``EvalEpisode``) as stats; discarded ones counted."""
+    stats = EpisodeStats()
+    for ep in episodes:
+        if ep.discarded:
+            stats.discarded += 1
+        else:
+            stats.extend(EpisodeStats([ep.ret], [ep.length], [ep.success]))
+    return stats
 
 
 def _merge(parts: list[EpisodeStats]) -> EpisodeStats:

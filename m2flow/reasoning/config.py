@@ -161,4 +161,6 @@ class ReasoningConfig:
     eval: ReasoningEvalConfig = field(default_factory=ReasoningEvalConfig)
     seed: int = 0
     resume: Optional[str] = None
+    """Checkpoint path to continue training from; ``latest`` / ``auto``: the newest of the
+    runs named ``run_name`` (see the embodied ``TrainConfig.resume``)."""
     run_name: str = "reasoning"

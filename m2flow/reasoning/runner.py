@@ -87,7 +87,7 @@ class RewardSignalWatch:
 class ReasoningRunner:
     def __init__(self, cfg: ReasoningConfig, *, train: bool = True):
         self.cfg = cfg
-        self.session = RunSession(cfg, workload=WORKLOAD)
+        self.session = RunSession(cfg, workload=WORKLOAD, best_metric="eval/accuracy")
         self.placement = self.session.placement
         for name in COMPONENTS:
             if self.placement.component(name).workers != 1:

@@ -14,7 +14,7 @@ import os
 import tempfile
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -56,8 +56,12 @@ def save(path: str | os.PathLike, state: dict) -> Path:
     return path
 
 
-def link_latest(path: Path, latest_name: str = "last.pt") -> Path:
-    """Points ``<dir>/last.pt`` at ``path`` atomically (a hard link renamed over the old one)."""
+LAST, BEST = "last.pt", "best.pt"  # hard links to the newest and the best checkpoint
+
+
+def link_latest(path: Path, latest_name: str = LAST) -> Path:
+    """Points ``<dir>/<latest_name>`` (``last.pt``, or ``best.pt``) at ``path`` atomically (a
+    hard link renamed over the old one)."""
     latest = path.parent / latest_name
     tmp = path.parent / f".{latest_name}.tmp"
     if tmp.exists():
@@ -99,16 +103,32 @@ def load(path: str | os.PathLike, workload: Optional[str] = None, mmap: bool = F
     return state
 
 
-def prune(folder: Path, keep: int, pattern: str = "iter_*.pt") -> list[Path]:
-    """Deletes all but the newest ``keep`` files matching ``pattern`` (0: keep all); ``last.pt``
-    is a hard link, so the newest file stays readable under both names. Returns the deleted."""
+def prune(folder: Path, keep: int, pattern: str = "iter_*.pt",
+          protect: Sequence[str] = (BEST,)) -> list[Path]:
+    """Deletes all but the newest ``keep`` files matching ``pattern`` (0: keep all), except a
+    file that a link named in ``protect`` (``best.pt``) points at. ``last.pt`` is a hard link,
+    so the newest file stays readable under both names. Returns the deleted."""
     if keep <= 0:
         return []
     files = sorted(folder.glob(pattern))  # zero-padded iteration numbers sort in order
-    gone = files[:-keep]
+    links = [folder / name for name in protect if (folder / name).is_file()]
+    gone = [f for f in files[:-keep] if not any(os.path.samefile(f, link) for link in links)]
     for f in gone:
         f.unlink(missing_ok=True)
     return gone
+
+
+def find_latest(log_dir: str | os.PathLike, run_name: str) -> Optional[Path]:
+    """The newest checkpoint of the runs called ``run_name``: of the ``last.pt`` files under
+    ``<log_dir>/<run_name>/<time>/checkpoints/``, the one written last, as the ``iter_*.pt``
+    (or ``step_*.pt``) file it points at; None if there is none."""
+    runs = Path(log_dir).expanduser() / run_name
+    found = [p for p in runs.glob(f"*/checkpoints/{LAST}") if p.is_file()]
+    if not found:
+        return None
+    newest = max(found, key=lambda p: (p.stat().st_mtime_ns, p.parent.parent.name))
+    named = [f for f in sorted(newest.parent.glob("*_*.pt")) if os.path.samefile(f, newest)]
+    return named[-1] if named else newest
 
 
 class CheckpointError(ValueError):

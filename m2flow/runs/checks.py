@@ -106,7 +106,10 @@ def check_file(name: str, path: Optional[str], fix: str) -> None:
 
 RUNNER_BASE_RULES: list[Rule] = [
     ("runner.checkpoint_interval", at_least(0), "save every N iterations, or 0 for only the last"),
-    ("runner.keep_checkpoints", at_least(0), "keep the newest N checkpoints, or 0 for all"),
+    ("runner.keep_checkpoints", at_least(0),
+     "keep the newest N checkpoints (and the best), or 0 for all"),
+    ("runner.progress_interval_s", at_least(0),
+     "give the seconds between progress lines of a long phase (0: every round)"),
     ("runner.channel_timeout_s", above(0), "give the seconds a worker may be silent (default 600)"),
 ]
 

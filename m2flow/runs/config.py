@@ -22,8 +22,8 @@ class RunnerBaseConfig:
     checkpoint_interval: int = 10
     """Save a checkpoint every N iterations (and after the last); 0: only after the last."""
     keep_checkpoints: int = 5
-    """Keep the newest N checkpoints of a run (``last.pt`` always points at the newest);
-    0: keep all."""
+    """Keep the newest N checkpoints of a run, and the best by evaluation (``best.pt``
+    points at it, ``last.pt`` at the newest); 0: keep all."""
     log_dir: str = "runs"
     """Runs are written under <log_dir>/<config name>/<timestamp>/."""
     channel_timeout_s: float = 600.0
@@ -31,3 +31,7 @@ class RunnerBaseConfig:
     progress_bar: bool = True
     """Show a tqdm bar when stdout and stderr are terminals (the per-iteration log line is
     written either way)."""
+    progress_interval_s: float = 15.0
+    """A long phase (an evaluation) writes a progress line (episodes done, success so far)
+    at most every N seconds, as its rounds end, and one when it is done; 0: at every round.
+    On a terminal these lines go to train.log only (the bar shows the same)."""

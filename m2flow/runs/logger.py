@@ -1,14 +1,19 @@
-"""What the user sees: a progress bar, a one-line summary per iteration, TensorBoard scalars,
-and at the end a plot and table of where each iteration's time went."""
+"""What the user sees: a progress bar, a one-line summary per iteration, the progress of long
+phases (``Progress``: an evaluation's episodes), TensorBoard scalars, and at the end a plot
+and table of where each iteration's time went.
+
+Bars are drawn only on a terminal (stdout and stderr both): a log file gets lines, never a
+bar's carriage-return frames."""
 
 from __future__ import annotations
 
 import logging
 import math
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 from tqdm import tqdm
 
@@ -46,11 +51,13 @@ class RunLogger:
     knows no metric by name. It also keeps every iteration's metrics in ``history``;
     ``close()`` turns their ``time/`` keys into ``run_dir / "time_breakdown.png"`` and a table
     in the log. The bar is drawn only when both stdout and stderr are terminals, so a log
-    redirected to a file holds the lines and no bar frames.
+    redirected to a file holds the lines and no bar frames. ``progress()`` follows a long
+    phase within an iteration; its lines come every ``progress_every_s`` seconds.
     """
 
     def __init__(self, run_dir: Path, total_iterations: int, start: int = 0, bar: bool = True,
-                 fields: Sequence[LogField] = (), bar_fields: Sequence[LogField] = ()):
+                 fields: Sequence[LogField] = (), bar_fields: Sequence[LogField] = (),
+                 progress_every_s: float = 15.0):
         from torch.utils.tensorboard import SummaryWriter
 
         self.run_dir = run_dir
@@ -65,9 +72,18 @@ class RunLogger:
         self._sticky: dict[int, str] = {}
         self.bar = tqdm(
             total=total_iterations, initial=start, desc="train", unit="it",
-            disable=not (bar and _terminal()), dynamic_ncols=True,
+            disable=not (bar and terminal()), dynamic_ncols=True,
         )
         self.history: list[dict] = []
+        self.progress_every_s = progress_every_s
+        self.closed = False
+
+    def progress(self, desc: str, total: int, unit: str = "ep") -> "Progress":
+        """A long phase's progress: on a terminal a second bar under the run's, with its lines
+        in ``train.log`` only; elsewhere its lines on stdout and in ``train.log``."""
+        shown = not self.bar.disable
+        return Progress(desc, total, unit=unit, bar=shown, write=log.info if shown else self.info,
+                        every_s=self.progress_every_s)
 
     def log(self, iteration: int, step: int, metrics: dict[str, float]) -> None:
         self.history.append({**metrics, "iteration": iteration})
@@ -90,8 +106,10 @@ class RunLogger:
     def info(self, line: str) -> None:
         log.info(line)
         self.bar.write(line)
+        sys.stdout.flush()  # a log file shows the line now, not when a buffer fills
 
     def close(self) -> None:
+        self.closed = True
         try:
             self.write_time_breakdown()
         finally:
@@ -113,6 +131,70 @@ class RunLogger:
             self.bar.write(line)
 
 
+class Progress:
+    """How far one long phase (an evaluation) has got: ``done`` of ``total`` and a status
+    (``success 0.40``). With ``bar``, a tqdm bar (under the run's bar; gone when the phase
+    ends). ``write`` (None: nowhere) gets a line at most every ``every_s`` seconds (0: at every
+    update) and, once it got one, a last line when the phase is complete: a log file gets
+    lines, never bar frames.
+
+    >>> lines, clock = [], iter([0.0, 4.0, 20.0, 21.0]).__next__  # seconds since the start
+    >>> p = Progress("eval PushCube", 6, write=lines.append, every_s=15.0, clock=clock)
+    >>> for status in ("success 0.50", "success 0.25", "success 0.33"):
+    ...     p.update(2, status)
+    >>> p.close()
+    >>> lines
+    ['eval PushCube: 4/6 ep | success 0.25 | 20 s, about 10 s left', 'eval PushCube: 6/6 ep | success 0.33 | 21 s']
+    """
+
+    def __init__(self, desc: str, total: int, *, unit: str = "ep", bar: bool = False,
+                 write: Optional[Callable[[str], None]] = None, every_s: float = 15.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.desc, self.total, self.unit = desc, total, unit
+        self.write, self.every_s, self.clock = write, every_s, clock
+        self.done, self.status, self.lines = 0, "", 0
+        self.t0 = self._last = clock()
+        self.bar = tqdm(total=total, desc=desc, unit=unit, leave=False,
+                        dynamic_ncols=True) if bar else None
+
+    def update(self, n: int, status: str = "") -> None:
+        """``n`` more done; ``status``: what the bar and the next line show after the count."""
+        self.done, self.status = self.done + n, status
+        if self.bar is not None:
+            self.bar.set_postfix_str(status, refresh=False)
+            self.bar.update(n)
+        if self.write is None:
+            return
+        now = self.clock()
+        complete = self.done >= self.total
+        if now - self._last >= self.every_s or (complete and self.lines):
+            self.write(self.line(now))
+            self.lines += 1
+            self._last = now
+
+    def line(self, now: float) -> str:
+        parts = [f"{self.desc}: {self.done}/{self.total} {self.unit}"]
+        if self.status:
+            parts.append(self.status)
+        took = now - self.t0
+        left = ""
+        if 0 < self.done < self.total:
+            left = f", about {took / self.done * (self.total - self.done):.0f} s left"
+        return " | ".join(parts + [f"{took:.0f} s{left}"])
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def announce(line: str) -> None:
+    """A line for the person watching (start-up: what is being built) on stdout, flushed,
+    and in the run's log once it is open."""
+    log.info(line)
+    tqdm.write(line)
+    sys.stdout.flush()
+
+
 def summary_line(iteration: int, step: int, m: dict[str, float],
                  fields: Sequence[LogField] = ()) -> str:
     """``it N | steps S | <each field present> | <time/ keys>``."""
@@ -122,5 +204,6 @@ def summary_line(iteration: int, step: int, m: dict[str, float],
     return " | ".join(parts + ([" ".join(times)] if times else []))
 
 
-def _terminal() -> bool:
+def terminal() -> bool:
+    """True when stdout and stderr are both terminals (a bar may be drawn)."""
     return sys.stdout.isatty() and sys.stderr.isatty()

@@ -9,11 +9,15 @@ A runner (embodied, reasoning, or a new workload) opens a :class:`RunSession` an
 - per-component timings by one rule: ``time/<group>_<phase>``, the slowest rank's seconds;
 - the run directory (``<log_dir>/<run_name>/<timestamp>/`` with ``config.yaml``), the logger;
 - checkpoints tagged with their workload, written atomically, the newest ``keep_checkpoints``
-  kept, ``last.pt`` pointing at the newest, and ``load`` refusing another workload's file.
+  kept plus the best by evaluation (``best.pt``), ``last.pt`` pointing at the newest, and
+  ``load`` refusing another workload's file;
+- the progress of a long phase (``progress``: an evaluation's episodes), in the bar or as
+  lines in the log.
 """
 
 from __future__ import annotations
 
+import math
 import signal
 import sys
 import threading
@@ -31,7 +35,7 @@ from m2flow.pipelines import (
     switch_plan,
 )
 from m2flow.runs import checkpoint
-from m2flow.runs.logger import LogField, RunLogger, log
+from m2flow.runs.logger import LogField, Progress, RunLogger, announce, log, terminal
 
 
 class RunSession:
@@ -39,13 +43,19 @@ class RunSession:
 
     Args:
         cfg: the workload's root config; it has ``cluster``, ``runner`` (``log_dir``,
-            ``keep_checkpoints``, ``progress_bar``), ``run_name`` and ``seed``.
+            ``keep_checkpoints``, ``progress_bar``, ``progress_interval_s``), ``run_name``
+            and ``seed``.
         workload: the workload's name, written into every checkpoint (``"embodied"``).
+        best_metric: the metric that ranks checkpoints (``"eval/success"``, higher is
+            better): the checkpoint with its highest value is kept as ``best.pt``.
     """
 
-    def __init__(self, cfg: Any, *, workload: str):
+    def __init__(self, cfg: Any, *, workload: str, best_metric: Optional[str] = None):
         self.cfg = cfg
         self.workload = workload
+        self.best_metric = best_metric
+        self.best_score: Optional[float] = None  # best_metric of best.pt
+        self.logger: Optional[RunLogger] = None
         self.cluster = Cluster(cfg.cluster)
         self.placement = Placement(cfg.cluster.placement, self.cluster.nodes)
         self.groups: list[WorkerGroup] = []
@@ -88,15 +98,28 @@ class RunSession:
         self.run_dir = Path(self.cfg.runner.log_dir) / self.cfg.run_name / stamp
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(config_yaml(self.cfg))
-        return RunLogger(self.run_dir, total, start, bar=self.cfg.runner.progress_bar,
-                         fields=fields, bar_fields=bar_fields)
+        self.logger = RunLogger(self.run_dir, total, start, bar=self.cfg.runner.progress_bar,
+                                fields=fields, bar_fields=bar_fields,
+                                progress_every_s=self.cfg.runner.progress_interval_s)
+        return self.logger
+
+    def progress(self, desc: str, total: int, unit: str = "ep", bar: bool = True) -> Progress:
+        """A long phase's progress (``total`` ``unit``): under the run's bar and in its log
+        while a run is open (training); else its own bar on a terminal (with ``bar`` and
+        ``runner.progress_bar``), or lines on stdout every ``runner.progress_interval_s``."""
+        if self.logger is not None and not self.logger.closed:
+            return self.logger.progress(desc, total, unit)
+        shown = bar and self.cfg.runner.progress_bar and terminal()
+        return Progress(desc, total, unit=unit, bar=shown, write=None if shown else announce,
+                        every_s=self.cfg.runner.progress_interval_s)
 
     # -- checkpoints -------------------------------------------------------------------------
     def save(self, iteration: int, state: dict, metrics: Optional[dict] = None,
              prefix: str = "iter") -> Path:
         """Writes ``<run_dir>/checkpoints/<prefix>_<iteration>.pt`` with ``state`` plus the
-        workload, iteration, config and metrics; points ``last.pt`` at it; keeps the newest
-        ``runner.keep_checkpoints`` (0: all)."""
+        workload, iteration, config and metrics; points ``last.pt`` at it, and ``best.pt`` when
+        its ``best_metric`` is at least that of every earlier one (ties: the newer); keeps the
+        newest ``runner.keep_checkpoints`` (0: all) and the one ``best.pt`` points at."""
         full = {
             **state,
             "workload": self.workload,
@@ -107,7 +130,13 @@ class RunSession:
         folder = self.run_dir / "checkpoints"
         path = checkpoint.save(folder / f"{prefix}_{iteration:05d}.pt", full)
         checkpoint.link_latest(path)
-        checkpoint.prune(folder, keep=self.cfg.runner.keep_checkpoints, pattern=f"{prefix}_*.pt")
+        score = full["metrics"].get(self.best_metric) if self.best_metric else None
+        if score is not None and math.isfinite(score) and (
+                self.best_score is None or score >= self.best_score):
+            checkpoint.link_latest(path, checkpoint.BEST)
+            self.best_score = score
+        checkpoint.prune(folder, keep=self.cfg.runner.keep_checkpoints, pattern=f"{prefix}_*.pt",
+                         protect=(checkpoint.BEST,))
         self.last_checkpoint = path
         return path
 

@@ -84,6 +84,10 @@ def case_table() -> list[tuple[str, str, list[str], str]]:
         ("num_iterations", TRAIN, ["runner.num_iterations=-1"], "runner.num_iterations=-1"),
         # more ranges
         ("keep_checkpoints", TRAIN, ["runner.keep_checkpoints=-1"], "runner.keep_checkpoints"),
+        ("progress_interval", TRAIN, ["runner.progress_interval_s=-1"],
+         "runner.progress_interval_s"),
+        ("resume_latest_none", TRAIN, ["resume=latest"], "resume=latest"),
+        ("reasoning_resume_latest_none", TRAIN, [*REASONING, "resume=latest"], "resume=latest"),
         ("eval_episodes", TRAIN, ["runner.eval_episodes=0"], "runner.eval_episodes"),
         ("stop_at_success", TRAIN, ["runner.stop_at_success=1.5"], "runner.stop_at_success"),
         ("rollout_steps", TRAIN, ["runner.rollout_steps=0"], "runner.rollout_steps"),

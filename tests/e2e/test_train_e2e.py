@@ -1,6 +1,8 @@
 """End to end on real ManiSkill envs: the CLI in-process, and Ray workers with resume."""
 
 import json
+import subprocess
+import sys
 
 import torch
 
@@ -63,3 +65,43 @@ def test_ray_run_resumes_to_the_same_weights_as_an_uninterrupted_run(tmp_path, r
     assert a["metrics"]["loss/total"] == b["metrics"]["loss/total"]
     first = checkpoint.load(full / "iter_00001.pt")["learner"]["policy"]
     assert any(not torch.equal(first[k], w) for k, w in a["learner"]["policy"].items())
+
+
+def run_to_file(path, program, *args):
+    """``program`` (``train`` or ``evaluate`` of m2flow.cli) in a subprocess whose stdout and
+    stderr go to the file ``path``, as ``m2flow-train ... > log 2>&1`` does; its exit code."""
+    code = f"import sys; from m2flow.cli import {program}; sys.exit({program}())"
+    with open(path, "w") as f:
+        return subprocess.run([sys.executable, "-c", code, *args], stdout=f,
+                              stderr=subprocess.STDOUT, timeout=300).returncode
+
+
+def test_a_run_logged_to_a_file_has_lines_and_progress_and_no_bar_frames(tmp_path):
+    common = ["env=gym_pendulum", "cluster=inprocess", "env.num_envs=2",
+              "runner.progress_interval_s=0"]  # a progress line at every round
+    out = tmp_path / "train.out"
+    assert run_to_file(out, "train", *common, "runner.rollout_steps=8",
+                       "runner.num_iterations=2", "runner.eval_interval=1",
+                       "runner.eval_episodes=4", f"runner.log_dir={tmp_path}") == 0
+    text = out.read_text()
+    assert "\r" not in text  # no progress bar frames
+    lines = text.splitlines()
+    assert lines[0].startswith("start-up: building the local cluster, env workers of 2 "
+                               "gym/Pendulum-v1 simulators each, policy mlp")
+    assert any(line.startswith("start-up: ready in ") for line in lines)
+    assert [line[:9] for line in lines if line.startswith("it ")] == ["it    0 |", "it    1 |"]
+    # 4 episodes on 2 envs: two rounds per evaluation, one evaluation per iteration
+    rounds = [line.split(" | ")[0] for line in lines if line.startswith("eval gym/")]
+    assert rounds == ["eval gym/Pendulum-v1: 2/4 ep", "eval gym/Pendulum-v1: 4/4 ep"] * 2
+    train_log = next(tmp_path.glob("*/*/train.log")).read_text()
+    assert "eval gym/Pendulum-v1: 4/4 ep | success 0.00" in train_log
+
+    out = tmp_path / "eval.out"
+    ckpt = next(tmp_path.glob("*/*/checkpoints/last.pt"))
+    assert run_to_file(out, "evaluate", f"checkpoint={ckpt}", "episodes=6",
+                       "runner.progress_interval_s=0", f"output_dir={tmp_path / 'report'}") == 0
+    text = out.read_text()
+    assert "\r" not in text
+    rounds = [line.split(" | ")[0] for line in text.splitlines() if line.startswith("eval gym/")]
+    assert rounds == [f"eval gym/Pendulum-v1: {n}/6 ep" for n in (2, 4, 6)]
+    assert json.loads(text.splitlines()[-1])["eval/episodes"] == 6.0

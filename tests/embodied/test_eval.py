@@ -18,11 +18,16 @@ def test_libero_eval_writes_per_task_results_and_videos(tmp_path, capsys):
     rc = evaluate([
         "env=libero_spatial", "policy=cnn", "episodes_per_task=1", "max_steps=4",
         "env.kwargs.task_ids=[0,3,7]", "env.image_size=64", "videos_per_task=1",
-        f"output_dir={out}", *QUIET,
+        f"output_dir={out}", "runner.progress_interval_s=0", *QUIET,
     ])
     assert rc == 0
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    stdout = capsys.readouterr().out
+    summary = json.loads(stdout.strip().splitlines()[-1])
     assert summary["eval/episodes"] == 3.0
+    # a progress line per round: episodes done, success so far, the task reached
+    last = [line for line in stdout.splitlines() if line.startswith("eval LIBERO")][-1]
+    assert last.startswith("eval LIBERO/libero_spatial: 3/3 ep | success ")
+    assert "| task 3/3 pick up the black bowl on the stove" in last
 
     report = json.loads((out / "results.json").read_text())
     assert [t["task"] for t in report["tasks"]] == [0, 1, 2]

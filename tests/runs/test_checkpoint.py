@@ -57,3 +57,101 @@ def test_tree_to_moves_every_tensor_of_an_optimizer_state_and_keeps_the_rest():
             assert v.device.type == "meta" and v.shape == opt_state["state"][i][k].shape
     same = checkpoint.tree_to(opt_state, "cpu")["state"][0]["exp_avg"]  # already there: no copy
     assert same.data_ptr() == opt_state["state"][0]["exp_avg"].data_ptr()
+
+
+# -- retention: the newest K and the best by evaluation -------------------------------------
+
+def retention_session(tmp_path, keep):
+    from dataclasses import dataclass, field
+
+    from m2flow.runs.config import ClusterGroupConfig, RunnerBaseConfig
+    from m2flow.runs.session import RunSession
+
+    @dataclass
+    class Root:
+        cluster: ClusterGroupConfig = field(
+            default_factory=lambda: ClusterGroupConfig(backend="local"))
+        runner: RunnerBaseConfig = field(default_factory=lambda: RunnerBaseConfig(
+            log_dir=str(tmp_path), keep_checkpoints=keep, progress_bar=False))
+        run_name: str = "t"
+        seed: int = 0
+
+    s = RunSession(Root(), workload="embodied", best_metric="eval/success")
+    s.open_run(10, 0, []).close()
+    return s
+
+
+def kept(folder):
+    return sorted(int(p.stem.split("_")[1]) for p in folder.glob("iter_*.pt"))
+
+
+def test_keeps_the_last_k_and_the_best_by_evaluation(tmp_path):
+    s = retention_session(tmp_path, keep=2)
+    folder = s.run_dir / "checkpoints"
+    # iteration: eval success (None: no evaluation in that iteration)
+    scores = {1: None, 2: 0.5, 3: None, 4: 0.75, 5: 0.25, 6: float("nan")}
+    for it, score in scores.items():
+        s.save(it, {"learner": {}}, {} if score is None else {"eval/success": score})
+    # by hand: the best is 4 (0.75; NaN is no score); the newest two are 5 and 6
+    assert kept(folder) == [4, 5, 6]
+    assert checkpoint.load(folder / "best.pt")["iteration"] == 4
+    assert checkpoint.load(folder / "last.pt")["iteration"] == 6
+
+    s.save(7, {"learner": {}}, {"eval/success": 0.75})  # a tie goes to the newer
+    s.save(8, {"learner": {}}, {"eval/success": 0.5})
+    assert kept(folder) == [7, 8]  # 4 lost the best to 7; 5 and 6 are no longer the newest
+    assert checkpoint.load(folder / "best.pt")["iteration"] == 7
+    s.close()
+
+
+def test_without_evaluations_there_is_no_best_and_keep_zero_keeps_all(tmp_path):
+    s = retention_session(tmp_path, keep=0)
+    for it in range(1, 5):
+        s.save(it, {"learner": {}}, {"env/success": 1.0})  # training success does not rank
+    folder = s.run_dir / "checkpoints"
+    assert kept(folder) == [1, 2, 3, 4] and not (folder / "best.pt").exists()
+    s.close()
+
+
+# -- resume=latest / auto ----------------------------------------------------------------------
+
+def write_run(log_dir, name, stamp, iterations, mtime_ns):
+    """A run folder with checkpoints of ``iterations``; last.pt -> the last, written at
+    ``mtime_ns``."""
+    folder = log_dir / name / stamp / "checkpoints"
+    for it in iterations:
+        path = checkpoint.save(folder / f"iter_{it:05d}.pt", state(iteration=it))
+        checkpoint.link_latest(path)
+    os.utime(folder / "last.pt", ns=(mtime_ns, mtime_ns))
+    return folder
+
+
+def test_find_latest_picks_the_newest_checkpoint_of_the_same_run_name(tmp_path):
+    s = 10**18
+    write_run(tmp_path, "a", "20260101-000000-000000", [2, 4], mtime_ns=s + 300)
+    newest = write_run(tmp_path, "a", "20260102-000000-000000", [1], mtime_ns=s + 200)
+    write_run(tmp_path, "b", "20260103-000000-000000", [9], mtime_ns=s + 900)  # another run
+    (tmp_path / "a" / "20260104-000000-000000").mkdir()  # a run that saved nothing
+    # by hand: of a's last.pt files, the first run's was written last (s + 300)
+    assert checkpoint.find_latest(tmp_path, "a") == (
+        tmp_path / "a" / "20260101-000000-000000" / "checkpoints" / "iter_00004.pt")
+    os.utime(newest / "last.pt", ns=(s + 400, s + 400))
+    assert checkpoint.find_latest(tmp_path, "a") == newest / "iter_00001.pt"
+    assert checkpoint.find_latest(tmp_path, "c") is None
+
+
+def test_resume_latest_and_auto_in_the_config(tmp_path, capsys):
+    from m2flow.cli import load_run_config
+    from m2flow.configs import ConfigError
+
+    base = ["env=gym_pendulum", "cluster=inprocess", f"runner.log_dir={tmp_path}", "run_name=r"]
+    with pytest.raises(ConfigError, match=r"resume=latest: no checkpoint of run 'r' under "):
+        load_run_config("maniskill_pushcube_ppo_mlp", [*base, "resume=latest"])
+    assert load_run_config("maniskill_pushcube_ppo_mlp", [*base, "resume=auto"]).resume is None
+    assert "starting from iteration 0" in capsys.readouterr().out
+
+    folder = tmp_path / "r" / "20260101-000000-000000" / "checkpoints"
+    path = checkpoint.save(folder / "iter_00003.pt", {**state(), "workload": "embodied"})
+    checkpoint.link_latest(path)
+    for word in ("latest", "auto"):
+        assert load_run_config("maniskill_pushcube_ppo_mlp", [*base, f"resume={word}"]).resume == str(path)
