@@ -15,8 +15,12 @@ a checkpoint carries the same tag.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import logging
+import os
+import shlex
+import signal
 import sys
 from typing import Optional, Sequence
 
@@ -161,6 +165,31 @@ def _check(w: Workload, cfg) -> None:
         raise ConfigError(text if text.startswith("config error") else f"config error: {text}") from None
 
 
+def _quiet_ctrl_c(prog: str):
+    """Ctrl-C while the command loads (imports, config checks; nothing is started yet) ends
+    it at once with one line and exit code 130. A KeyboardInterrupt would not do: a library
+    cut short mid-import fails in odd ways, with a traceback. ``_interruptible`` takes over
+    when the run starts."""
+    def wrap(main):
+        @functools.wraps(main)
+        def run(argv: Optional[list[str]] = None) -> int:
+            def leave(signum, frame):
+                sys.stdout.flush()
+                lead = "\n" if sys.stderr.isatty() else ""
+                print(f"{lead}{prog}: interrupted during start-up; nothing was saved.",
+                      file=sys.stderr, flush=True)
+                os._exit(EXIT_INTERRUPTED)
+
+            previous = signal.signal(signal.SIGINT, leave)
+            try:
+                return main(argv)
+            finally:
+                signal.signal(signal.SIGINT, previous)
+        return run
+    return wrap
+
+
+@_quiet_ctrl_c("m2flow-train")
 def train(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="m2flow-train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -182,9 +211,11 @@ def train(argv: Optional[list[str]] = None) -> int:
         print(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
         return 0
     _setup_logging()
-    return _interruptible("m2flow-train", lambda: workload(cfg.workload).train(cfg))
+    return _interruptible("m2flow-train", lambda: workload(cfg.workload).train(cfg),
+                          command=lambda ckpt: _train_command(args.config_name, args.overrides, ckpt))
 
 
+@_quiet_ctrl_c("m2flow-eval")
 def evaluate(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="m2flow-eval", description=EVAL_HELP,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -200,24 +231,47 @@ def evaluate(argv: Optional[list[str]] = None) -> int:
         print(f"m2flow-eval: {e}", file=sys.stderr)
         return EXIT_CONFIG
     _setup_logging()
-    return _interruptible("m2flow-eval", lambda: workload(cfg.workload).evaluate(cfg, state),
-                          graceful=False)
+    return _interruptible("m2flow-eval", lambda: workload(cfg.workload).evaluate(cfg, state))
 
 
-def _interruptible(prog: str, run, graceful: bool = True) -> int:
-    """Runs ``run``; Ctrl-C ends it with one line naming the last checkpoint. ``graceful``:
-    the first Ctrl-C lets a training run finish its iteration and save (see
-    ``runs.session.stop_on_ctrl_c``)."""
-    from m2flow.runs.session import RunInterrupted, stop_on_ctrl_c
+def _interruptible(prog: str, run, command=None) -> int:
+    """Runs ``run`` with Ctrl-C handled as ``runs.session.stop_on_ctrl_c`` says: it stops
+    within seconds in any phase and ends with one line saying where; with ``command`` (the
+    command line that resumes from a checkpoint, or starts again from None), that too."""
+    from m2flow.pipelines.worker import Stopped
+    from m2flow.runs.session import RunInterrupted, current_phase, stop_on_ctrl_c
 
-    if graceful:
-        stop_on_ctrl_c()
+    restore = stop_on_ctrl_c()
     try:
         return run()
-    except (KeyboardInterrupt, RunInterrupted) as e:
-        where = getattr(e, "describe", lambda: "")()
-        print(f"\n{prog}: interrupted{where}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except (Stopped, RunInterrupted, KeyboardInterrupt) as e:
+        if isinstance(e, RunInterrupted):
+            line = e.describe(command)
+        else:  # before the run's loop (start-up), or a run with no loop (m2flow-eval)
+            again = f"; start again with: {command(None)}" if command else "; nothing was saved."
+            line = f"interrupted during {current_phase()}{again}"
+        lead = "\n" if sys.stderr.isatty() else ""  # off a progress bar's line
+        print(f"{lead}{prog}: {line}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        # Workers, simulators, Ray and the run's files are closed by now; the interpreter's
+        # own teardown (torch, Ray, simulator modules) would take 1-2 s more.
+        os._exit(EXIT_INTERRUPTED)
+    finally:
+        restore()
+
+
+def _train_command(config_name: str, overrides: Sequence[str], checkpoint=None) -> str:
+    """The ``m2flow-train`` command line with the user's overrides that resumes from
+    ``checkpoint`` (replacing any ``resume=``); None: the user's command as it was.
+
+    >>> _train_command("maniskill_pushcube_ppo_mlp", ["env.num_envs=2", "resume=a.pt"], "b b.pt")
+    "m2flow-train --config-name maniskill_pushcube_ppo_mlp env.num_envs=2 'resume=b b.pt'"
+    """
+    kept = list(overrides)
+    if checkpoint is not None:
+        kept = [o for o in kept if o.partition("=")[0].lstrip("+") != "resume"]
+        kept.append(f"resume={checkpoint}")
+    return shlex.join(["m2flow-train", "--config-name", config_name, *kept])
 
 
 EVAL_HELP = """m2flow-eval: N episodes per task of any registered env, with a checkpoint or a policy

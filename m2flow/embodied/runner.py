@@ -29,7 +29,7 @@ from m2flow.embodied.episodes import EpisodeStats
 from m2flow.embodied.learner_worker import LearnerWorker
 from m2flow.embodied.rollout_worker import RolloutWorker
 from m2flow.pipelines import Channel
-from m2flow.pipelines.worker import Futures, gather
+from m2flow.pipelines.worker import Futures, Stopped, gather
 from m2flow.runs import seeding
 from m2flow.runs.logger import announce, log_field
 from m2flow.runs.session import RunSession
@@ -101,10 +101,23 @@ class EmbodiedRunner:
 
     def __init__(self, cfg: TrainConfig, *, train: bool = True):
         self.cfg = cfg
-        r = cfg.runner
         t0 = time.perf_counter()
         announce(_building(cfg, train))
         self.session = RunSession(cfg, workload=WORKLOAD, best_metric="eval/success")
+        try:
+            self._start(cfg, train)
+        except BaseException:  # a failed or stopped (Ctrl-C) start-up ends what it started
+            self.session.close()
+            raise
+        learners = f", {self.learner.world_size} learner" if self.learner is not None else ""
+        announce(f"start-up: ready in {time.perf_counter() - t0:.1f} s: {self.env.world_size} "
+                 f"env worker(s) x {cfg.env.num_envs} envs, {self.rollout.world_size} rollout"
+                 f"{learners}; placement {self.placement.mode}")
+        if not train:
+            self.session.phase = "evaluation"  # all that is left to do
+
+    def _start(self, cfg: TrainConfig, train: bool) -> None:
+        r = cfg.runner
         self.cluster, self.placement = self.session.cluster, self.session.placement
         # who steps aside for whom on a shared device (without a learner: only checks the mode)
         plan = self.session.switch_plan(["rollout", "learner"] if train else [])
@@ -145,10 +158,6 @@ class EmbodiedRunner:
             if cfg.resume:
                 self.load(cfg.resume)
             self.sync_weights(self.iteration, full=True)
-        learners = f", {self.learner.world_size} learner" if self.learner is not None else ""
-        announce(f"start-up: ready in {time.perf_counter() - t0:.1f} s: {self.env.world_size} "
-                 f"env worker(s) x {cfg.env.num_envs} envs, {self.rollout.world_size} rollout"
-                 f"{learners}; placement {self.placement.mode}")
 
     def set_stages(self, stages: int) -> None:
         """Pipeline stages from the next collection on (1 to rollout.env_groups)."""
@@ -271,10 +280,12 @@ class EmbodiedRunner:
         r = self.cfg.runner
         steps = r.rollout_steps * self.num_envs * self.chunk  # env steps (a call runs a chunk)
         t0 = time.perf_counter()
+        self.session.phase = "collection"
         switch = self.switcher.activate("rollout")  # (off with overlap: check_config)
         collection = self._pending if self._pending is not None else self.start_collect(it)
         self._pending = None
         episodes = collection.result()
+        self.session.phase = "learning"
         switch = _sum(switch, self.switcher.activate("learner"))
         update = self.start_update(it)
         if r.overlap_learner and it + 1 < r.num_iterations:
@@ -282,10 +293,11 @@ class EmbodiedRunner:
         t1 = time.perf_counter()
         metrics = update.wait()[0]
         t_learn = time.perf_counter() - t1
+        self.global_step += steps
+        self.iteration = it + 1  # what the learner holds now (a stop from here saves it)
+        self.session.phase = "weight sync"
         self.sync_weights(it + 1)  # mid-collection when overlapping
         t_sync = time.perf_counter() - t1 - t_learn
-        self.global_step += steps
-        self.iteration = it + 1
         now = time.perf_counter()
         wall = now - (self._last_end if self._last_end is not None else t0)
         self._last_end = now
@@ -313,7 +325,7 @@ class EmbodiedRunner:
         self.run_dir = self.session.run_dir
         logger.info(f"run dir {self.run_dir}; {self.num_envs} envs of {cfg.env.name}, "
                     f"placement {self.placement.mode}, backend {cfg.cluster.backend}")
-        start_wall, result, eval_s = time.perf_counter(), {}, 0.0
+        start_wall, result, eval_s, start = time.perf_counter(), {}, 0.0, self.iteration
         watch = NoSignalWatch(r.warn_no_signal_iterations, cfg.algorithm.name)
         try:
             for it in range(self.iteration, r.num_iterations):
@@ -323,6 +335,7 @@ class EmbodiedRunner:
                     logger.info(warning)
                 if self._due(r.eval_interval):
                     t0 = time.perf_counter()
+                    self.session.phase = "evaluation"
                     self.drain()
                     metrics.update(self.run_eval())
                     metrics["time/eval"] = time.perf_counter() - t0
@@ -332,17 +345,16 @@ class EmbodiedRunner:
                     result = dict(metrics)
                 stop = r.stop_at_success is not None and metrics.get("eval/success", -1.0) >= r.stop_at_success
                 logger.log(it, self.global_step, metrics)
-                if stop or self._due(r.checkpoint_interval) or self.session.stop_requested():
+                if stop or self._due(r.checkpoint_interval):
                     self.save(metrics)
-                if self.session.stop_requested():
-                    raise self.session.interrupted(self.iteration)
                 if stop:
                     logger.info(f"eval success {metrics['eval/success']:.3f} >= "
                                 f"runner.stop_at_success={r.stop_at_success}: stopping")
                     break
-        except KeyboardInterrupt:
-            self._pending = None  # its workers are stopped with the session
-            raise self.session.interrupted(self.iteration) from None
+        except (Stopped, KeyboardInterrupt) as e:  # Ctrl-C (see runs.session.stop_on_ctrl_c)
+            self._pending = None  # abandoned: its workers are ended with the session
+            raise self.session.stopped(e, self.iteration, start=start, save=self.save,
+                                       resumed_from=cfg.resume) from None
         finally:
             try:
                 self.drain()
@@ -364,7 +376,8 @@ class EmbodiedRunner:
 
     # -- checkpoints -------------------------------------------------------------------------
     def save(self, metrics: Optional[dict] = None) -> Path:
-        learner = self.learner.call(LearnerWorker.state_dict, ranks=[0]).wait()[0]
+        # a save under way finishes even after Ctrl-C (stop_on_ctrl_c)
+        learner = self.learner.call(LearnerWorker.state_dict, ranks=[0]).wait(stoppable=False)[0]
         return self.session.save(self.iteration, {"global_step": self.global_step,
                                                   "learner": learner}, metrics)
 

@@ -34,6 +34,7 @@ from m2flow.pipelines.errors import WorkerError
 
 _ENDPOINTS: dict[tuple[str, int], "_Endpoint"] = {}
 _LOCK = threading.Lock()
+CLOSED_CHECK_S = 0.2  # a get or put waiting on a lane notices this soon that it was closed
 
 
 class ChannelTimeout(TimeoutError):
@@ -71,13 +72,39 @@ class _Endpoint:
             return self._lanes[key]
 
     def put(self, key: Hashable, item: Any, timeout: Optional[float]) -> None:
-        try:
-            self.lane(key).put(item, timeout=timeout)
-        except queue.Full:
-            raise ChannelTimeout(
-                f"channel {self.uid.split('#')[0]!r} lane {key!r} stayed full "
-                f"({self.capacity} items) for {timeout:g} s: its reader is not reading."
-            ) from None
+        lane = self.lane(key)
+        for wait in self._slices(key, timeout):
+            try:
+                return lane.put(item, timeout=wait)
+            except queue.Full:
+                pass
+        raise ChannelTimeout(
+            f"channel {self.uid.split('#')[0]!r} lane {key!r} stayed full "
+            f"({self.capacity} items) for {timeout:g} s: its reader is not reading."
+        )
+
+    def get(self, key: Hashable, timeout: Optional[float]):
+        """The lane's oldest item; ``queue.Empty`` after ``timeout`` seconds."""
+        lane = self.lane(key)
+        for wait in self._slices(key, timeout):
+            try:
+                return lane.get(timeout=wait)
+            except queue.Empty:
+                pass
+        raise queue.Empty
+
+    def _slices(self, key: Hashable, timeout: Optional[float]):
+        """Waits of at most ``CLOSED_CHECK_S`` until ``timeout``; a closed endpoint (its
+        worker group shut down, e.g. after Ctrl-C) ends a wait in this process at once."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            yield CLOSED_CHECK_S if left is None else max(0.0, min(CLOSED_CHECK_S, left))
+            if self.closed:
+                raise RuntimeError(f"channel {self.uid.split('#')[0]!r} lane {key!r} was "
+                                   "closed while waited on (its worker group was shut down).")
+            if left is not None and left <= CLOSED_CHECK_S:
+                return
 
 
 def open_endpoint(uid: str, rank: int, capacity: int, listen: bool = False):
@@ -243,7 +270,7 @@ class Channel:
                 "get() was called from a process that does not host that rank."
             )
         try:
-            return endpoint.lane(key).get(timeout=timeout)
+            return endpoint.get(key, timeout)
         except queue.Empty:
             raise ChannelTimeout(
                 f"channel {self.name!r} lane {key!r} got nothing for {timeout:g} s: its "

@@ -15,12 +15,17 @@ A worker class subclasses :class:`Worker` and takes a :class:`WorkerInfo` first:
 
 Calls name the method itself, not a string, so a reader (and an IDE) can follow a parameter
 from the caller into the worker; the group checks that the method belongs to its class.
+
+The driver waits on workers in slices of ``WAIT_SLICE_S``, so it stays responsive: a worker's
+failure is raised as soon as it happens, and after ``request_stop()`` (Ctrl-C) every wait
+raises :class:`Stopped` within a slice instead of running to the end of the phase.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
@@ -33,6 +38,35 @@ from m2flow.pipelines.placement import RankResources
 from m2flow.pipelines.timer import Timer
 
 MAX_CONCURRENT_CALLS = 16  # a worker serves channel puts while its own loop runs
+WAIT_SLICE_S = 0.2  # the driver looks for a stop request at least this often while it waits
+SHUTDOWN_WAIT_S = 5.0  # in-process calls of a worker with close() get this long to end
+
+
+class Stopped(Exception):
+    """The run was asked to stop (``request_stop``, e.g. by Ctrl-C) while the driver waited on
+    workers; the calls it was waiting on (``waiting_on``: ``["env.collect()", ...]``) are
+    abandoned: they end when their group shuts down."""
+
+    def __init__(self, waiting_on: Sequence[str]):
+        super().__init__(f"stop requested while waiting on {', '.join(waiting_on) or 'nothing'}")
+        self.waiting_on = list(waiting_on)
+
+
+_STOP = threading.Event()
+
+
+def request_stop() -> None:
+    """From now on every stoppable wait on workers (``gather``, ``Futures.wait``) raises
+    :class:`Stopped` within ``WAIT_SLICE_S``; safe to call from a signal handler."""
+    _STOP.set()
+
+
+def clear_stop() -> None:
+    _STOP.clear()
+
+
+def stop_requested() -> bool:
+    return _STOP.is_set()
 
 
 @dataclass(frozen=True)
@@ -122,6 +156,9 @@ class Worker:
 
     # Channel plumbing: the receiving end of a channel lives in the worker that reads it.
     def _m2flow_open_channel(self, uid: str, capacity: int):
+        if getattr(self, "_m2flow_channels", None) is None:
+            self._m2flow_channels: set[str] = set()
+        self._m2flow_channels.add(uid)
         return _channel.open_endpoint(uid, self.rank, capacity, listen=self.info.backend == "ray")
 
     def _m2flow_channel_put(self, uid: str, key, item, timeout: Optional[float]) -> None:
@@ -134,6 +171,12 @@ class Worker:
 
     def _m2flow_close_channel(self, uid: str) -> None:
         _channel.close_endpoint(uid, self.rank)
+        getattr(self, "_m2flow_channels", set()).discard(uid)
+
+    def _m2flow_close_channels(self) -> None:
+        """Closes every channel endpoint of this rank: a get or put waiting on one ends."""
+        for uid in list(getattr(self, "_m2flow_channels", ())):
+            self._m2flow_close_channel(uid)
 
 
 def _method_name(worker_cls: type, method: Callable, group: str) -> str:
@@ -209,21 +252,30 @@ class WorkerGroup:
         self.backend = cluster.backend
         self.world_size = len(ranks)
         self._executor: Optional[cf.ThreadPoolExecutor] = None
+        self._running: set[cf.Future] = set()  # in-process calls not finished yet
+        self.handles: list = []
+        try:
+            self._start(cluster, ranks, args, kwargs)
+        except BaseException:  # a failed or stopped start-up ends the ranks it started
+            self.shutdown()
+            raise
+
+    def _start(self, cluster: Cluster, ranks: Sequence[RankResources], args, kwargs) -> None:
         if self.backend == "ray":
-            self.handles = [
-                _launch_ray_actor(cluster, worker_cls, self._info(r, res), args, kwargs)
-                for r, res in enumerate(ranks)
-            ]
+            for r, res in enumerate(ranks):
+                _check_stop([f"{self.name} start-up"])
+                self.handles.append(
+                    _launch_ray_actor(cluster, self.worker_cls, self._info(r, res), args, kwargs))
             self.call(Worker._m2flow_started).wait()  # surfaces constructor errors here, with the rank
         else:
             self._executor = cf.ThreadPoolExecutor(
                 max_workers=MAX_CONCURRENT_CALLS * self.world_size,
-                thread_name_prefix=f"m2flow-{name}",
+                thread_name_prefix=f"m2flow-{self.name}",
             )
-            self.handles = [
-                _construct_local(worker_cls, self._info(r, res), args, kwargs)
-                for r, res in enumerate(ranks)
-            ]
+            for r, res in enumerate(ranks):  # in this thread: some simulators need it
+                _check_stop([f"{self.name} start-up"])
+                self.handles.append(
+                    _construct_local(self.worker_cls, self._info(r, res), args, kwargs))
 
     def _info(self, rank: int, res: RankResources) -> WorkerInfo:
         return WorkerInfo(self.name, rank, self.world_size, res, self.backend)
@@ -240,7 +292,10 @@ class WorkerGroup:
             if self.backend == "ray":
                 items.append((r, getattr(h, name).remote(*args, **kwargs)))
             else:
-                items.append((r, self._executor.submit(getattr(h, name), *args, **kwargs)))
+                fut = self._executor.submit(getattr(h, name), *args, **kwargs)
+                self._running.add(fut)
+                fut.add_done_callback(self._running.discard)
+                items.append((r, fut))
         return Futures(self.name, name, items, self.backend)
 
     def kill(self, rank: int, timeout: float = 30.0) -> None:
@@ -258,6 +313,10 @@ class WorkerGroup:
         raise WorkerError(f"{self.name}[rank {rank}] was still alive {timeout:g} s after kill.")
 
     def shutdown(self) -> None:
+        """Ends the ranks, abandoning calls still running (after a stop or a failure): Ray
+        actors are killed; in-process ranks have their channels closed, so a call waiting on
+        one ends, and a worker with a ``close()`` (an env worker) gets ``SHUTDOWN_WAIT_S`` to
+        finish the step in hand first: a simulator is not closed under a thread stepping it."""
         if self.backend == "ray":
             import ray
 
@@ -266,7 +325,12 @@ class WorkerGroup:
                     ray.kill(h, no_restart=True)
                 except Exception:  # already dead: nothing left to stop
                     pass
-        else:
+        elif self._executor is not None:
+            for h in self.handles:
+                if isinstance(h, Worker):
+                    h._m2flow_close_channels()
+            if any(hasattr(h, "close") for h in self.handles):
+                cf.wait(list(self._running), timeout=SHUTDOWN_WAIT_S)
             for h in self.handles:
                 close = getattr(h, "close", None)
                 if close is not None:
@@ -281,8 +345,9 @@ class Futures:
     def __init__(self, group: str, method: str, items: list, backend: str):
         self.group, self.method, self.items, self.backend = group, method, items, backend
 
-    def wait(self, timeout: Optional[float] = None) -> list:
-        return gather(self, timeout=timeout)[0]
+    def wait(self, timeout: Optional[float] = None, *, stoppable: bool = True) -> list:
+        """Per-rank results (see :func:`gather`)."""
+        return gather(self, timeout=timeout, stoppable=stoppable)[0]
 
     def as_arg(self, index: int = 0):
         """The result of item ``index``, to pass into another group's ``call``.
@@ -295,11 +360,17 @@ class Futures:
         return self.wait()[index]
 
 
-def gather(*futures: Futures, timeout: Optional[float] = None) -> list[list]:
+def gather(*futures: Futures, timeout: Optional[float] = None,
+           stoppable: bool = True) -> list[list]:
     """Waits for several calls at once, raising the first failure as soon as it happens.
 
     Waiting on env and rollout together matters: if the env worker dies, the rollout worker
     would otherwise block on its channel and the run would hang instead of failing.
+
+    Args:
+        timeout: seconds before a ``WorkerError`` naming a call still pending (None: no limit).
+        stoppable: raise :class:`Stopped` within ``WAIT_SLICE_S`` once a stop was requested
+            (``request_stop``); False for a wait that must end on its own (saving a checkpoint).
     """
     results = [[None] * len(f.items) for f in futures]
     pending = {}
@@ -312,9 +383,13 @@ def gather(*futures: Futures, timeout: Optional[float] = None) -> list[list]:
         raise ValueError("gather() takes calls of one backend at a time.")
     backend = backends.pop() if backends else "local"
     while pending:
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if stoppable:
+            _check_stop(list(dict.fromkeys(f"{f.group}.{f.method}()"
+                                           for _, _, _, f in pending.values())))
+        left = WAIT_SLICE_S if deadline is None else max(0.0, min(WAIT_SLICE_S,
+                                                                  deadline - time.monotonic()))
         done = _wait_any(list(pending), left, backend)
-        if not done:
+        if not done and deadline is not None and time.monotonic() >= deadline:
             _, _, rank, f = next(iter(pending.values()))
             raise WorkerError(
                 f"{f.group}[rank {rank}].{f.method}() did not finish within {timeout:g} s."
@@ -325,7 +400,15 @@ def gather(*futures: Futures, timeout: Optional[float] = None) -> list[list]:
     return results
 
 
-def _wait_any(futs: list, timeout: Optional[float], backend: str) -> list:
+def _check_stop(waiting_on: list[str]) -> None:
+    if _STOP.is_set():
+        raise Stopped(waiting_on)
+
+
+def _wait_any(futs: list, timeout: float, backend: str) -> list:
+    """The calls of ``futs`` that finished (or failed) within ``timeout`` seconds; returns as
+    soon as one does. Ray's wait does not return to Python until then, so a signal handler
+    runs only between calls: keep ``timeout`` short."""
     if backend == "ray":
         import ray
 

@@ -25,7 +25,7 @@ from typing import Optional
 from tensordict import TensorDict
 
 from m2flow.pipelines import Channel, PlacementError
-from m2flow.pipelines.worker import gather
+from m2flow.pipelines.worker import Stopped, gather
 from m2flow.reasoning.config import ReasoningConfig
 from m2flow.reasoning.learner_worker import ReasoningLearner
 from m2flow.reasoning.reward_worker import RewardWorker
@@ -88,6 +88,15 @@ class ReasoningRunner:
     def __init__(self, cfg: ReasoningConfig, *, train: bool = True):
         self.cfg = cfg
         self.session = RunSession(cfg, workload=WORKLOAD, best_metric="eval/accuracy")
+        try:
+            self._start(cfg, train)
+        except BaseException:  # a failed or stopped (Ctrl-C) start-up ends what it started
+            self.session.close()
+            raise
+        if not train:
+            self.session.phase = "evaluation"  # all that is left to do
+
+    def _start(self, cfg: ReasoningConfig, train: bool) -> None:
         self.placement = self.session.placement
         for name in COMPONENTS:
             if self.placement.component(name).workers != 1:
@@ -157,26 +166,30 @@ class ReasoningRunner:
         """One GRPO step; its metrics."""
         p = self.cfg.algorithm.prompts_per_step
         t0 = time.perf_counter()
+        self.session.phase = "generation"
         metrics = self.switcher.activate("rollout")
         gen = self.rollout.call(ReasoningRollout.generate_step, self.gen_ch, step=step)
         score = self.reward.call(RewardWorker.score_step, self.gen_ch, self.scored_ch,
                                  num_groups=p)
         if self.mode == "pipelined":
+            self.session.phase = "generation and learning"
             gen_out, score_out, learn_out = gather(
                 gen, score, self._update(step))
         else:
             gen_out, score_out = gather(gen, score)
             t_gen = time.perf_counter() - t0
+            self.session.phase = "learning"
             for k, v in self.switcher.activate("learner").items():
                 metrics[k] += v
             learn_out = self._update(step).wait()
             metrics["time/driver_generate"] = t_gen
+        self.step = step + 1  # what the learner holds now (a stop from here saves it)
+        self.session.phase = "weight sync"
         metrics.update(self.sync_weights(step + 1))
         metrics.update(gen_out[0], **score_out[0], **learn_out[0], **self.timings())
         wall = time.perf_counter() - t0
         metrics["perf/gen_tokens_per_s"] = metrics["perf/gen_tokens"] / max(metrics["perf/gen_s"], 1e-9)
         metrics["perf/step_s"] = wall
-        self.step = step + 1
         return metrics
 
     def _update(self, step: int):
@@ -200,14 +213,16 @@ class ReasoningRunner:
         self.run_dir = self.session.run_dir
         logger.info(f"run dir {self.run_dir}; GRPO on "
                     f"{cfg.data.source}, mode {self.mode}, backend {cfg.cluster.backend}")
-        start = time.perf_counter()
+        start, start_step = time.perf_counter(), self.step
         result: dict = {}
         try:
             if self.step == 0:
                 if cfg.warm_start.steps > 0:
+                    self.session.phase = "warm start"
                     ws = self.warm_start()
                     logger.info(f"warm start: {cfg.warm_start.steps} SFT steps, loss "
                                 f"{ws['warm_start/loss_first']:.3f} -> {ws['warm_start/loss_last']:.3f}")
+                self.session.phase = "evaluation"
                 ev = self.eval_accuracy()
                 result["eval/accuracy_start"] = ev["accuracy"]
                 logger.info(f"held-out accuracy before GRPO: {ev['accuracy']:.3f} "
@@ -226,6 +241,7 @@ class ReasoningRunner:
                 last = self.step == r.num_steps or over
                 if last or (r.eval_interval > 0 and self.step % r.eval_interval == 0):
                     t0 = time.perf_counter()
+                    self.session.phase = "evaluation"
                     ev = self.eval_accuracy()
                     metrics.update({"eval/accuracy": ev["accuracy"],
                                     "eval/response_len": ev["response_len"],
@@ -234,15 +250,14 @@ class ReasoningRunner:
                 logger.log(step, self.step * cfg.algorithm.prompts_per_step * cfg.rollout.n,
                            metrics)
                 due = r.checkpoint_interval > 0 and self.step % r.checkpoint_interval == 0
-                if last or due or self.session.stop_requested():
+                if last or due:
                     self.save(metrics)
-                if self.session.stop_requested():
-                    raise self.session.interrupted(self.step)
                 if over:
                     logger.info(f"runner.max_minutes={r.max_minutes} reached: stopping")
                     break
-        except KeyboardInterrupt:
-            raise self.session.interrupted(self.step) from None
+        except (Stopped, KeyboardInterrupt) as e:  # Ctrl-C (see runs.session.stop_on_ctrl_c)
+            raise self.session.stopped(e, self.step, start=start_step, save=self.save,
+                                       unit="steps", resumed_from=cfg.resume) from None
         finally:
             logger.close()
         return {**result, "steps": self.step, "wall_s": time.perf_counter() - start,
@@ -251,7 +266,8 @@ class ReasoningRunner:
 
     # -- checkpoints -------------------------------------------------------------------------
     def save(self, metrics: Optional[dict] = None) -> Path:
-        learner = self.learner.call(ReasoningLearner.state_dict).wait()[0]
+        # a save under way finishes even after Ctrl-C (stop_on_ctrl_c)
+        learner = self.learner.call(ReasoningLearner.state_dict).wait(stoppable=False)[0]
         return self.session.save(self.step, {"learner": learner}, metrics, prefix="step")
 
     def load(self, path: str) -> None:

@@ -12,18 +12,20 @@ A runner (embodied, reasoning, or a new workload) opens a :class:`RunSession` an
   kept plus the best by evaluation (``best.pt``), ``last.pt`` pointing at the newest, and
   ``load`` refusing another workload's file;
 - the progress of a long phase (``progress``: an evaluation's episodes), in the bar or as
-  lines in the log.
+  lines in the log;
+- Ctrl-C that stops the run within seconds in any phase (``stop_on_ctrl_c``, ``stopped``).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import signal
 import sys
 import threading
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from omegaconf import OmegaConf
 
@@ -34,6 +36,7 @@ from m2flow.pipelines import (
     WorkerGroup,
     switch_plan,
 )
+from m2flow.pipelines.worker import Stopped, clear_stop, request_stop
 from m2flow.runs import checkpoint
 from m2flow.runs.logger import LogField, Progress, RunLogger, announce, log, terminal
 
@@ -62,6 +65,8 @@ class RunSession:
         self.switcher = ContextSwitcher({}, {})  # nobody takes turns until take_turns()
         self.run_dir: Optional[Path] = None
         self.last_checkpoint: Optional[Path] = None
+        self.saved_iteration: Optional[int] = None  # the iteration of last_checkpoint
+        self.phase = "start-up"
 
     # -- workers -----------------------------------------------------------------------------
     def group(self, name: str, cls: type, *args: Any, **kwargs: Any) -> WorkerGroup:
@@ -137,7 +142,7 @@ class RunSession:
             self.best_score = score
         checkpoint.prune(folder, keep=self.cfg.runner.keep_checkpoints, pattern=f"{prefix}_*.pt",
                          protect=(checkpoint.BEST,))
-        self.last_checkpoint = path
+        self.last_checkpoint, self.saved_iteration = path, iteration
         return path
 
     def load(self, path: str) -> dict:
@@ -146,16 +151,47 @@ class RunSession:
         log.info(f"resumed from {path} at iteration {state['iteration']}")
         return state
 
-    @staticmethod
-    def stop_requested() -> bool:
-        """True once Ctrl-C asked the run to stop (see ``stop_on_ctrl_c``)."""
-        return _STOP.is_set()
+    @property
+    def phase(self) -> str:
+        """What the run is doing, in words (``"evaluation"``); the stop line names it."""
+        return _PHASE[0]
 
-    def interrupted(self, iteration: int) -> "RunInterrupted":
-        """The exception a runner raises on Ctrl-C: it names the last checkpoint."""
-        return RunInterrupted(iteration, self.last_checkpoint)
+    @phase.setter
+    def phase(self, value: str) -> None:
+        _PHASE[0] = value
+
+    def stopped(self, exc: BaseException, iteration: int, *, start: int,
+                save: Callable[[], Any], learner: str = "learner", unit: str = "iterations",
+                resumed_from: Optional[str] = None) -> "RunInterrupted":
+        """What a runner raises when Ctrl-C ended its loop: ``exc`` is ``Stopped`` (the first
+        Ctrl-C), or ``KeyboardInterrupt`` (a second one: nothing more is saved).
+
+        After a first Ctrl-C, ``save()`` writes the last completed ``iteration`` when the
+        driver was not waiting on group ``learner`` (so no call of the learner is in flight:
+        an update would change the state while it is read), the run got past ``start``, and
+        that iteration has no checkpoint yet. A second Ctrl-C during that save abandons it.
+
+        Args:
+            iteration: iterations (or steps) completed.
+            start: the iteration the run started (or resumed) at.
+            save: writes a checkpoint of the current iteration with ``RunSession.save``.
+            unit: what an iteration is called in the stop line.
+            resumed_from: the checkpoint the run resumed from (``cfg.resume``).
+        """
+        learner_busy = not isinstance(exc, Stopped) or any(
+            w.startswith(f"{learner}.") for w in exc.waiting_on)
+        if not learner_busy and iteration > start and self.saved_iteration != iteration:
+            try:
+                save()
+            except KeyboardInterrupt:  # a second Ctrl-C: the last checkpoint stays
+                pass
+        _ENDING.set()
+        ckpt = self.last_checkpoint or (Path(resumed_from) if resumed_from else None)
+        return RunInterrupted(iteration, ckpt, self.phase, unit)
 
     def close(self) -> None:
+        """Ends the workers (calls still running are abandoned) and the cluster."""
+        _ENDING.set()  # a Ctrl-C now would leave processes behind (see stop_on_ctrl_c)
         for g in reversed(self.groups):
             g.shutdown()
         self.groups = []
@@ -167,35 +203,75 @@ def config_yaml(cfg: Any) -> str:
 
 
 class RunInterrupted(Exception):
-    """Ctrl-C during a run: where it stopped and the checkpoint to resume from."""
+    """A run ended by Ctrl-C: after how many iterations (``unit``), during which phase, and
+    the checkpoint to resume from (None: there is none yet)."""
 
-    def __init__(self, iteration: int, checkpoint: Optional[Path]):
-        super().__init__(iteration, checkpoint)
-        self.iteration, self.checkpoint = iteration, checkpoint
+    def __init__(self, iteration: int, checkpoint: Optional[Path], phase: str = "the run",
+                 unit: str = "iterations"):
+        super().__init__(iteration, checkpoint, phase, unit)
+        self.iteration, self.checkpoint, self.phase, self.unit = iteration, checkpoint, phase, unit
 
-    def describe(self) -> str:
+    def describe(self, command: Optional[Callable[[Optional[Path]], str]] = None) -> str:
+        """The stop line after ``<program>: ``. ``command(checkpoint)``: the command line that
+        resumes from ``checkpoint`` (None: the command that starts the run again)."""
+        where = f"interrupted during {self.phase} after {self.iteration} {self.unit}"
         if self.checkpoint is None:
-            return f" at iteration {self.iteration}; no checkpoint was written yet."
-        return (f" at iteration {self.iteration}; last checkpoint {self.checkpoint} "
-                f"(continue with resume={self.checkpoint}).")
+            again = f"; start again with: {command(None)}" if command else "."
+            return f"{where}; no checkpoint was written{again}"
+        resume = (f"; resume with: {command(self.checkpoint)}" if command
+                  else f" (continue with resume={self.checkpoint}).")
+        return f"{where}; checkpoint {self.checkpoint}{resume}"
 
 
-_STOP = threading.Event()
+_PHASE = ["start-up"]  # the newest run's phase: a stop before its loop names it too
+_ENDING = threading.Event()  # past the stop decision: the run is only ending its workers
 
 
-def stop_on_ctrl_c() -> None:
-    """Ctrl-C asks a run to stop: it finishes the iteration in flight, saves a checkpoint and
-    ends with one line naming it (a blocking Ray call in the driver would not see a
-    KeyboardInterrupt, and the iteration's work would be lost). A second Ctrl-C stops at once.
-    Call from the main thread of a command-line program."""
-    _STOP.clear()
+def current_phase() -> str:
+    """The phase of the newest run (``RunSession.phase``), for a stop outside its loop."""
+    return _PHASE[0]
+
+
+def stop_on_ctrl_c() -> Callable[[], None]:
+    """Makes Ctrl-C stop a run within seconds in any phase; returns the function that puts
+    the previous handler back. Call from the main thread of a command-line program.
+
+    The first Ctrl-C abandons the phase in flight (start-up, collection, learning,
+    evaluation, generation): every wait of the driver on its workers ends within
+    ``pipelines.worker.WAIT_SLICE_S`` by raising ``Stopped``, and the runner ends its loop
+    (``RunSession.stopped``). If no call of the learner is in flight (the Ctrl-C came during
+    collection, evaluation or generation, not mid-update) and the last completed iteration
+    has no checkpoint yet, that iteration is saved; a save already under way finishes;
+    otherwise the last checkpoint stays the one to resume from. A checkpoint is written
+    atomically, never half a file. Then the workers and simulators are ended and one line
+    says where the run stopped and the command that resumes it (exit code 130).
+
+    A second Ctrl-C skips or abandons that save. Once the workers are being ended, a Ctrl-C
+    is ignored (ending them takes seconds); a third one exits at once, leaving behind what
+    was not ended yet. Steps that do not wait on workers (starting Ray, building an
+    in-process worker such as a simulator or a model) are not cut short: the stop follows
+    when they end.
+    """
+    clear_stop()
+    _ENDING.clear()
+    _PHASE[0] = "start-up"
+    presses = 0
 
     def handler(signum, frame):
-        if _STOP.is_set():
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        nonlocal presses
+        presses += 1
+        if presses == 1:
+            request_stop()
+            print("\nCtrl-C: stopping (Ctrl-C again: without saving a checkpoint).",
+                  file=sys.stderr, flush=True)
+        elif presses >= 3:
+            print("\nCtrl-C a third time: exiting now.", file=sys.stderr, flush=True)
+            os._exit(128 + signal.SIGINT)
+        elif not _ENDING.is_set():
             raise KeyboardInterrupt
-        _STOP.set()
-        print("\nCtrl-C: stopping after this iteration and saving a checkpoint; Ctrl-C again "
-              "stops now.", file=sys.stderr, flush=True)
+        else:
+            print("\nCtrl-C: ending the workers (Ctrl-C again: exit at once).",
+                  file=sys.stderr, flush=True)
 
-    signal.signal(signal.SIGINT, handler)
+    previous = signal.signal(signal.SIGINT, handler)
+    return lambda: signal.signal(signal.SIGINT, previous)

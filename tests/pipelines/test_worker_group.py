@@ -1,11 +1,14 @@
 """Worker groups: per-rank results in rank order, rank selection, errors that keep their type
-and say where they came from, fail-fast gather, dead Ray actors, and timings."""
+and say where they came from, fail-fast gather, waits that a stop request ends, shutdown of
+calls still running, dead Ray actors, and timings."""
 
 import threading
+import time
 
 import pytest
 
 from m2flow.pipelines import (
+    Channel,
     Cluster,
     ClusterConfig,
     RankResources,
@@ -13,7 +16,9 @@ from m2flow.pipelines import (
     WorkerError,
     WorkerGroup,
 )
-from m2flow.pipelines.worker import gather
+from m2flow.pipelines.worker import Stopped, clear_stop, gather, request_stop
+
+STOP_BOUND_S = 5.0  # a stop request ends a wait this soon; the calls below block 30 s or more
 
 
 class Echo(Worker):
@@ -45,6 +50,10 @@ class Echo(Worker):
 
     def stall(self, seconds):
         return threading.Event().wait(seconds)  # nobody sets it: a call that does not return
+
+    def read(self, channel, started, timeout=600.0):
+        started.set()
+        return channel.get(timeout=timeout)
 
     def record_phases(self):
         with self.timer("sim"):
@@ -116,6 +125,54 @@ def test_gather_times_out_naming_the_pending_call(local_group):
         release.set()
 
 
+@pytest.fixture
+def stop_after():
+    """``stop_after(s)``: a stop request (as Ctrl-C makes) from another thread in s seconds."""
+    timers = []
+
+    def start(seconds):
+        timers.append(threading.Timer(seconds, request_stop))
+        timers[-1].start()
+
+    yield start
+    for t in timers:
+        t.cancel()
+    clear_stop()
+
+
+def test_a_stop_request_ends_a_wait_at_once_and_a_save_still_finishes(local_group, stop_after):
+    release = threading.Event()
+    try:
+        blocked = local_group.call(Echo.wait_for, release, 30.0, ranks=[0])
+        stop_after(0.2)
+        t0 = time.monotonic()
+        with pytest.raises(Stopped, match=r"echo\.wait_for\(\)"):
+            blocked.wait()
+        assert time.monotonic() - t0 < STOP_BOUND_S
+        assert not blocked.items[0][1].done()  # abandoned, not waited for
+        with pytest.raises(Stopped):  # every later wait too
+            local_group.call(Echo.hello, 1).wait()
+        # a wait that must end on its own (a checkpoint being saved) is not stopped
+        release.set()
+        assert blocked.wait(stoppable=False) == [True]
+    finally:
+        release.set()
+
+
+def test_shutdown_ends_an_in_process_call_waiting_on_its_channel():
+    group = WorkerGroup(Cluster(ClusterConfig(backend="local", num_gpus=0)), "reader", Echo,
+                        ranks(1))
+    started = threading.Event()
+    waiting = group.call(Echo.read, Channel("in", group), started, 600.0).items[0][1]
+    assert started.wait(10.0)
+    t0 = time.monotonic()
+    group.shutdown()
+    # (closed while it waited, or, if it had not reached its get yet, before)
+    with pytest.raises(RuntimeError, match="was closed while waited on|does not host"):
+        waiting.result(timeout=STOP_BOUND_S)
+    assert time.monotonic() - t0 < STOP_BOUND_S
+
+
 # --- Ray ----------------------------------------------------------------------------------------
 
 
@@ -148,6 +205,15 @@ def test_ray_timer_phases_come_back_and_reset_after_popping(ray_group):
     assert 0.0 <= timings["sim"] < 5.0
     assert untouched == {}
     assert ray_group.call(Echo.pop_timings, ranks=[0]).wait(timeout=60) == [{}]
+
+
+def test_ray_a_stop_request_ends_a_wait_on_a_call_that_does_not_return(ray_group, stop_after):
+    stalled = ray_group.call(Echo.stall, 60.0, ranks=[1])
+    stop_after(0.2)
+    t0 = time.monotonic()
+    with pytest.raises(Stopped, match=r"echo_ray\.stall\(\)"):
+        stalled.wait()
+    assert time.monotonic() - t0 < STOP_BOUND_S
 
 
 def test_ray_killed_worker_raises_worker_error_naming_group_and_rank(ray_cluster):

@@ -13,7 +13,8 @@ from m2flow.pipelines import Worker
 from m2flow.runs import checkpoint
 from m2flow.runs.config import ClusterGroupConfig, RunnerBaseConfig
 from m2flow.runs.logger import RunLogger, log_field
-from m2flow.runs.session import RunSession
+from m2flow.pipelines.worker import Stopped, clear_stop, stop_requested
+from m2flow.runs.session import RunSession, stop_on_ctrl_c
 
 
 @dataclass
@@ -105,6 +106,45 @@ def test_log_line_fields_come_from_the_workload_and_no_bar_frames_off_a_terminal
     assert "\r" not in out.out + out.err  # pytest's capture is not a terminal: no bar frames
 
 
+def test_ctrl_c_first_asks_to_stop_then_interrupts_then_is_ignored_while_ending(tmp_path):
+    restore = stop_on_ctrl_c()
+    try:
+        signal.raise_signal(signal.SIGINT)  # the handler runs before this returns
+        assert stop_requested()
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+        restore = stop_on_ctrl_c()  # a new run
+        assert not stop_requested()
+        signal.raise_signal(signal.SIGINT)
+        s = session(tmp_path)
+        s.close()  # ending the workers: a second Ctrl-C must not cut that short
+        signal.raise_signal(signal.SIGINT)
+    finally:
+        restore()
+        clear_stop()
+
+
+def test_a_stop_saves_the_last_iteration_only_when_the_learner_is_idle(tmp_path):
+    s = session(tmp_path)
+    saved = []
+
+    def stop(exc, iteration, start=0):
+        return s.stopped(exc, iteration, start=start, save=lambda: saved.append(
+            s.save(iteration, {"learner": {}})))
+
+    assert stop(Stopped(["learner.update()", "env.collect()"]), 3).checkpoint is None
+    assert stop(KeyboardInterrupt(), 3).checkpoint is None  # a second Ctrl-C: no save
+    assert stop(Stopped(["env.collect()"]), 3, start=3).checkpoint is None  # nothing new
+    line = stop(Stopped(["env.eval_episodes()", "rollout.serve()"]), 3).describe(
+        lambda ckpt: f"m2flow-train resume={ckpt}")
+    assert len(saved) == 1 and checkpoint.load(saved[0])["iteration"] == 3
+    assert line == (f"interrupted during start-up after 3 iterations; checkpoint {saved[0]}; "
+                    f"resume with: m2flow-train resume={saved[0]}")
+    stop(Stopped(["env.collect()"]), 3)
+    assert len(saved) == 1  # iteration 3 has its checkpoint already
+    s.close()
+
+
 def test_ctrl_c_ends_a_run_with_one_line_naming_the_last_checkpoint(tmp_path):
     """A real run of the CLI (in-process workers, a gymnasium env) interrupted by SIGINT."""
     cmd = [sys.executable, "-c", "import sys; from m2flow.cli import train; sys.exit(train())",
@@ -121,6 +161,7 @@ def test_ctrl_c_ends_a_run_with_one_line_naming_the_last_checkpoint(tmp_path):
     lines = [l for l in err.splitlines() if l.strip()]
     assert proc.returncode == 130, err
     assert "Traceback" not in err, err
-    assert lines[-1].startswith("m2flow-train: interrupted at iteration ")
-    saved = lines[-1].split("last checkpoint ")[1].split(" ")[0]
+    assert lines[-1].startswith("m2flow-train: interrupted during "), lines[-1]
+    saved = lines[-1].split("; checkpoint ")[1].split(";")[0]
     assert saved.endswith(".pt") and checkpoint.load(saved)["iteration"] >= 2
+    assert lines[-1].endswith(f" resume={saved}")
