@@ -71,6 +71,10 @@ class Cluster:
         # any ordinary process (Ray's own daemons, a driver loop): 6% of the rgb benchmark's
         # steps here. A local Ray started by m2flow runs them at normal priority.
         os.environ.setdefault("RAY_worker_niceness", "0")
+        # the worker lines Ray forwards to the driver carry colour codes; a log file gets them
+        # as escape sequences (Ray reads this variable as it prints each line)
+        if not sys.stdout.isatty():
+            os.environ.setdefault("RAY_COLOR_PREFIX", "0")
         import ray
 
         if not ray.is_initialized():

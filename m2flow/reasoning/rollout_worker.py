@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import time
 
 import torch
@@ -93,10 +95,17 @@ class ReasoningRollout(Worker):
         seconds = time.perf_counter() - t0
         return {"perf/gen_tokens": float(tokens), "perf/gen_s": seconds}
 
-    def eval_accuracy(self, *, size: int = 0, samples: int = 0) -> dict:
-        """Greedy held-out accuracy: {"accuracy", "response_len", "samples": [...]}."""
-        return evaluate_problems(self.engine, self.tokenizer, self.test[: size or None],
-                                 self.cfg, samples)
+    def num_eval_problems(self, *, size: int = 0) -> int:
+        """How many held-out problems ``eval_accuracy(size=size)`` scores."""
+        return len(self.test[: size or None])
+
+    def eval_accuracy(self, *, size: int = 0, samples: int = 0, start: int = 0,
+                      stop: Optional[int] = None) -> dict:
+        """Greedy held-out accuracy of problems ``[start, stop)`` of the first ``size`` (0:
+        all): {"accuracy", "response_len", "problems", "samples": [...]}. The runner asks for
+        slices, to show progress between them."""
+        problems = self.test[: size or None][start:stop]
+        return evaluate_problems(self.engine, self.tokenizer, problems, self.cfg, samples)
 
 
 def evaluate_problems(engine, tokenizer, problems, cfg: ReasoningConfig, samples: int = 0) -> dict:

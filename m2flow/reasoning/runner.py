@@ -84,6 +84,19 @@ class RewardSignalWatch:
         )
 
 
+def merge_accuracy(parts: list[dict]) -> dict:
+    """One evaluation's result from its slices' (``ReasoningRollout.eval_accuracy``).
+
+    >>> merge_accuracy([{"accuracy": 1.0, "response_len": 4.0, "problems": 2, "samples": [1]},
+    ...                 {"accuracy": 0.0, "response_len": 1.0, "problems": 1, "samples": []}])
+    {'accuracy': 0.6666666666666666, 'response_len': 3.0, 'problems': 3, 'samples': [1]}
+    """
+    n = sum(p["problems"] for p in parts)
+    return {"accuracy": sum(p["accuracy"] * p["problems"] for p in parts) / max(1, n),
+            "response_len": sum(p["response_len"] * p["problems"] for p in parts) / max(1, n),
+            "problems": n, "samples": [s for p in parts for s in p["samples"]]}
+
+
 class ReasoningRunner:
     def __init__(self, cfg: ReasoningConfig, *, train: bool = True):
         self.cfg = cfg
@@ -197,11 +210,27 @@ class ReasoningRunner:
                                  num_groups=self.cfg.algorithm.prompts_per_step, step=step)
 
     def eval_accuracy(self, size: int = 0, samples: int = 0) -> dict:
-        """Greedy held-out accuracy (``ReasoningRollout.eval_accuracy``)."""
+        """Greedy held-out accuracy (``ReasoningRollout.eval_accuracy``), in slices of
+        ``rollout.eval_batch_size`` problems, the progress (problems done, accuracy so far)
+        shown between them; the same numbers as one call (greedy, batch by batch)."""
         if self.learner is not None:
             self.switcher.activate("rollout")
-        return self.rollout.call(ReasoningRollout.eval_accuracy, size=size,
-                                 samples=samples).wait()[0]
+        total = self.rollout.call(ReasoningRollout.num_eval_problems, size=size).wait()[0]
+        step = self.cfg.rollout.eval_batch_size
+        parts = []
+        progress = self.session.progress(f"eval {self.cfg.data.source}", total, unit="problems")
+        try:
+            for start in range(0, total, step):
+                left = max(0, samples - sum(len(p["samples"]) for p in parts))
+                part = self.rollout.call(ReasoningRollout.eval_accuracy, size=size,
+                                         samples=left, start=start, stop=start + step).wait()[0]
+                parts.append(part)
+                done = sum(p["problems"] for p in parts)
+                right = sum(p["accuracy"] * p["problems"] for p in parts)
+                progress.update(part["problems"], f"accuracy {right / max(1, done):.3f}")
+        finally:
+            progress.close()
+        return merge_accuracy(parts)
 
     def timings(self) -> dict[str, float]:
         return self.session.timings()
