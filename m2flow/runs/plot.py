@@ -1,0 +1,116 @@
+"""``m2flow-plot RUN_DIR...``: learning curves of runs into one PNG.
+
+Reads each run's TensorBoard scalars (``<run>/tb``, written by :class:`RunLogger`) and draws,
+for each metric, one panel against the logged step (env steps for embodied runs, samples for
+reasoning) and one against wall time since the run's first scalar; runs are overlaid (the seeds
+of a sweep, a before/after), labelled by their folder.
+
+    m2flow-plot runs/maniskill_pushcube_ppo_mlp/*/ -o pushcube.png
+    m2flow-plot runs/a runs/b --metrics eval/success env/return
+
+A metric a run never logged is left out of that run's panels; a folder that is not a run (no
+``tb/`` with scalars) is one clear error line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+DEFAULT_METRICS = ("eval/success", "env/return")
+
+
+@dataclass
+class Curve:
+    """One metric of one run: the logged steps, wall seconds since the run's first scalar,
+    and values, in logging order."""
+
+    steps: list[int]
+    seconds: list[float]
+    values: list[float]
+
+
+def read_run(run_dir: Path) -> dict[str, Curve]:
+    """Every scalar the run logged, by tag (an event file written by a resumed run's own
+    directory is another run)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb = Path(run_dir) / "tb"
+    if not tb.is_dir():
+        raise ValueError(f"{run_dir}: no tb/ folder; give a run directory written by "
+                         "m2flow-train (runs/<config name>/<timestamp>).")
+    acc = EventAccumulator(str(tb), size_guidance={"scalars": 0})  # 0: keep every point
+    acc.Reload()
+    tags = acc.Tags().get("scalars", [])
+    if not tags:
+        raise ValueError(f"{run_dir}: its tb/ folder has no scalars yet.")
+    events = {t: acc.Scalars(t) for t in tags}
+    start = min(e.wall_time for ev in events.values() for e in ev)
+    return {t: Curve([e.step for e in ev], [e.wall_time - start for e in ev],
+                     [e.value for e in ev]) for t, ev in events.items()}
+
+
+def plot(runs: list[Path], out: Path, metrics: tuple[str, ...] = DEFAULT_METRICS) -> Path:
+    """Draws ``metrics`` of ``runs`` (rows) against steps and wall time (columns) into
+    ``out`` (PNG); returns it."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+
+    data = {Path(r): read_run(Path(r)) for r in runs}
+    if not any(m in curves for curves in data.values() for m in metrics):
+        have = sorted({t for curves in data.values() for t in curves})
+        raise ValueError(f"--metrics {list(metrics)}: none was logged by these runs; they have "
+                         f"{have}.")
+    fig, axes = plt.subplots(len(metrics), 2, figsize=(11, 3.2 * len(metrics)), squeeze=False)
+    for row, metric in zip(axes, metrics):
+        for run, curves in data.items():
+            c = curves.get(metric)
+            if c is None:
+                continue
+            label = _label(run)
+            row[0].plot(c.steps, c.values, marker=".", label=label)
+            row[1].plot([s / 60 for s in c.seconds], c.values, marker=".", label=label)
+        row[0].set_xlabel("steps (env steps; reasoning: samples)")
+        row[1].set_xlabel("wall time (min)")
+        for ax in row:
+            ax.set_ylabel(metric)
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
+def _label(run: Path) -> str:
+    """``<config name>/<timestamp>`` of a run directory."""
+    parts = run.resolve().parts
+    return "/".join(parts[-2:])
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="m2flow-plot", description=__doc__.split("\n")[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="run directories (runs/<name>/<time>)")
+    parser.add_argument("-o", "--out", type=Path, default=Path("curves.png"),
+                        help="the PNG to write (default curves.png)")
+    parser.add_argument("--metrics", nargs="+", default=list(DEFAULT_METRICS),
+                        help=f"scalar tags to draw (default {' '.join(DEFAULT_METRICS)})")
+    args = parser.parse_args(argv)
+    try:
+        out = plot(args.runs, args.out, tuple(args.metrics))
+    except ValueError as e:
+        print(f"m2flow-plot: {e}", file=sys.stderr)
+        return 2
+    print(f"m2flow-plot: {len(args.runs)} run(s), {', '.join(args.metrics)} -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""``m2flow-plot``: the curves it reads are the scalars a run wrote; it draws a PNG of several
+runs; a folder that is not a run is one line."""
+
+import struct
+
+import pytest
+from torch.utils.tensorboard import SummaryWriter
+
+from m2flow.runs.plot import main, read_run
+
+# (step, eval/success) of two runs, written below as RunLogger writes them
+RUN_A = [(800, 0.25), (1600, 0.5), (2400, 0.75)]
+RUN_B = [(800, 0.0), (1600, 0.125)]
+
+
+def write_run(root, name, points, extra=True):
+    run = root / "maniskill_pushcube_ppo_mlp" / name
+    w = SummaryWriter(str(run / "tb"))
+    for step, value in points:
+        w.add_scalar("eval/success", value, step)
+        if extra:
+            w.add_scalar("env/return", 10 * value, step)
+    w.close()
+    return run
+
+
+def png_size(path):
+    """(width, height) from the PNG's IHDR chunk."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_read_run_gives_back_the_written_points(tmp_path):
+    run = write_run(tmp_path, "20261123-000000", RUN_A)
+    curves = read_run(run)
+    assert curves["eval/success"].steps == [s for s, _ in RUN_A]
+    assert curves["eval/success"].values == pytest.approx([v for _, v in RUN_A])
+    assert curves["env/return"].values == pytest.approx([10 * v for _, v in RUN_A])
+    seconds = curves["eval/success"].seconds
+    assert seconds[0] >= 0 and seconds == sorted(seconds)
+
+
+def test_two_runs_overlaid_into_one_png(tmp_path, capsys):
+    a = write_run(tmp_path, "a", RUN_A)
+    b = write_run(tmp_path, "b", RUN_B, extra=False)  # no env/return: left out of that panel
+    out = tmp_path / "curves.png"
+    assert main([str(a), str(b), "-o", str(out)]) == 0
+    width, height = png_size(out)
+    assert width > 500 and height > 300
+    assert "2 run(s)" in capsys.readouterr().out
+
+
+def test_a_folder_that_is_not_a_run_is_one_line(tmp_path, capsys):
+    assert main([str(tmp_path), "-o", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no tb/ folder" in err[0]
+
+
+def test_metrics_no_run_logged_are_named(tmp_path, capsys):
+    a = write_run(tmp_path, "a", RUN_A)
+    assert main([str(a), "--metrics", "eval/accuracy", "-o", str(tmp_path / "x.png")]) == 2
+    assert "eval/accuracy" in capsys.readouterr().err
