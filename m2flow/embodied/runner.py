@@ -33,7 +33,7 @@ from m2flow.pipelines.worker import Futures, Stopped, gather
 from m2flow.runs import seeding
 from m2flow.runs.logger import announce, log_field
 from m2flow.runs.session import RunSession
-from m2flow.runs.weights import SyncPlan, cut_buckets, make_bucket
+from m2flow.runs.weights import send_state, sync_groups
 
 WORKLOAD = "embodied"
 COMPONENTS = ("env", "rollout", "learner")
@@ -199,24 +199,14 @@ class EmbodiedRunner:
         ``full`` (the learner's first sync and the one after a resume are full anyway), one
         bucket of at most ``runner.weight_sync_bucket_mb`` at a time: the object store holds
         one bucket, not the model (see :mod:`m2flow.runs.weights`)."""
-        plan = self.learner.call(LearnerWorker.plan_weight_sync, full=full, ranks=[0],
-                                 bucket_mb=self.cfg.runner.weight_sync_bucket_mb).wait()[0]
-        self.rollout.call(RolloutWorker.begin_weight_sync, plan, version=version).wait()
-        for i in range(len(plan.buckets)):
-            bucket = self.learner.call(LearnerWorker.weight_bucket, index=i, ranks=[0]).as_arg()
-            self.rollout.call(RolloutWorker.receive_weight_bucket, bucket).wait()
-        self.rollout.call(RolloutWorker.finish_weight_sync).wait()
+        sync_groups(self.learner, self.rollout, LearnerWorker, RolloutWorker, version=version,
+                    full=full, bucket_mb=self.cfg.runner.weight_sync_bucket_mb)
 
     def send_policy(self, state: dict, version: int = 0) -> None:
         """Sends a whole state dict held here (evaluation: a checkpoint's, or initial weights)
         to the rollout workers, bucket by bucket like ``sync_weights``."""
-        cap = max(1, int(self.cfg.runner.weight_sync_bucket_mb * 2**20))
-        plan = SyncPlan(list(state), cut_buckets(state, list(state), cap), full=True)
-        self.rollout.call(RolloutWorker.begin_weight_sync, plan, version=version).wait()
-        for pieces in plan.buckets:
-            self.rollout.call(RolloutWorker.receive_weight_bucket,
-                              make_bucket(state, pieces)).wait()
-        self.rollout.call(RolloutWorker.finish_weight_sync).wait()
+        send_state(self.rollout, RolloutWorker, state, version=version,
+                   bucket_mb=self.cfg.runner.weight_sync_bucket_mb)
 
     def run_eval(self, episodes: Optional[int] = None, deterministic: bool = True) -> dict:
         """Episodes from fixed seeds (mean actions by default): ``eval/success`` and friends.

@@ -32,7 +32,7 @@ from m2flow.reasoning.reward_worker import RewardWorker
 from m2flow.reasoning.rollout_worker import ReasoningRollout
 from m2flow.runs.logger import log_field
 from m2flow.runs.session import RunSession
-from m2flow.runs.weights import SyncPlan, cut_buckets, make_bucket
+from m2flow.runs.weights import send_state, sync_groups
 
 WORKLOAD = "reasoning"
 COMPONENTS = ("rollout", "reward", "learner")
@@ -155,25 +155,15 @@ class ReasoningRunner:
         one bucket of at most ``runner.weight_sync_bucket_mb`` at a time: the object store
         holds one bucket, not the model (see :mod:`m2flow.runs.weights`)."""
         t0 = time.perf_counter()
-        plan = self.learner.call(ReasoningLearner.plan_weight_sync, full=full,
-                                 bucket_mb=self.cfg.runner.weight_sync_bucket_mb).wait()[0]
-        self.rollout.call(ReasoningRollout.begin_weight_sync, plan, version=version).wait()
-        for i in range(len(plan.buckets)):
-            bucket = self.learner.call(ReasoningLearner.weight_bucket, index=i).as_arg()
-            self.rollout.call(ReasoningRollout.receive_weight_bucket, bucket).wait()
-        self.rollout.call(ReasoningRollout.finish_weight_sync).wait()
+        sync_groups(self.learner, self.rollout, ReasoningLearner, ReasoningRollout,
+                    version=version, full=full, bucket_mb=self.cfg.runner.weight_sync_bucket_mb)
         return {"time/driver_weight_sync": time.perf_counter() - t0}
 
     def send_policy(self, state: dict, version: int = 0) -> None:
         """Sends a whole state dict held here (evaluation: a checkpoint's weights) to the
         rollout's engine, bucket by bucket like ``sync_weights``."""
-        cap = max(1, int(self.cfg.runner.weight_sync_bucket_mb * 2**20))
-        plan = SyncPlan(list(state), cut_buckets(state, list(state), cap), full=True)
-        self.rollout.call(ReasoningRollout.begin_weight_sync, plan, version=version).wait()
-        for pieces in plan.buckets:
-            self.rollout.call(ReasoningRollout.receive_weight_bucket,
-                              make_bucket(state, pieces)).wait()
-        self.rollout.call(ReasoningRollout.finish_weight_sync).wait()
+        send_state(self.rollout, ReasoningRollout, state, version=version,
+                   bucket_mb=self.cfg.runner.weight_sync_bucket_mb)
 
     def iterate(self, step: int) -> dict:
         """One GRPO step; its metrics."""

@@ -282,3 +282,34 @@ class WeightReceiver:
 def _rows(t: torch.Tensor) -> int:
     """Rows a tensor arrives in: its first dimension (whole tensors count as all of it)."""
     return t.shape[0] if t.dim() > 0 else 1
+
+
+# -- the driver's side: one sync between two worker groups --------------------------------
+
+
+def sync_groups(learner, rollout, sender: type, receiver: type, *, version: int, full: bool,
+                bucket_mb: float) -> None:
+    """One sync from rank 0 of ``learner`` (a group of ``sender`` workers, which have
+    ``plan_weight_sync`` and ``weight_bucket``) to every rank of ``rollout`` (``receiver``
+    workers: ``begin_weight_sync``, ``receive_weight_bucket``, ``finish_weight_sync``), one
+    bucket at a time: each bucket goes as a reference from the learner to the rollout, so the
+    driver never holds it and the object store holds one bucket, not the model."""
+    plan = learner.call(sender.plan_weight_sync, full=full, bucket_mb=bucket_mb,
+                        ranks=[0]).wait()[0]
+    rollout.call(receiver.begin_weight_sync, plan, version=version).wait()
+    for i in range(len(plan.buckets)):
+        bucket = learner.call(sender.weight_bucket, index=i, ranks=[0]).as_arg()
+        rollout.call(receiver.receive_weight_bucket, bucket).wait()
+    rollout.call(receiver.finish_weight_sync).wait()
+
+
+def send_state(rollout, receiver: type, state: Mapping[str, torch.Tensor], *, version: int,
+               bucket_mb: float) -> None:
+    """A whole state dict held by the driver (a checkpoint's weights, for evaluation) to every
+    rank of ``rollout``, in buckets as :func:`sync_groups` sends them."""
+    cap = max(1, int(bucket_mb * 2**20))
+    plan = SyncPlan(list(state), cut_buckets(state, list(state), cap), full=True)
+    rollout.call(receiver.begin_weight_sync, plan, version=version).wait()
+    for pieces in plan.buckets:
+        rollout.call(receiver.receive_weight_bucket, make_bucket(state, pieces)).wait()
+    rollout.call(receiver.finish_weight_sync).wait()
