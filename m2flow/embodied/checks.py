@@ -55,6 +55,8 @@ RULES: list[Rule] = [
     ("runner.eval_episodes", at_least(1), "set the episodes per evaluation (e.g. 16)"),
     ("runner.stop_at_success", optional(within(0, 1, open_low=True), "run all iterations"),
      "give the success rate to stop at, e.g. 0.9"),
+    ("runner.stop_after_evals", at_least(1),
+     "give the evaluations in a row that must reach runner.stop_at_success (e.g. 1 or 2)"),
     ("runner.max_staleness", at_least(0), "give the updates an action may lag behind (e.g. 1)"),
     ("runner.warn_no_signal_iterations", at_least(0),
      "give the iterations without learning signal before a warning (0: never)"),

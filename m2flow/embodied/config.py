@@ -47,6 +47,15 @@ class RunnerConfig(RunnerBaseConfig):
     """Episodes per evaluation (rounded up to whole batches of envs)."""
     stop_at_success: Optional[float] = None
     """Stop once an evaluation's success rate reaches this (None: run all iterations)."""
+    stop_after_evals: int = 1
+    """With stop_at_success: stop after this many evaluations in a row reach it (2: the
+    success must hold at the next evaluation too)."""
+    eval_curtail: bool = True
+    """With stop_at_success: end an evaluation after the round where it can no longer reach
+    stop_at_success even if every remaining episode succeeds (the stop decision is the full
+    evaluation's; ``eval/success`` is then that of the episodes run, ``eval/curtailed`` 1,
+    and the checkpoint is never ``best.pt``). Saves most evaluation time before the policy
+    gets close; False: every evaluation runs all ``eval_episodes``."""
     overlap_learner: bool = False
     """Collect iteration k+1 (with the weights at hand) while the learner trains on iteration
     k; new weights reach the rollout workers mid-collection. PPO's ratio uses the stored

@@ -208,13 +208,17 @@ class EmbodiedRunner:
         send_state(self.rollout, RolloutWorker, state, version=version,
                    bucket_mb=self.cfg.runner.weight_sync_bucket_mb)
 
-    def run_eval(self, episodes: Optional[int] = None, deterministic: bool = True) -> dict:
+    def run_eval(self, episodes: Optional[int] = None, deterministic: bool = True,
+                 reach: Optional[float] = None) -> dict:
         """Episodes from fixed seeds (mean actions by default): ``eval/success`` and friends.
 
         Round r runs one episode per env; env i of env worker w starts from seed
         ``seeding.derive(seed, EVAL, r, w, env.num_envs)[i]`` (the seeds ``m2flow-eval`` gives
         a one-task env). After each round the progress (episodes done, success so far) goes
-        to the bar or the log (``RunSession.progress``).
+        to the bar or the log (``RunSession.progress``). With ``reach``, the evaluation ends
+        after the first round from which its success rate can no longer reach ``reach`` even
+        if every remaining episode succeeds: its numbers are those of the rounds run, plus
+        ``eval/curtailed`` 1 (the rounds run are the first rounds of the full evaluation).
         """
         episodes = episodes or self.cfg.runner.eval_episodes
         self.switcher.activate("rollout")  # its cost is part of time/eval
@@ -231,10 +235,19 @@ class EmbodiedRunner:
                 so_far = _merge(per_rank)
                 success = sum(so_far.successes) / max(1, len(so_far.successes))
                 progress.update(self.num_envs, f"success {success:.2f}")
+                left = (rounds - r - 1) * self.num_envs
+                if reach is not None and left and not can_reach(so_far.successes, left, reach):
+                    curtailed = True
+                    break
+            else:
+                curtailed = False
         finally:
             progress.close()
         # ranks in order, each rank's rounds in order: the sums of one call per rank
-        return {k.replace("env/", "eval/"): v for k, v in _merge(per_rank).summary().items()}
+        out = {k.replace("env/", "eval/"): v for k, v in _merge(per_rank).summary().items()}
+        if reach is not None:
+            out["eval/curtailed"] = float(curtailed)
+        return out
 
     def eval_round(self, per_rank: list[EvalRound], deterministic: bool = True) -> list[list]:
         """One episode per env (``EnvWorker.eval_round``, one ``EvalRound`` per env worker);
@@ -317,6 +330,8 @@ class EmbodiedRunner:
                     f"placement {self.placement.mode}, backend {cfg.cluster.backend}")
         start_wall, result, eval_s, start = time.perf_counter(), {}, 0.0, self.iteration
         watch = NoSignalWatch(r.warn_no_signal_iterations, cfg.algorithm.name)
+        reach = r.stop_at_success if r.eval_curtail else None
+        stop_rule = SuccessStop(r.stop_at_success, r.stop_after_evals)
         try:
             for it in range(self.iteration, r.num_iterations):
                 metrics = self.iterate(it)
@@ -327,19 +342,20 @@ class EmbodiedRunner:
                     t0 = time.perf_counter()
                     self.session.phase = "evaluation"
                     self.drain()
-                    metrics.update(self.run_eval())
+                    metrics.update(self.run_eval(reach=reach))
                     metrics["time/eval"] = time.perf_counter() - t0
                     eval_s += metrics["time/eval"]
                     self.timings()  # eval's worker timings are not part of the next iteration
                     self._last_end = time.perf_counter()  # nor is its wall time
                     result = dict(metrics)
-                stop = r.stop_at_success is not None and metrics.get("eval/success", -1.0) >= r.stop_at_success
+                    stop = stop_rule.update(metrics["eval/success"])
+                else:
+                    stop = False
                 logger.log(it, self.global_step, metrics)
                 if stop or self._due(r.checkpoint_interval):
                     self.save(metrics)
                 if stop:
-                    logger.info(f"eval success {metrics['eval/success']:.3f} >= "
-                                f"runner.stop_at_success={r.stop_at_success}: stopping")
+                    logger.info(f"{stop_rule.describe(metrics['eval/success'])}: stopping")
                     break
         except (Stopped, KeyboardInterrupt) as e:  # Ctrl-C (see runs.session.stop_on_ctrl_c)
             self._pending = None  # abandoned: its workers are ended with the session
@@ -398,6 +414,30 @@ class _Collection:
             self.seconds = time.perf_counter() - self._t0
             self._result = _merge(env_out)
         return self._result
+
+
+class SuccessStop:
+    """``runner.stop_at_success`` with ``runner.stop_after_evals``: ``update`` (one
+    evaluation's success rate) is True once ``evals`` evaluations in a row reached
+    ``threshold`` (None: never)."""
+
+    def __init__(self, threshold: Optional[float], evals: int = 1):
+        self.threshold, self.evals, self.in_a_row = threshold, evals, 0
+
+    def update(self, success: float) -> bool:
+        reached = self.threshold is not None and success >= self.threshold
+        self.in_a_row = self.in_a_row + 1 if reached else 0
+        return self.threshold is not None and self.in_a_row >= self.evals
+
+    def describe(self, success: float) -> str:
+        row = f" in {self.in_a_row} evaluations in a row" if self.in_a_row > 1 else ""
+        return f"eval success {success:.3f} >= runner.stop_at_success={self.threshold}{row}"
+
+
+def can_reach(successes: list, left: int, target: float) -> bool:
+    """Whether a success rate of ``target`` is still possible after ``successes`` (one bool per
+    episode run) if all ``left`` remaining episodes succeed (discarded ones only lower it)."""
+    return (sum(map(bool, successes)) + left) >= target * (len(successes) + left) - 1e-9
 
 
 def _sum(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:

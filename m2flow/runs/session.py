@@ -123,7 +123,8 @@ class RunSession:
              prefix: str = "iter") -> Path:
         """Writes ``<run_dir>/checkpoints/<prefix>_<iteration>.pt`` with ``state`` plus the
         workload, iteration, config and metrics; points ``last.pt`` at it, and ``best.pt`` when
-        its ``best_metric`` is at least that of every earlier one (ties: the newer); keeps the
+        its ``best_metric`` is at least that of every earlier one (ties: the newer; never a
+        checkpoint whose metrics say ``eval/curtailed``); keeps the
         newest ``runner.keep_checkpoints`` (0: all) and the one ``best.pt`` points at."""
         full = {
             **state,
@@ -136,6 +137,8 @@ class RunSession:
         path = checkpoint.save(folder / f"{prefix}_{iteration:05d}.pt", full)
         checkpoint.link_latest(path)
         score = full["metrics"].get(self.best_metric) if self.best_metric else None
+        if full["metrics"].get("eval/curtailed"):  # an evaluation cut short ranks nothing
+            score = None
         if score is not None and math.isfinite(score) and (
                 self.best_score is None or score >= self.best_score):
             checkpoint.link_latest(path, checkpoint.BEST)

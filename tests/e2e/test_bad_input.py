@@ -90,6 +90,7 @@ def case_table() -> list[tuple[str, str, list[str], str]]:
         ("reasoning_resume_latest_none", TRAIN, [*REASONING, "resume=latest"], "resume=latest"),
         ("eval_episodes", TRAIN, ["runner.eval_episodes=0"], "runner.eval_episodes"),
         ("stop_at_success", TRAIN, ["runner.stop_at_success=1.5"], "runner.stop_at_success"),
+        ("stop_after_evals", TRAIN, ["runner.stop_after_evals=0"], "runner.stop_after_evals"),
         ("rollout_steps", TRAIN, ["runner.rollout_steps=0"], "runner.rollout_steps"),
         ("channel_timeout", TRAIN, ["runner.channel_timeout_s=0"], "runner.channel_timeout_s"),
         ("image_size", TRAIN, ["env.image_size=0"], "env.image_size"),

@@ -1,0 +1,58 @@
+"""Training-time evaluation that ends early when it cannot change the stop decision, and the
+stop after K evaluations in a row: hand-worked cases, and a real run that shows both."""
+
+import torch
+
+from m2flow.cli import train
+from m2flow.embodied.runner import SuccessStop, can_reach
+from m2flow.runs import checkpoint
+
+
+def test_can_reach_hand_worked():
+    # 64 episodes, target 0.9 (57.6 successes): after 16 with 9 successes, 9 + 48 = 57 < 57.6
+    assert not can_reach([True] * 9 + [False] * 7, 48, 0.9)
+    assert can_reach([True] * 10 + [False] * 6, 48, 0.9)  # 10 + 48 = 58 >= 57.6
+    # exactly reachable counts as reachable (0.3 * 10 is 3.0000000000000004 in floats)
+    assert can_reach([True] + [False] * 7, 2, 0.3)
+    assert not can_reach([False] * 8, 2, 0.3)
+    assert can_reach([], 4, 1.0)
+
+
+def test_success_stop_needs_k_in_a_row():
+    rule = SuccessStop(0.8, evals=2)
+    assert [rule.update(s) for s in (0.85, 0.7, 0.81, 0.8)] == [False, False, False, True]
+    assert "in 2 evaluations in a row" in rule.describe(0.8)
+    assert [SuccessStop(0.8).update(s) for s in (0.5, 0.8)] == [False, True]
+    never = SuccessStop(None, evals=1)
+    assert not any(never.update(s) for s in (0.0, 1.0))
+
+
+def _eval_lines(out: str) -> list[str]:
+    return [line.split(" | ")[0] for line in out.splitlines() if line.startswith("eval gym/")]
+
+
+def test_training_eval_ends_once_the_threshold_is_out_of_reach(tmp_path, capsys):
+    """Pendulum never succeeds. Target 0.5 of 6 episodes on 2 envs (3 rounds): after round 1
+    (0/2) 4 more could make 4/6; after round 2 (0/4) at most 2/6 < 0.5: the third round is
+    skipped. The curtailed checkpoint is never best.pt."""
+    common = ["env=gym_pendulum", "cluster=inprocess", "env.num_envs=2", "runner.rollout_steps=8",
+              "runner.num_iterations=1", "runner.eval_episodes=6", "runner.stop_at_success=0.5",
+              "runner.progress_interval_s=0", "runner.progress_bar=false"]
+    assert train([*common, f"runner.log_dir={tmp_path / 'cut'}"]) == 0
+    out = capsys.readouterr().out
+    assert _eval_lines(out) == ["eval gym/Pendulum-v1: 2/6 ep", "eval gym/Pendulum-v1: 4/6 ep"]
+    ckpt = next((tmp_path / "cut").glob("*/*/checkpoints/last.pt"))
+    metrics = checkpoint.load(ckpt)["metrics"]
+    assert metrics["eval/curtailed"] == 1.0 and metrics["eval/episodes"] == 4.0
+    assert not (ckpt.parent / "best.pt").exists()
+
+    assert train([*common, "runner.eval_curtail=false", f"runner.log_dir={tmp_path / 'full'}"]) == 0
+    out = capsys.readouterr().out
+    assert _eval_lines(out) == [f"eval gym/Pendulum-v1: {n}/6 ep" for n in (2, 4, 6)]
+    full = checkpoint.load(next((tmp_path / "full").glob("*/*/checkpoints/last.pt")))["metrics"]
+    assert full["eval/episodes"] == 6.0 and "eval/curtailed" not in full
+    # both evaluated the same policy (the same training before it)
+    cut_policy = checkpoint.load(ckpt)["learner"]["policy"]
+    full_policy = checkpoint.load(
+        next((tmp_path / "full").glob("*/*/checkpoints/last.pt")))["learner"]["policy"]
+    assert all(torch.equal(cut_policy[k], w) for k, w in full_policy.items())
