@@ -129,6 +129,7 @@ def check_config(cfg: TrainConfig, plan: Optional[dict[str, list[str]]] = None) 
             f"must be in [rollout.pipeline_stages={stages}, env.num_envs={n}] (a stage is one "
             "or more env groups, a group one or more envs); change it or leave it unset.")
     _check_reset_groups(cfg)
+    _check_learner_ranks(cfg)
     env = cfg.cluster.placement.components.get("env")
     env_workers = 1 if env is None else env.workers
     samples = n * env_workers * cfg.runner.rollout_steps
@@ -196,6 +197,37 @@ def _check_reset_groups(cfg: TrainConfig) -> None:
                 f"backend a reset group of {size} envs shares one initial state only within one "
                 f"batch; choose rollout.env_groups so that every batch holds whole groups "
                 f"(a divisor of {n // size}).")
+
+
+def _check_learner_ranks(cfg: TrainConfig) -> None:
+    """Several learner ranks (data parallel) each train on the trajectories of whole env
+    workers, an equal number each (so a GRPO group, which lives in one env worker, is never
+    split), and each needs its own process."""
+    comps = cfg.cluster.placement.components
+    learners = comps["learner"].workers if "learner" in comps else 1
+    if learners <= 1:
+        return
+    field = "cluster.placement.components.learner.workers"
+    env_workers = comps["env"].workers if "env" in comps else 1
+    if env_workers % learners:
+        fit = max(d for d in range(1, env_workers + 1) if env_workers % d == 0 and d <= learners)
+        raise field_error(
+            field, learners,
+            f"must divide cluster.placement.components.env.workers={env_workers}: each learner "
+            "rank trains on the trajectories of whole env workers, equally many each; use "
+            f"{field}={fit} or cluster.placement.components.env.workers="
+            f"{env_workers + learners - env_workers % learners}.")
+    if cfg.cluster.backend != "ray":
+        raise field_error(
+            field, learners,
+            f"data-parallel learner ranks each need their own process (torch.distributed), but "
+            f"cluster.backend={cfg.cluster.backend} runs every worker in this one; use "
+            f"cluster.backend=ray or {field}=1.")
+    if cfg.algorithm.name == "bc":
+        raise field_error(
+            field, learners,
+            "algorithm=bc draws its dataset sample itself, the same on every learner rank, so "
+            f"several ranks would train on copies of it; use {field}=1 for behaviour cloning.")
 
 
 def _gpu_batched(cfg: TrainConfig) -> bool:

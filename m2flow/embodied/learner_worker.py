@@ -1,7 +1,20 @@
 """The learner worker: one generic update loop on trajectories from a channel; what the
-update computes (advantages, loss) is the algorithm's (``m2flow.embodied.algorithms``)."""
+update computes (advantages, loss) is the algorithm's (``m2flow.embodied.algorithms``).
+
+Several learner ranks (``cluster.placement.components.learner.workers=N``) train one policy
+data-parallel: their group forms a torch.distributed process group (``forms_process_group``),
+env workers are split among them in contiguous blocks (:func:`learner_rank`: env rank e goes
+to learner rank ``e // (E / N)``, so rank 0 holds the first rows of the global batch, rank 1
+the next, ...), each rank computes advantages on its own trajectories (GAE and GRPO groups
+stay within one env worker, so within one rank), and :class:`~m2flow.runs.learner.Trainer`
+runs the global batch's minibatches with gradients summed over the ranks. What the update
+reports is the global batch's on every rank; weights and checkpoints come from rank 0 (all
+ranks hold the same weights).
+"""
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 from tensordict import TensorDict
@@ -9,6 +22,7 @@ from tensordict import TensorDict
 from m2flow import keys
 from m2flow.embodied.algorithms import Algorithm, AlgorithmConfig, algorithm_class
 from m2flow.pipelines import Channel, Worker
+from m2flow.pipelines.distributed import DataParallel
 from m2flow.policies import PolicyConfig, make_policy
 from m2flow.runs import checkpoint
 from m2flow.runs.learner import Trainer
@@ -21,7 +35,10 @@ class LearnerWorker(Worker):
     """Owns the trained policy, its ``Trainer`` (optimiser, fp32 masters) and the algorithm.
 
     ``algo_cfg`` is the config of algorithm ``algo_cfg.name`` (its registered config class).
+    Its ranks train one policy together (see the module docstring).
     """
+
+    forms_process_group = True
 
     def __init__(
         self, info, policy_cfg: PolicyConfig, algo_cfg: AlgorithmConfig, env_spec, *, seed: int,
@@ -31,6 +48,7 @@ class LearnerWorker(Worker):
         # first, before the policy is built: a bad algorithm config fails fast
         self.algorithm: Algorithm = algorithm_class(algo_cfg.name)(
             algo_cfg, action_dim=env_spec.action_dim, seed=seed)
+        self.algorithm.data_parallel = self.data_parallel  # its statistics span the ranks
         self.cfg = algo_cfg
         torch.manual_seed(seed)  # the initial weights: the same in every run with this seed
         self.policy = make_policy(policy_cfg, env_spec, device=self.device)
@@ -41,6 +59,7 @@ class LearnerWorker(Worker):
             self.policy, lambda params: torch.optim.Adam(params, lr=algo_cfg.learning_rate,
                                                          eps=ADAM_EPS),
             precision=algo_cfg.precision, max_grad_norm=algo_cfg.max_grad_norm,
+            data_parallel=self.data_parallel,
         )
         self.weights = WeightSender(self.policy)  # what the rollout copies were sent
         # Adam's moments appear at its first step; the context finds them in its state then
@@ -81,27 +100,34 @@ class LearnerWorker(Worker):
     def update(
         self, traj_ch: Channel, *, env_ranks: list[int], iteration: int, max_staleness: int = 0,
     ) -> dict:
-        """One update on the trajectories of ``env_ranks`` (one (N, T) batch from each).
+        """One update on the trajectories of ``env_ranks`` (one (N, T) batch from each; with
+        several learner ranks, each reads its block of them, :func:`env_ranks_of`).
 
         The weights this update starts from are version ``iteration``; an action chosen with
         version v is ``iteration - v`` updates stale, and more than ``max_staleness`` is refused.
         """
+        dp = self.data_parallel
         with self.timer("wait"):
-            parts = [traj_ch.get(key=r, timeout=self.timeout) for r in env_ranks]
+            parts = [traj_ch.get(key=r, timeout=self.timeout)
+                     for r in env_ranks_of(self.rank, env_ranks, self.world_size)]
         staleness = check_staleness(parts, iteration, max_staleness)
+        if dp.active:  # every rank revalues alike (the oldest action of the global batch)
+            staleness = int(dp.max(torch.tensor(staleness)))
         with self.timer("learn"):
             lr = self._learning_rate(iteration)
             self.trainer.set_lr(lr)
             traj = torch.cat(parts, dim=0).to(self.device)  # (N, T)
-            spread = reward_spread(traj) if keys.REWARD in traj.keys(True) else None
+            spread = reward_spread(traj, dp) if keys.REWARD in traj.keys(True) else None
             with self.trainer.autocast():  # prepare's forward passes (values) too
                 batch, extra = self.algorithm.prepare(self.policy, traj, iteration=iteration,
                                                       staleness=staleness)  # (B,)
-            metrics = self._epochs(batch, iteration) if batch.shape[0] else {}
-            self.policy.observe(batch)  # statistics change between updates, never within one
+            rows = sum(dp.sizes(batch.shape[0]))  # of the global batch
+            metrics = self._epochs(batch, iteration) if rows else {}
+            # statistics change between updates, never within one; they see the global batch
+            self.policy.observe(observed_rows(batch, dp))
             if spread is not None:  # (behaviour cloning's demonstrations have no reward)
                 metrics["train/reward_spread"] = spread
-            return {**metrics, **extra, "loss/learning_rate": lr,
+            return {**metrics, **mean_over_ranks(extra, dp), "loss/learning_rate": lr,
                     "perf/staleness": float(staleness)}
 
     def _learning_rate(self, iteration: int) -> float:
@@ -124,9 +150,53 @@ class LearnerWorker(Worker):
         return metrics
 
 
-def reward_spread(traj: TensorDict) -> float:
+def learner_rank(env_rank: int, env_workers: int, learners: int) -> int:
+    """The learner rank that trains on env rank ``env_rank``'s trajectories: contiguous
+    blocks of ``env_workers / learners`` env ranks (the start-up checks make it whole), so
+    the ranks' batches in rank order are the one-learner batch.
+
+    >>> [learner_rank(e, 4, 2) for e in range(4)]
+    [0, 0, 1, 1]
+    """
+    return env_rank // max(1, env_workers // learners)
+
+
+def env_ranks_of(rank: int, env_ranks: list[int], learners: int) -> list[int]:
+    """The env ranks of ``env_ranks`` whose trajectories learner ``rank`` reads.
+
+    >>> env_ranks_of(1, [0, 1, 2, 3], 2), env_ranks_of(0, [0, 1, 2], 1)
+    ([2, 3], [0, 1, 2])
+    """
+    return [e for e in env_ranks if learner_rank(e, len(env_ranks), learners) == rank]
+
+
+def observed_rows(batch: TensorDict, dp: DataParallel) -> TensorDict:
+    """What ``Policy.observe`` (running observation statistics) is given: ``batch``, or with
+    several ranks the state observations of the global batch, in rank order, the same on every
+    rank (so their statistics, which sync to the rollout with the weights, stay identical).
+    The policies' statistics read ``("obs", "state")`` alone."""
+    if not dp.active:
+        return batch
+    has_state = keys.STATE in batch.keys(True)
+    if not all(dp.gather_objects(has_state)):
+        return batch.select()
+    state = dp.gather_rows(batch[keys.STATE])  # (B_global, D)
+    return TensorDict({keys.STATE: state}, batch_size=[state.shape[0]])
+
+
+def mean_over_ranks(metrics: dict, dp: DataParallel) -> dict:
+    """The metrics of ``prepare`` (means over each rank's envs; the ranks have equally many)
+    averaged over the ranks: the global batch's."""
+    if not dp.active or not metrics:
+        return metrics
+    names = sorted(metrics)
+    sums = dp.sum(torch.tensor([float(metrics[k]) for k in names], dtype=torch.float64))
+    return {k: float(v) / dp.world_size for k, v in zip(names, sums)}
+
+
+def reward_spread(traj: TensorDict, dp: Optional[DataParallel] = None) -> float:
     """Largest minus smallest reward over the valid steps of ``traj`` (0: every step got the
-    same reward, so there is nothing to learn from this batch).
+    same reward, so there is nothing to learn from this batch), over every rank of ``dp``.
 
     >>> t = TensorDict({"next": {"reward": torch.tensor([[0., 2.], [1., 5.]])},
     ...                 "valid": torch.tensor([[True, True], [True, False]])}, [2, 2])
@@ -136,7 +206,12 @@ def reward_spread(traj: TensorDict) -> float:
     r = traj[keys.REWARD].float()
     if keys.VALID in traj.keys():
         r = r[traj[keys.VALID]]
-    return float(r.max() - r.min()) if r.numel() else 0.0
+    if dp is None or not dp.active:
+        return float(r.max() - r.min()) if r.numel() else 0.0
+    inf = float("inf")
+    hi, neg_lo = (float(r.max()), -float(r.min())) if r.numel() else (-inf, -inf)
+    hi, neg_lo = dp.max(torch.tensor([hi, neg_lo], dtype=torch.float64)).tolist()
+    return hi + neg_lo if hi > -inf else 0.0
 
 
 def check_staleness(parts: list[TensorDict], iteration: int, max_staleness: int) -> int:

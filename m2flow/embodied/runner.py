@@ -26,7 +26,7 @@ from m2flow.embodied.config import TrainConfig
 from m2flow.embodied.env_eval import EvalRound
 from m2flow.embodied.env_worker import EnvWorker
 from m2flow.embodied.episodes import EpisodeStats
-from m2flow.embodied.learner_worker import LearnerWorker
+from m2flow.embodied.learner_worker import LearnerWorker, learner_rank
 from m2flow.embodied.rollout_worker import RolloutWorker
 from m2flow.pipelines import Channel
 from m2flow.pipelines.worker import Futures, Stopped, gather
@@ -153,8 +153,9 @@ class EmbodiedRunner:
             )
             self.switcher = self.session.take_turns(
                 {"rollout": self.rollout, "learner": self.learner}, plan)
-            self.traj_ch = Channel("trajectory", self.learner, item_type=TensorDict,
-                                   routes={e: 0 for e in self.env_ranks})
+            self.traj_ch = Channel("trajectory", self.learner, item_type=TensorDict, routes={
+                e: learner_rank(e, len(self.env_ranks), self.learner.world_size)
+                for e in self.env_ranks})
             if cfg.resume:
                 self.load(cfg.resume)
             self.sync_weights(self.iteration, full=True)

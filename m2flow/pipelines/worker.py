@@ -32,14 +32,16 @@ from typing import Any, Callable, Optional, Sequence
 
 from m2flow.pipelines import channel as _channel
 from m2flow.pipelines.cluster import VISIBLE_DEVICES, Cluster, gpu_names, visible_gpus
+from m2flow.pipelines import distributed
 from m2flow.pipelines.context_switch import DeviceContext
-from m2flow.pipelines.errors import WorkerError
+from m2flow.pipelines.errors import PlacementError, WorkerError
 from m2flow.pipelines.placement import RankResources
 from m2flow.pipelines.timer import Timer
 
 MAX_CONCURRENT_CALLS = 16  # a worker serves channel puts while its own loop runs
 WAIT_SLICE_S = 0.2  # the driver looks for a stop request at least this often while it waits
 SHUTDOWN_WAIT_S = 5.0  # in-process calls of a worker with close() get this long to end
+LEAVE_GROUP_WAIT_S = 5.0  # ranks of a process group get this long to leave it before they end
 
 
 class Stopped(Exception):
@@ -77,10 +79,23 @@ class WorkerInfo:
     resources: RankResources
     backend: str
     """'ray' (own process) or 'local' (threads in the driver's process)."""
+    process_group: Optional[distributed.ProcessGroupSpec] = None
+    """The torch.distributed group that the ranks of a class with ``forms_process_group``
+    join (None: no group, e.g. one rank)."""
 
 
 class Worker:
-    """Base class of every worker: knows its group, rank and resources; records timings."""
+    """Base class of every worker: knows its group, rank and resources; records timings.
+
+    A class whose ranks train one model together sets ``forms_process_group = True``: with more
+    than one rank they then form one torch.distributed process group before the subclass's
+    constructor runs, and ``self.data_parallel`` is this rank's view of it
+    (:class:`~m2flow.pipelines.distributed.DataParallel`; without a group, one that returns
+    its inputs).
+    """
+
+    forms_process_group: bool = False
+    """Whether the ranks of this class form a process group (see the class docstring)."""
 
     def __init__(self, info: WorkerInfo):
         self.info = info
@@ -96,6 +111,9 @@ class Worker:
             if info.resources.cpu_ids:
                 pin_process(info.resources.cpu_ids)
             torch.set_num_threads(info.resources.threads)
+        self.data_parallel = distributed.SINGLE
+        if info.process_group is not None:
+            self.data_parallel = distributed.join(info.process_group, info.rank, self.device)
 
     @property
     def device(self) -> str:
@@ -142,6 +160,11 @@ class Worker:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def _m2flow_leave_process_group(self) -> None:
+        """Destroys this rank's process group, if it has one (the group is shutting down)."""
+        if self.info.process_group is not None:
+            distributed.leave()
 
     def _m2flow_started(self) -> int:
         """Called once the worker is built. Moves every object alive now (the libraries,
@@ -251,6 +274,7 @@ class WorkerGroup:
         self.worker_cls = worker_cls
         self.backend = cluster.backend
         self.world_size = len(ranks)
+        self.process_group: Optional[distributed.ProcessGroupSpec] = None
         self._executor: Optional[cf.ThreadPoolExecutor] = None
         self._running: set[cf.Future] = set()  # in-process calls not finished yet
         self.handles: list = []
@@ -261,6 +285,7 @@ class WorkerGroup:
             raise
 
     def _start(self, cluster: Cluster, ranks: Sequence[RankResources], args, kwargs) -> None:
+        self.process_group = self._process_group(cluster, ranks)
         if self.backend == "ray":
             for r, res in enumerate(ranks):
                 _check_stop([f"{self.name} start-up"])
@@ -278,7 +303,27 @@ class WorkerGroup:
                     _construct_local(self.worker_cls, self._info(r, res), args, kwargs))
 
     def _info(self, rank: int, res: RankResources) -> WorkerInfo:
-        return WorkerInfo(self.name, rank, self.world_size, res, self.backend)
+        return WorkerInfo(self.name, rank, self.world_size, res, self.backend,
+                          self.process_group)
+
+    def _process_group(self, cluster: Cluster, ranks: Sequence[RankResources]
+                       ) -> Optional[distributed.ProcessGroupSpec]:
+        """The process group of a ``forms_process_group`` class with more than one rank:
+        world size from the placement, master at rank 0's node on a port free there, NCCL
+        for ranks on GPUs and gloo for ranks on CPUs."""
+        if not (getattr(self.worker_cls, "forms_process_group", False) and len(ranks) > 1):
+            return None
+        where = f"cluster.placement.components.{self.name}"
+        if self.backend != "ray":
+            raise PlacementError(
+                f"{where}.workers={len(ranks)}: data-parallel ranks each need their own process "
+                "(torch.distributed), but cluster.backend=local runs every worker in this one; "
+                "use cluster.backend=ray or workers=1.")
+        node = cluster.nodes[ranks[0].node]
+        return distributed.ProcessGroupSpec(
+            master_addr=node.address, master_port=distributed.free_port_on(node.node_id),
+            world_size=len(ranks),
+            backend=distributed.backend_for([r.gpu_ids for r in ranks], where))
 
     def call(self, method: Callable, /, *args: Any, ranks: Optional[Sequence[int]] = None,
              **kwargs: Any) -> "Futures":
@@ -320,6 +365,7 @@ class WorkerGroup:
         if self.backend == "ray":
             import ray
 
+            self._leave_process_group()
             for h in self.handles:
                 try:
                     ray.kill(h, no_restart=True)
@@ -337,6 +383,19 @@ class WorkerGroup:
                     close()
             self._executor.shutdown(wait=False, cancel_futures=True)
         self.handles = []
+
+
+    def _leave_process_group(self) -> None:
+        """Has every rank destroy its process group before its process ends; a rank busy or
+        stuck in a collective (a failed peer) is not waited for long: killing its process
+        ends its membership too."""
+        if self.process_group is None or not self.handles:
+            return
+        try:
+            self.call(Worker._m2flow_leave_process_group).wait(
+                timeout=LEAVE_GROUP_WAIT_S, stoppable=False)
+        except Exception:  # a dead or stuck rank: its process is killed next
+            pass
 
 
 class Futures:

@@ -13,7 +13,22 @@ Micro-batches. A minibatch too big for one forward/backward is cut into micro-ba
 one's loss is weighted by its share of the minibatch and the gradients accumulate, so with
 losses that are per-sample means the step equals the unsplit one (up to float rounding).
 
-Imports ``pipelines``-level things only (torch, tensordict, ``runs.seeding``): no workload.
+Data parallel. Given a :class:`~m2flow.pipelines.distributed.DataParallel` of N ranks, each
+holding its part of the global batch (rank 0's rows first, then rank 1's, ...), the update is
+the one-rank update of the global batch up to float rounding: every rank draws the same seeded
+permutation of the *global* rows, so each minibatch is the one a single rank would take; each
+rank computes its share of it (the rows it holds, possibly none), each micro-batch's loss
+weighted by its share of the *global* minibatch; the gradients are summed over the ranks
+(``DataParallel.sum_grads``: an all-reduce in flat buckets) before the clip and the step; the
+minibatch terms are summed likewise, so ``stop_early`` sees the global values on every rank.
+Statistics over a whole minibatch (advantage normalisation) are the ``minibatch`` callback's,
+which must take them over the ranks too. The ranks start from rank 0's weights (broadcast when
+the Trainer is built) and, taking identical steps, stay identical. An explicit all-reduce rather
+than DDP's reducer: losses here run through a policy's ``evaluate_actions``, not ``forward``
+(which DDP hooks), and a rank whose share of a minibatch is empty still has to take part.
+
+Imports ``pipelines``-level things only (torch, tensordict, ``runs.seeding``,
+``pipelines.distributed``): no workload.
 
 >>> model = torch.nn.Linear(3, 1)
 >>> trainer = Trainer(model, lambda p: torch.optim.SGD(p, lr=0.1), precision="fp32")
@@ -33,6 +48,7 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
+from m2flow.pipelines.distributed import SINGLE, DataParallel
 from m2flow.runs import seeding
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -92,11 +108,14 @@ class Trainer:
             forward and backward; ``auto`` resolves from the model's parameter dtype before
             they are converted. ``fp16`` adds a gradient scaler.
         max_grad_norm: clip the global gradient norm to this before each step (None: no clip).
+        data_parallel: the ranks training this model together (default: this one alone); see
+            the module docstring. The model's weights become rank 0's.
     """
 
     def __init__(
         self, model: nn.Module, make_optimizer: Callable[[list], torch.optim.Optimizer], *,
         precision: str = "auto", max_grad_norm: Optional[float] = None,
+        data_parallel: DataParallel = SINGLE,
     ):
         self.model = model
         self.precision = resolve_precision(precision, model)
@@ -108,6 +127,12 @@ class Trainer:
         self.scaler = None
         if self.precision == "fp16":  # fp16's small range: scale the loss, unscale the grads
             self.scaler = torch.amp.GradScaler(self._device_type())
+        self.dp = data_parallel
+        if self.dp.active:
+            if self.scaler is not None:  # each rank's scaler would skip steps on its own
+                raise ValueError("precision fp16 (a gradient scaler) with several data-parallel "
+                                 "ranks is not supported; use bf16 or fp32.")
+            self.dp.broadcast_module(model)
 
     # -- the lower-level API: accumulate, then step ---------------------------------------
     def _device_type(self) -> str:
@@ -157,23 +182,32 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------------------------
     def train_minibatch(self, mb: TensorDict, loss_fn: LossFn, *,
-                        micro_batch_size: Optional[int] = None) -> dict[str, float]:
+                        micro_batch_size: Optional[int] = None,
+                        total: Optional[int] = None) -> dict[str, float]:
         """One optimiser step on ``mb``: forward/backward micro-batch by micro-batch (None:
         the whole minibatch at once), each weighted by its share; then clip and step.
-        Returns the minibatch's terms (micro-batches weighted alike) and ``grad_norm``."""
-        n = mb.shape[0]
-        k = n if micro_batch_size is None else max(1, micro_batch_size)
+        Returns the minibatch's terms (micro-batches weighted alike) and ``grad_norm``.
+
+        ``total``: the rows of the global minibatch when ``mb`` is this rank's share of it
+        (data parallel; default ``mb``'s own rows): shares are of ``total``, and gradients and
+        terms are summed over the ranks before the step."""
+        n_local = mb.shape[0]
+        n = n_local if total is None else total
+        k = max(1, n_local if micro_batch_size is None else micro_batch_size)
         terms: dict[str, float] = {}
         self.zero_grad()
-        for start in range(0, n, k):
-            micro = mb if k >= n else mb[start : start + k]
-            weight = 1.0 if k >= n else micro.shape[0] / n
+        for start in range(0, n_local, k):
+            micro = mb if k >= n_local else mb[start : start + k]
+            weight = 1.0 if micro.shape[0] == n else micro.shape[0] / n
             with self.autocast():
                 out = loss_fn(micro)
                 loss = total_loss(out)
             self.backward(loss, weight)
             for key, v in out.items():
                 terms[key] = terms.get(key, 0.0) + weight * float(v.detach())
+        if self.dp.active:
+            terms = sum_terms(self.dp.gather_objects(terms))
+            self.dp.sum_grads(self.params)
         terms["grad_norm"] = self.step()
         return terms
 
@@ -185,7 +219,8 @@ class Trainer:
     ) -> dict[str, float]:
         """``epochs`` passes over ``batch`` (B,) in ``num_minibatches`` minibatches of a
         seeded permutation (seed ``seeding.derive(seed, LEARN, iteration, 0)``), one
-        optimiser step each.
+        optimiser step each. Data parallel: ``batch`` is this rank's part of the global batch,
+        and the permutation and minibatches are the global batch's (see the module docstring).
 
         Args:
             minibatch: applied to each whole minibatch before it is cut into micro-batches
@@ -196,18 +231,23 @@ class Trainer:
         Returns the terms averaged over the minibatches run, plus ``early_stop`` (0/1).
         """
         gen = torch.Generator().manual_seed(seeding.derive(seed, seeding.LEARN, iteration, 0)[0])
-        size = batch.shape[0]
+        sizes = self.dp.sizes(batch.shape[0])  # every rank's rows, in rank order
+        size, first = sum(sizes), sum(sizes[: self.dp.rank])  # global rows; this rank's first
         mb_size = max(1, size // num_minibatches)
         sums: dict[str, float] = {}
         count, stopped = 0, False
         for _ in range(epochs):
-            perm = torch.randperm(size, generator=gen)
+            perm = torch.randperm(size, generator=gen)  # over the global batch
             for start in range(0, size, mb_size):
                 idx = perm[start : start + mb_size]
+                total = idx.numel()
+                if self.dp.active:  # the rows of this minibatch that this rank holds
+                    idx = idx[(idx >= first) & (idx < first + batch.shape[0])] - first
                 mb = batch[idx.to(batch.device) if batch.device is not None else idx]
                 if minibatch is not None:
                     mb = minibatch(mb)
-                terms = self.train_minibatch(mb, loss_fn, micro_batch_size=micro_batch_size)
+                terms = self.train_minibatch(mb, loss_fn, micro_batch_size=micro_batch_size,
+                                             total=total)
                 for key, v in terms.items():
                     sums[key] = sums.get(key, 0.0) + v
                 count += 1
@@ -218,3 +258,17 @@ class Trainer:
         out["early_stop"] = float(stopped)
         return out
 
+
+
+def sum_terms(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """Each rank's minibatch terms (already weighted by its share) summed, in rank order (so
+    every rank gets the same floats); a rank with no rows in the minibatch has none.
+
+    >>> sum_terms([{"loss_pi": 0.25, "kl": 0.5}, {}, {"loss_pi": 0.5, "kl": 0.25}])
+    {'loss_pi': 0.75, 'kl': 0.75}
+    """
+    out: dict[str, float] = {}
+    for terms in per_rank:
+        for key, v in terms.items():
+            out[key] = out.get(key, 0.0) + v
+    return out

@@ -24,6 +24,7 @@ from omegaconf import MISSING
 from tensordict import TensorDict
 
 from m2flow import keys
+from m2flow.pipelines.distributed import SINGLE, DataParallel
 
 PRECISIONS = ("auto", "fp32", "bf16")
 
@@ -83,6 +84,12 @@ class Algorithm(ABC):
     """Its config dataclass: the Hydra schema of ``algorithm=<name>``."""
     needs_critic: ClassVar[bool] = False
     """Whether ``loss`` trains the policy's ``value`` (PPO) or ignores it (GRPO, BC)."""
+    data_parallel: DataParallel = SINGLE
+    """The learner ranks training together (set by the learner worker). With several, each
+    ``prepare``s its own trajectories, and ``minibatch`` gets this rank's share of the global
+    minibatch: statistics over the whole minibatch or batch (``minibatch``,
+    ``batch_metrics``) are taken over every rank with its collectives, called on every rank
+    alike (a share may be empty)."""
 
     def __init__(self, cfg, *, action_dim: int, seed: int):
         cfg.validate()

@@ -18,6 +18,7 @@ from m2flow.embodied.algorithms.base import (
     flatten_valid,
 )
 from m2flow.embodied.algorithms.losses import clipped_surrogate, ratio_stats
+from m2flow.pipelines.distributed import DataParallel
 
 
 @dataclass
@@ -89,8 +90,13 @@ class PPO(Algorithm):
         traj[keys.ADVANTAGE], traj[keys.RETURN] = adv, ret
 
     def minibatch(self, mb: TensorDict) -> TensorDict:
-        """Normalises the advantages over the whole minibatch (before micro-batches)."""
-        if self.cfg.norm_adv and mb.shape[0] > 1:
+        """Normalises the advantages over the whole minibatch (before micro-batches; with
+        several learner ranks, over every rank's share of it)."""
+        dp = self.data_parallel
+        if self.cfg.norm_adv and dp.active:
+            mb = mb.clone(recurse=False)
+            mb[keys.ADVANTAGE] = normalize_shared(mb[keys.ADVANTAGE], dp)
+        elif self.cfg.norm_adv and mb.shape[0] > 1:
             mb = mb.clone(recurse=False)
             mb[keys.ADVANTAGE] = normalize(mb[keys.ADVANTAGE])
         return mb
@@ -104,8 +110,11 @@ class PPO(Algorithm):
         return self.cfg.target_kl is not None and terms["approx_kl"] > self.cfg.target_kl
 
     def batch_metrics(self, batch: TensorDict) -> dict:
-        return {"loss/explained_variance": explained_variance(batch[keys.VALUE],
-                                                              batch[keys.RETURN])}
+        pred, target = batch[keys.VALUE], batch[keys.RETURN]
+        dp = self.data_parallel
+        ev = (explained_variance_shared(pred, target, dp) if dp.active
+              else explained_variance(pred, target))
+        return {"loss/explained_variance": ev}
 
 
 def normalize(adv: torch.Tensor) -> torch.Tensor:
@@ -115,6 +124,34 @@ def normalize(adv: torch.Tensor) -> torch.Tensor:
     tensor([-0.7071,  0.7071])
     """
     return (adv - adv.mean()) / (adv.std() + 1e-8)
+
+
+def normalize_shared(adv: torch.Tensor, dp: DataParallel) -> torch.Tensor:
+    """:func:`normalize` over the concatenation of every rank's ``adv`` (this rank's rows of
+    it returned): the global mean first, then the sum of squared deviations from it, as
+    ``Tensor.std`` takes them; unchanged when the ranks hold fewer than 2 values in all."""
+    stats = dp.sum(torch.stack([adv.new_tensor(float(adv.numel())), adv.sum()]))
+    n = float(stats[0])
+    if n <= 1:
+        return adv
+    mean = stats[1] / n
+    var = dp.sum(((adv - mean) ** 2).sum()) / (n - 1)
+    return (adv - mean) / (var.sqrt() + 1e-8)
+
+
+def explained_variance_shared(pred: torch.Tensor, target: torch.Tensor,
+                              dp: DataParallel) -> float:
+    """:func:`explained_variance` over every rank's rows, from summed moments."""
+    pred, target = pred.double(), target.double()
+    err = target - pred
+    m = dp.sum(torch.stack([target.new_tensor(float(target.numel())), target.sum(),
+                            (target ** 2).sum(), err.sum(), (err ** 2).sum()]))
+    n = float(m[0])
+    if n < 2:
+        return float("nan")
+    var_t = float(m[2] - m[1] ** 2 / n) / (n - 1)
+    var_e = float(m[4] - m[3] ** 2 / n) / (n - 1)
+    return float("nan") if var_t == 0 else 1 - var_e / var_t
 
 
 def ppo_loss(policy, mb: TensorDict, *, clip_coef: float, vf_coef: float, ent_coef: float,
