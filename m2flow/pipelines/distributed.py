@@ -4,7 +4,8 @@ A worker class whose ranks train one model together sets ``forms_process_group =
 :class:`~m2flow.pipelines.worker.WorkerGroup` then forms one process group of its ranks before
 they are built, from what the placement already says: the world size is the number of ranks,
 the master is rank 0's node at a port free there (:func:`free_port`, asked on that node), the
-backend is NCCL when the ranks have GPUs and gloo when they compute on CPUs. The user writes
+backend is NCCL when each rank has GPUs of its own and gloo when they compute on CPUs (or share
+a GPU, which NCCL refuses). The user writes
 ``cluster.placement.components.learner.workers=N`` and nothing else. Each rank joins in
 :meth:`Worker.__init__ <m2flow.pipelines.worker.Worker>` (``info.process_group``), so the
 worker's own constructor can already use the group, and leaves it when the group shuts down.
@@ -29,6 +30,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from m2flow.pipelines.errors import PlacementError
+from m2flow.pipelines.placement import RankResources
 
 DEFAULT_TIMEOUT_S = 1800.0  # a collective waits this long for a late rank (torch's gloo default)
 GRAD_BUCKET_ELEMENTS = 2**24  # gradients are reduced in flat buckets of at most this many values
@@ -54,21 +56,25 @@ class ProcessGroupSpec:
         return f"tcp://{self.master_addr}:{self.master_port}"
 
 
-def backend_for(gpu_ids: Sequence[Sequence[int]], where: str = "the group") -> str:
-    """'nccl' when every rank has a GPU, 'gloo' when none has; a mix is an error.
+def backend_for(ranks: Sequence[RankResources], where: str = "the group") -> str:
+    """'nccl' when every rank has GPUs of its own, 'gloo' when none has a GPU, or when ranks
+    share one (NCCL runs one rank per GPU; gloo reduces their tensors through host memory). A
+    mix of GPU and CPU ranks is an error.
 
-    >>> backend_for([(), ()]), backend_for([(0,), (1,)])
-    ('gloo', 'nccl')
+    >>> cpu, gpu = RankResources(0, 1.0, ()), lambda i: RankResources(0, 1.0, (i,))
+    >>> backend_for([cpu, cpu]), backend_for([gpu(0), gpu(1)]), backend_for([gpu(0), gpu(0)])
+    ('gloo', 'nccl', 'gloo')
     """
-    on_gpu = [bool(ids) for ids in gpu_ids]
-    if all(on_gpu):
-        return "nccl"
+    on_gpu = [bool(r.gpu_ids) for r in ranks]
     if not any(on_gpu):
         return "gloo"
-    raise PlacementError(
-        f"{where}: some ranks have GPUs and some do not, but data-parallel ranks train one "
-        "model on one kind of device; give every rank a GPU (gpus: one or more per worker) or "
-        "none.")
+    if not all(on_gpu):
+        raise PlacementError(
+            f"{where}: some ranks have GPUs and some do not, but data-parallel ranks train one "
+            "model on one kind of device; give every rank a GPU (gpus: one or more per worker) "
+            "or none.")
+    used = [(r.node, g) for r in ranks for g in r.gpu_ids]
+    return "nccl" if len(set(used)) == len(used) else "gloo"
 
 
 def free_port() -> int:

@@ -41,7 +41,7 @@ from m2flow.pipelines.timer import Timer
 MAX_CONCURRENT_CALLS = 16  # a worker serves channel puts while its own loop runs
 WAIT_SLICE_S = 0.2  # the driver looks for a stop request at least this often while it waits
 SHUTDOWN_WAIT_S = 5.0  # in-process calls of a worker with close() get this long to end
-LEAVE_GROUP_WAIT_S = 5.0  # ranks of a process group get this long to leave it before they end
+LEAVE_GROUP_WAIT_S = 2.0  # ranks of a process group get this long to leave it before they end
 
 
 class Stopped(Exception):
@@ -310,7 +310,7 @@ class WorkerGroup:
                        ) -> Optional[distributed.ProcessGroupSpec]:
         """The process group of a ``forms_process_group`` class with more than one rank:
         world size from the placement, master at rank 0's node on a port free there, NCCL
-        for ranks on GPUs and gloo for ranks on CPUs."""
+        for ranks on GPUs of their own and gloo otherwise (``distributed.backend_for``)."""
         if not (getattr(self.worker_cls, "forms_process_group", False) and len(ranks) > 1):
             return None
         where = f"cluster.placement.components.{self.name}"
@@ -323,7 +323,7 @@ class WorkerGroup:
         return distributed.ProcessGroupSpec(
             master_addr=node.address, master_port=distributed.free_port_on(node.node_id),
             world_size=len(ranks),
-            backend=distributed.backend_for([r.gpu_ids for r in ranks], where))
+            backend=distributed.backend_for(ranks, where))
 
     def call(self, method: Callable, /, *args: Any, ranks: Optional[Sequence[int]] = None,
              **kwargs: Any) -> "Futures":

@@ -182,12 +182,13 @@ def test_learner_ranks_split_env_workers_and_update_as_one_learner(tmp_path, alg
             assert got["metrics"][k] == pytest.approx(v, rel=1e-4, abs=1e-6, nan_ok=True), k
 
 
-def test_learner_ranks_on_cpu_use_gloo_and_on_gpus_nccl():
-    assert distributed.backend_for([(), ()]) == "gloo"
-    assert distributed.backend_for([(0,), (1,)]) == "nccl"
+def test_learner_ranks_on_cpu_use_gloo_on_own_gpus_nccl_and_on_a_shared_gpu_gloo():
+    cpu, gpu = RankResources(0, 1.0, ()), lambda i: RankResources(0, 1.0, (i,))
+    assert distributed.backend_for([cpu, cpu]) == "gloo"
+    assert distributed.backend_for([gpu(0), gpu(1)]) == "nccl"
+    assert distributed.backend_for([gpu(0), gpu(0)]) == "gloo"  # NCCL: one rank per GPU
     with pytest.raises(ValueError, match="some ranks have GPUs"):
-        distributed.backend_for([(0,), ()])
-
+        distributed.backend_for([gpu(0), cpu])
 
 
 def test_pushcube_ppo_trains_with_two_learner_ranks_under_ray(tmp_path, ray_cluster):
