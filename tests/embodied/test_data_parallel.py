@@ -31,7 +31,6 @@ SPEC = EnvSpec({"state": (4,)}, 2, (-1.0, -1.0), (1.0, 1.0), 8)
 POLICY = PolicyConfig(name="mlp", hidden_sizes=[16])
 SEED, ITERATION = 3, 2
 EPOCHS, MINIBATCHES, LR, MAX_GRAD_NORM = 3, 4, 1e-2, 0.5
-SPLIT = 29  # rank 0 holds rows [0, 29) of the 64-row global batch, rank 1 the rest: uneven
 
 
 def flat_batch(rows: int = 64) -> TensorDict:
@@ -78,7 +77,7 @@ def reference_update(batch: TensorDict, cfg: PPOConfig) -> tuple[dict, int]:
     return pi.state_dict(), EPOCHS
 
 
-def _trainer_rank(rank: int, spec, out_dir: str, target_kl) -> None:
+def _trainer_rank(rank: int, spec, out_dir: str, target_kl, micro, split) -> None:
     """A rank of the Trainer test: its rows of the global batch, PPO's minibatch hook."""
     dp = distributed.join(spec, rank, "cpu")
     try:
@@ -91,8 +90,9 @@ def _trainer_rank(rank: int, spec, out_dir: str, target_kl) -> None:
         trainer = Trainer(pi, lambda p: torch.optim.Adam(p, lr=LR, eps=1e-5), precision="fp32",
                           max_grad_norm=MAX_GRAD_NORM, data_parallel=dp)
         batch = flat_batch()
-        mine = batch[:SPLIT] if rank == 0 else batch[SPLIT:]
+        mine = batch[:split] if rank == 0 else batch[split:]
         terms = trainer.run_epochs(mine, lambda mb: algo.loss(pi, mb), epochs=EPOCHS,
+                                   micro_batch_size=micro,
                                    num_minibatches=MINIBATCHES, seed=SEED, iteration=ITERATION,
                                    minibatch=algo.minibatch, stop_early=algo.stop_early)
         torch.save({"weights": pi.state_dict(), "terms": terms}, f"{out_dir}/rank{rank}.pt")
@@ -114,9 +114,14 @@ def assert_weights_close(got: dict, want: dict) -> float:
     return max(float((got[k].float() - want[k].float()).abs().max()) for k in want)
 
 
-@pytest.mark.parametrize("target_kl", [None, 1e-3], ids=["all_epochs", "kl_stop"])
-def test_two_ranks_update_equals_one_process_on_the_global_batch(tmp_path, target_kl):
-    spawn(_trainer_rank, str(tmp_path), target_kl)
+@pytest.mark.parametrize("target_kl, micro, split", [
+    (None, None, 29),  # rank 0 holds rows [0, 29) of the 64-row global batch, rank 1 the rest
+    (1e-3, 5, 29),  # micro-batches of 5 rows; the KL stop after the first epoch
+    (None, None, 62),  # rank 1 holds 2 rows: its share of most minibatches is empty
+], ids=["all_epochs", "kl_stop_micro_batches", "empty_shares"])
+def test_two_ranks_update_equals_one_process_on_the_global_batch(tmp_path, target_kl, micro,
+                                                                 split):
+    spawn(_trainer_rank, str(tmp_path), target_kl, micro, split)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     want, epochs = reference_update(flat_batch(), ppo_config(target_kl))
     assert (epochs < EPOCHS) == (target_kl is not None)  # the KL stop is really exercised
