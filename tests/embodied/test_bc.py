@@ -99,3 +99,94 @@ def test_a_malformed_dataset_is_one_clear_error(tmp_path):
     (tmp_path / "text.pt").write_text("not a tensor file")
     with pytest.raises(AlgorithmError, match=r"text.pt': cannot be read by torch.load"):
         learner(dataset=str(tmp_path / "text.pt"))
+
+
+# -- on m2flow-demos datasets -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def demos_h5(tmp_path_factory):
+    """One PushCube demonstration (16 px rgb + state) written by m2flow-demos."""
+    from m2flow.embodied import demos
+
+    out = tmp_path_factory.mktemp("demos") / "push16"
+    cfg = demos.load_demos_config(overrides=[
+        "env=maniskill_pushcube_rgb", "env.image_size=16", "demos.seed=2", "demos.episodes=1",
+        f"demos.output={out}"])
+    kept, _, spec = demos.generate(cfg, log=lambda line: None)
+    h5_path, _ = demos.save(demos.output_stem(cfg), kept, cfg.env, spec)
+    return str(h5_path), spec, kept
+
+
+def demo_learner(path, spec, policy_cfg, **bc):
+    info = WorkerInfo("learner", 0, 1, RankResources(0, 1.0, ()), "local")
+    return LearnerWorker(info, policy_cfg, BCConfig(dataset=path, **bc), spec, seed=0,
+                         num_iterations=300)
+
+
+class _DemoTrajectories:
+    def __init__(self, obs):
+        self.obs = obs
+
+    def get(self, key=0, timeout=None):
+        return TensorDict({"obs": self.obs[:2].unsqueeze(1)}, batch_size=[2, 1])
+
+
+def test_h5_dataset_is_the_episodes_steps_with_their_actions(demos_h5):
+    from m2flow.embodied.algorithms.bc import load_dataset
+
+    path, spec, kept = demos_h5
+    data = load_dataset(path, 4)  # (M,)
+    t = len(kept[0].actions)
+    assert data.shape == (t,) and torch.equal(data["action"], torch.from_numpy(kept[0].actions))
+    assert torch.equal(data["obs", "rgb"], torch.from_numpy(kept[0].obs["rgb"][:t]))  # not T+1
+    chunks = load_dataset(path, 4, chunk=3)["action"]  # (M, 3, A)
+    assert torch.equal(chunks[0], data["action"][:3]) and torch.equal(chunks[-1, 2], chunks[-1, 0])
+    with pytest.raises(AlgorithmError, match=r"algorithm.num_demos=2: .* holds 1 episodes"):
+        load_dataset(path, 4, num_demos=2)
+    with pytest.raises(AlgorithmError, match=r"no such file; write one with m2flow-demos"):
+        load_dataset(path + ".missing.h5", 4)
+
+
+def test_bc_mlp_reproduces_the_demonstrated_actions(demos_h5):
+    path, spec, _ = demos_h5
+    state_spec = EnvSpec({"state": spec.obs_shapes["state"]}, 4, spec.action_low,
+                         spec.action_high, spec.max_episode_steps)
+    worker = demo_learner(path, state_spec, PolicyConfig(name="mlp", hidden_sizes=[64, 64]),
+                          loss="mse", batch_size=64, learning_rate=3e-3)
+    data = worker.algorithm.episodes[0]  # the training set (T,)
+    traj = _DemoTrajectories(data["obs"])
+
+    def error():
+        with torch.no_grad():
+            act = worker.policy.act(TensorDict({"obs": data["obs"]}, data.shape),
+                                    deterministic=True)["action"]
+        return float(((act - data["action"]) ** 2).sum(-1).mean())
+
+    before = error()
+    losses = [worker.update(traj, env_ranks=[0], iteration=i)["loss/loss_bc"] for i in range(300)]
+    after = error()
+    assert losses[-1] < losses[0] / 10 and after < before / 20 and after < 0.01, (before, after)
+
+
+def test_bc_openvla_oft_reproduces_the_demonstrated_tokens(demos_h5):
+    """The tiny OFT policy with chunks of 2: its argmax bins match the expert's (the next 2
+    actions of the episode, tokenised) on most of the training set."""
+    path, spec, _ = demos_h5
+    kwargs = dict(image_size=16, chunk=2, hidden_size=64, intermediate_size=128, num_heads=2,
+                  value_head=False, jpeg=False, center_crop=False, resize="bilinear")
+    worker = demo_learner(path, spec, PolicyConfig(name="openvla_oft", kwargs=kwargs),
+                          batch_size=64, learning_rate=3e-3)
+    traj = _DemoTrajectories(worker.algorithm.episodes[0]["obs"])
+    losses = [worker.update(traj, env_ranks=[0], iteration=i)["loss/loss_bc"] for i in range(200)]
+    data = worker.algorithm.data  # (M,): the targets of the chunk-2 policy
+    assert data["action"].shape[1:] == (2, 4) and data["action_tokens"].shape[1:] == (8,)
+    with torch.no_grad():
+        bins = worker.policy.act(TensorDict({"obs": data["obs"]}, data.shape),
+                                 deterministic=True)["action_tokens"]
+    # the expert's tokens are the tokenizer's: decoding them gives the actions back to a bin
+    decoded = worker.policy._to_actions(data["action_tokens"])
+    assert (decoded - data["action"]).abs().max() <= 1 / 255 + 1e-6
+    same = (bins == data["action_tokens"]).float().mean()
+    off = (bins - data["action_tokens"]).abs().float().mean()
+    assert losses[-1] < losses[0] / 3 and same > 0.5 and off < 4, (losses[0], losses[-1], same, off)

@@ -4,13 +4,25 @@ The env collection still runs every iteration (its success is logged, so the log
 cloned policy's progress), but ``prepare`` ignores the trajectory and returns a seeded sample
 of the dataset instead.
 
-The dataset is a ``.pt`` file written by ``torch.save(td, path)`` of a TensorDict with batch
-dims (N, T) or (B,), holding what the policy reads and the expert's actions:
+Datasets (``algorithm.dataset``):
 
-- ``obs``: the observations, as the env gives them (e.g. ``("obs", "state")`` (..., D));
-- ``action``: the expert's action (..., A) (token policies, e.g. VLAs, read
-  ``action_tokens`` in ``evaluate_actions`` too);
-- ``valid`` (optional, bool): steps to keep.
+- an ``.h5`` file written by ``m2flow-demos`` (ManiSkill's trajectory format: groups
+  ``traj_<i>`` with ``obs/<key>`` (T+1, ...) and ``actions`` (T, A)); the first
+  ``algorithm.num_demos`` episodes (all if None) in episode order, each step's observation with
+  the action taken from it;
+- a ``.pt`` file written by ``torch.save(td, path)`` of a TensorDict with batch dims (N, T) or
+  (B,): ``obs`` (as the env gives them, e.g. ``("obs", "state")`` (..., D)), ``action`` (the
+  expert's, (..., A), or (..., K, A) for a policy with action chunks of K), and optionally
+  ``valid`` (bool: steps to keep).
+
+Action chunks: a policy that decodes K actions per call (``policy.chunk``, e.g. the OpenVLA-OFT
+policy with ``chunk: 8``) is trained on (K, A) targets: the action of the step and of the K - 1
+steps after it in the same episode, the last action of the episode repeated past its end (as
+openvla-oft's RLDS ``chunk_act_obs`` pads, clamping future indices at the final step). Token
+policies (the VLAs: ``policy.actions`` is their ``ActionTokenizer``) read ``action_tokens`` in
+``evaluate_actions``: the expert's action bins, normalised by the policy's statistics first
+(``policy.stats``, none for the tiny presets, whose actions are the env's [-1, 1]), computed
+here once from the targets.
 
 Losses (``algorithm.loss``):
 
@@ -23,8 +35,10 @@ Losses (``algorithm.loss``):
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 from omegaconf import MISSING
@@ -35,6 +49,7 @@ from m2flow.embodied.algorithms.base import Algorithm, AlgorithmConfig, Algorith
 from m2flow.runs import seeding
 
 BC_LOSSES = ("nll", "mse")
+HDF5_SUFFIXES = (".h5", ".hdf5")
 
 
 @dataclass
@@ -44,7 +59,10 @@ class BCConfig(AlgorithmConfig):
     name: str = "bc"
     """Registered algorithm name."""
     dataset: str = MISSING
-    """Path of a .pt file: a TensorDict (N, T) or (B,) with obs, action (and optionally valid)."""
+    """Path of the demonstrations: an .h5 file written by m2flow-demos, or a .pt file (a
+    TensorDict (N, T) or (B,) with obs, action and optionally valid)."""
+    num_demos: Optional[int] = None
+    """With an .h5 dataset: train on its first N episodes (None: all)."""
     loss: str = "nll"
     """nll (-log-prob of the expert action; any policy) | mse (deterministic action's squared
     error; Gaussian policies)."""
@@ -63,6 +81,8 @@ class BCConfig(AlgorithmConfig):
         super().validate()
         _check(self, "loss", self.loss in BC_LOSSES, f"use one of {', '.join(BC_LOSSES)}.")
         _check(self, "batch_size", self.batch_size >= 1, "must be >= 1.")
+        _check(self, "num_demos", self.num_demos is None or self.num_demos >= 1,
+               "must be >= 1, or null for every episode of the dataset.")
 
 
 class BC(Algorithm):
@@ -73,12 +93,18 @@ class BC(Algorithm):
 
     def __init__(self, cfg: BCConfig, *, action_dim: int, seed: int):
         super().__init__(cfg, action_dim=action_dim, seed=seed)
-        self.data = load_dataset(cfg.dataset, action_dim)  # (M,)
+        if Path(cfg.dataset).suffix in HDF5_SUFFIXES:
+            self.episodes: Optional[list] = read_demos(cfg.dataset, action_dim, cfg.num_demos)
+            self.data: Optional[TensorDict] = None  # (M,): built for the policy's chunk
+        else:
+            self.episodes, self.data = None, load_dataset(cfg.dataset, action_dim)
 
     @torch.no_grad()
     def prepare(self, policy, traj: TensorDict, *, iteration: int,
                 staleness: int) -> tuple[TensorDict, dict]:
         """A sample of the dataset (seeded by the iteration); the trajectory is not used."""
+        if self.data is None or _needs_tokens(policy, self.data):
+            self.data = self._targets(policy)
         m, n = self.data.shape[0], self.cfg.batch_size
         gen = torch.Generator().manual_seed(
             seeding.derive(self.seed, seeding.LEARN, iteration, 0, n=2)[1])
@@ -87,6 +113,26 @@ class BC(Algorithm):
         else:  # a dataset smaller than a batch: with replacement
             idx = torch.randint(m, (n,), generator=gen)
         return self.data[idx].to(traj.device), {}
+
+    def _targets(self, policy) -> TensorDict:
+        """The flat dataset (M,) with the targets ``policy`` trains on: action chunks of its
+        ``chunk`` and, for a token policy, their action tokens."""
+        chunk = int(getattr(policy, "chunk", 1))
+        where = f"algorithm.dataset={self.cfg.dataset!r}"
+        if self.data is None:
+            data = flatten_demos(self.episodes, chunk)
+            self.episodes = None
+        else:
+            data = self.data
+            shape = data[keys.ACTION].shape
+            if chunk > 1 and (len(shape) != 3 or shape[1] != chunk):
+                raise AlgorithmError(
+                    f"{where}: actions of shape {list(shape[1:])} per step; the policy decodes "
+                    f"chunks of {chunk}, so a .pt dataset needs action (..., {chunk}, "
+                    f"{self.action_dim}), or use an .h5 dataset of whole episodes.")
+        if _needs_tokens(policy, data):
+            data[keys.ACTION_TOKENS] = action_bins(policy, data[keys.ACTION])
+        return data
 
     def loss(self, policy, mb: TensorDict) -> TensorDict:
         if self.cfg.loss == "mse":
@@ -103,14 +149,132 @@ class BC(Algorithm):
                            "entropy": out[keys.ENTROPY].mean().detach()}, batch_size=[])
 
 
-def load_dataset(path: str, action_dim: int) -> TensorDict:
-    """The dataset at ``path`` as a flat (M,) TensorDict of its valid steps, on the CPU; a
-    missing or malformed file is one AlgorithmError naming algorithm.dataset."""
+# -- action tokens ------------------------------------------------------------------------
+
+
+def _needs_tokens(policy, data: TensorDict) -> bool:
+    from m2flow.policies.action_tokenizer import ActionTokenizer
+
+    return (isinstance(getattr(policy, "actions", None), ActionTokenizer)
+            and keys.ACTION_TOKENS not in data.keys())
+
+
+def action_bins(policy, action: torch.Tensor) -> torch.Tensor:
+    """A token policy's action bins (M, K*A) int64 for expert actions (M, A) or (M, K, A):
+    normalised by ``policy.stats`` (if any), then OpenVLA's tokenizer; the bin index k is the
+    policy's logit index (token id ``policy.actions.first_id + k``), as its ``act`` samples.
+
+    >>> from types import SimpleNamespace
+    >>> from m2flow.policies.action_tokenizer import ActionTokenizer
+    >>> vla = SimpleNamespace(actions=ActionTokenizer(1000), stats=None, gripper=None)
+    >>> action_bins(vla, torch.tensor([[-1.0, 0.0, 1.0]])).tolist()
+    [[255, 128, 0]]
+    """
+    if getattr(policy, "gripper", None) is not None:
+        raise AlgorithmError(
+            "algorithm=bc: the policy converts its decoded gripper action (policy.kwargs."
+            "gripper), which cannot be inverted to tokens; use gripper: as_is.")
+    tok = policy.actions
+    a = action.reshape(action.shape[0], -1, action.shape[-1])  # (M, K, A)
+    if getattr(policy, "stats", None) is not None:
+        a = policy.stats.normalize(a)
+    return (tok.encode(a) - tok.first_id).reshape(a.shape[0], -1)  # (M, K*A)
+
+
+# -- datasets -------------------------------------------------------------------------------
+
+
+def read_demos(path: str, action_dim: int, num_demos: Optional[int] = None) -> list[TensorDict]:
+    """The first ``num_demos`` episodes (all if None) of an m2flow-demos .h5 file, in episode
+    order, each a TensorDict (T,) of ``obs`` (the observation each action was taken from) and
+    ``action`` (T, A), on the CPU; a missing or malformed file is one AlgorithmError."""
+    import h5py
+
+    where = f"algorithm.dataset={path!r}"
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise AlgorithmError(f"{where}: no such file; write one with m2flow-demos (e.g. "
+                             "m2flow-demos env=maniskill_pushcube_rgb demos.output=demos/x).")
+    try:
+        f = h5py.File(file, "r")
+    except OSError as e:
+        raise AlgorithmError(f"{where}: cannot be read as HDF5 ({e}); write it with "
+                             "m2flow-demos.") from None
+    with f:
+        names = sorted((k for k in f.keys() if k.startswith("traj_")),
+                       key=lambda k: int(k.split("_", 1)[1]))
+        names = _episode_order(file, names)
+        if not names:
+            raise AlgorithmError(f"{where} holds no traj_<i> episodes; write it with m2flow-demos.")
+        if num_demos is not None and num_demos > len(names):
+            raise AlgorithmError(f"algorithm.num_demos={num_demos}: {where} holds "
+                                 f"{len(names)} episodes; use at most that many.")
+        episodes = [_episode(f[name], where, name) for name in names[:num_demos]]
+    dims = episodes[0][keys.ACTION].shape[-1]
+    if dims != action_dim:
+        raise AlgorithmError(f"{where}: actions have {dims} dims, the env's have {action_dim}; "
+                             "record the dataset on this env and control mode.")
+    return episodes
+
+
+def _episode_order(file: Path, names: list) -> list:
+    """The episodes the JSON beside the file lists, in its order (ManiSkill's convention);
+    without that JSON, ``names`` (by index)."""
+    meta = file.with_suffix(".json")
+    if not meta.is_file():
+        return names
+    listed = [f"traj_{e['episode_id']}" for e in json.loads(meta.read_text()).get("episodes", [])]
+    return [n for n in listed if n in set(names)] or names
+
+
+def _episode(group, where: str, name: str) -> TensorDict:
+    if "obs" not in group or "actions" not in group:
+        raise AlgorithmError(f"{where}: {name} has {sorted(group.keys())}; an episode needs "
+                             "obs and actions (write the dataset with m2flow-demos).")
+    action = torch.as_tensor(group["actions"][:], dtype=torch.float32)  # (T, A)
+    t = action.shape[0]
+    obs = {k: torch.as_tensor(group["obs"][k][:t]) for k in group["obs"].keys()}  # (T, ...)
+    if any(v.shape[0] != t for v in obs.values()):
+        raise AlgorithmError(f"{where}: {name} has fewer observations than actions.")
+    return TensorDict({keys.OBS: TensorDict(obs, batch_size=[t]), keys.ACTION: action},
+                      batch_size=[t])
+
+
+def flatten_demos(episodes: list[TensorDict], chunk: int = 1) -> TensorDict:
+    """Episodes (T_e,) -> one flat TensorDict (M,), M = sum T_e: ``obs`` and ``action`` (M, A),
+    or with ``chunk`` K > 1 ``action`` (M, K, A): the actions of steps t .. t+K-1 of the same
+    episode, its last action repeated past its end.
+
+    >>> ep = TensorDict({"obs": TensorDict({"state": torch.zeros(3, 1)}, [3]),
+    ...                  "action": torch.tensor([[1.0], [2.0], [3.0]])}, [3])
+    >>> flatten_demos([ep], chunk=2)["action"].squeeze(-1).tolist()
+    [[1.0, 2.0], [2.0, 3.0], [3.0, 3.0]]
+    """
+    if chunk > 1:
+        chunked = []
+        for ep in episodes:
+            t = ep.shape[0]
+            idx = (torch.arange(t)[:, None] + torch.arange(chunk)[None]).clamp(max=t - 1)  # (T, K)
+            ep = ep.clone(recurse=False)
+            ep[keys.ACTION] = ep[keys.ACTION][idx]  # (T, K, A)
+            chunked.append(ep)
+        episodes = chunked
+    return torch.cat(episodes, dim=0)
+
+
+def load_dataset(path: str, action_dim: int, *, num_demos: Optional[int] = None,
+                 chunk: int = 1) -> TensorDict:
+    """The dataset at ``path`` as a flat (M,) TensorDict of its valid steps, on the CPU: an
+    m2flow-demos .h5 file (its first ``num_demos`` episodes, action chunks of ``chunk``) or a
+    .pt TensorDict; a missing or malformed file is one AlgorithmError naming algorithm.dataset."""
+    if Path(path).suffix in HDF5_SUFFIXES:
+        return flatten_demos(read_demos(path, action_dim, num_demos), chunk)
     where = f"algorithm.dataset={path!r}"
     if not Path(path).expanduser().is_file():
         raise AlgorithmError(
-            f"{where}: no such file; point it at a .pt file saved with "
-            "torch.save(TensorDict({'obs': ..., 'action': ...}, batch_size), path).")
+            f"{where}: no such file; point it at an .h5 file written by m2flow-demos, or a .pt "
+            "file saved with torch.save(TensorDict({'obs': ..., 'action': ...}, batch_size), "
+            "path).")
     try:
         # a TensorDict is a pickled object, not plain tensors: the file must be trusted
         data = torch.load(Path(path).expanduser(), map_location="cpu", weights_only=False)

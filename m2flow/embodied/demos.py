@@ -1,0 +1,523 @@
+"""``m2flow-demos``: successful demonstrations from ManiSkill's motion-planning solutions, with
+the observations m2flow's env gives a policy, in ManiSkill's own trajectory format.
+
+    m2flow-demos                                   # PickCube-v1, rgb 64 px, 100 episodes
+    m2flow-demos env=maniskill_pushcube_rgb demos.episodes=100 demos.output=demos/pushcube_rgb64
+    m2flow-demos env=maniskill_pickcube env.obs_mode=state demos.episodes=20
+    m2flow-demos --cfg                             # print the composed config and exit
+
+Seeds ``demos.seed``, ``demos.seed + 1``, ... are tried until ``demos.episodes`` are kept (or
+``demos.max_tries`` seeds are spent). Per seed:
+
+1. **plan**: ManiSkill's solution for the task (``mani_skill.examples.motionplanning.panda.
+   solutions``: ``solvePushCube``, ``solvePickCube``, ...) drives the Panda in ``pd_joint_pos``;
+2. **convert**: ManiSkill's ``replay_trajectory`` conversion (``trajectory.utils.actions.
+   conversion.from_pd_joint_pos``) turns those actions into ``env.control_mode``, with its
+   closed-loop correction (it tracks the planner's joint targets, up to 4 target steps per
+   planner step where an action would be clipped);
+3. **replay**: the converted actions go through m2flow's own env (``make_env`` of the env
+   config: obs mode, image size, cameras, reward and time limit as in training) from the same
+   seed on a rebuilt scene, and its observations are recorded. The episode ends at its first
+   success (ManiSkill ends these tasks on success) and is kept only if that comes within the
+   env's time limit.
+
+The planning backend: mani-skill 3.0.1 pins mplib 0.1.1, whose ``Planner()`` crashes (null
+pointer in its Eigen conversion) under numpy 2 (ManiSkill issue #1100). The solutions plan with
+``plan_screw`` only, so :class:`ScrewPlanner` reimplements it (mplib 0.1.1's screw motion:
+pseudo-inverse Jacobian steps of 0.1 rad, joint limits, TOPP-RA time parameterisation at the
+control step) on SAPIEN's own Pinocchio model, without mplib's self-collision check: the screw
+motions of PushCube and PickCube stay well clear of the arm itself.
+
+The dataset (``demos.output``: ``X.h5`` and ``X.json``) is RecordEpisode's layout
+(``mani_skill.utils.wrappers.record``): groups ``traj_<i>`` with ``obs/<key>`` (T+1, ...)
+(``rgb`` (T+1, H, W, 3) uint8, gzip as RecordEpisode writes it; ``state`` (T+1, D) float32),
+``actions`` (T, A) float32 in the env's control mode, ``success``, ``terminated``, ``truncated``
+(T,) bool; the JSON has ``env_info`` (env id, kwargs, time limit), ``source_type``
+``"motionplanning"``, and ``episodes`` (``episode_id``, ``episode_seed``, ``reset_kwargs``,
+``control_mode``, ``elapsed_steps``, ``success``), plus ``language_instruction`` and ``prompt``
+(top level and per episode) and an ``m2flow`` entry with the env config. ManiSkill's one-task
+envs have no instruction: ``language_instruction`` is ``""`` and ``prompt`` is the text the
+VLA policies read for such an env (``m2flow.policies.vla.text.prompt("")``).
+``algorithm=bc algorithm.dataset=X.h5`` trains on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+from m2flow.envs import EnvConfig
+
+CONFIG_DIR = "demos"  # m2flow/configs/demos/: not entry configs of m2flow-train
+DEFAULT_CONFIG = "default"
+SOURCE_MODE = "pd_joint_pos"  # what ManiSkill's motion planner commands
+TARGET_MODES = ("pd_joint_pos", "pd_joint_delta_pos", "pd_joint_target_delta_pos",
+                "pd_joint_vel", "pd_ee_delta_pos", "pd_ee_delta_pose")
+"""Control modes ManiSkill's ``from_pd_joint_pos`` converts to (and the planner's own)."""
+SOLUTIONS = {"PushCube-v1": "solvePushCube", "PickCube-v1": "solvePickCube"}
+"""Tasks -> their solution in ``mani_skill.examples.motionplanning.panda.solutions`` (checked
+here; StackCube, PullCube and LiftPegUpright also plan with screw motions only)."""
+PLAN_STEP_LIMIT = 10_000  # planning/conversion envs: no time limit cuts a plan short
+EXIT_CONFIG = 2
+
+
+@dataclass
+class DemosOptions:
+    """What ``m2flow-demos`` generates and where it writes it."""
+
+    episodes: int = 100
+    """Successful episodes to keep."""
+    output: Optional[str] = None
+    """Path of the dataset: writes OUTPUT.h5 and OUTPUT.json (a trailing .h5 is dropped);
+    None: demos/<task>_<obs mode><image size>, e.g. demos/PickCube-v1_rgb64."""
+    seed: int = 0
+    """First seed tried; then seed + 1, ..."""
+    max_tries: Optional[int] = None
+    """Seeds to try at most; None: 3 x episodes."""
+    overwrite: bool = False
+    """Replace an existing dataset at OUTPUT."""
+
+
+@dataclass
+class DemosConfig:
+    """``m2flow-demos``: the env to record in (m2flow's env config) and the demos options."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """The env as training builds it; ``num_envs`` is not used (one env replays one episode
+    at a time)."""
+    demos: DemosOptions = field(default_factory=DemosOptions)
+
+
+@dataclass
+class Demo:
+    """One kept episode as recorded in memory (what the dataset holds for it)."""
+
+    seed: int
+    obs: dict  # key -> (T+1, ...) numpy
+    actions: np.ndarray  # (T, A) float32
+    success: np.ndarray  # (T,) bool
+    terminated: np.ndarray  # (T,) bool
+    truncated: np.ndarray  # (T,) bool
+    planner_steps: int
+
+
+@dataclass
+class Tally:
+    """Per-seed outcomes of a generation run."""
+
+    tried: int = 0
+    planned: int = 0
+    """The planner's own episode succeeded (in pd_joint_pos)."""
+    converted: int = 0
+    """The converted actions succeeded in ManiSkill's conversion env."""
+    kept: int = 0
+    """The replay in m2flow's env succeeded within its time limit."""
+    seconds: float = 0.0
+
+
+# -- the planning backend -----------------------------------------------------------------
+
+
+class ScrewPlanner:
+    """mplib 0.1.1's ``Planner.plan_screw`` (what ManiSkill's solutions call) on SAPIEN's
+    Pinocchio model; see the module docstring for why."""
+
+    def __init__(self, robot, ee_link: int, arm: list, base_pose, vel: float, acc: float):
+        self.pin = robot.create_pinocchio_model()
+        self.ee, self.arm = ee_link, np.asarray(arm)
+        self.limits = robot.get_qlimits()[0].cpu().numpy()  # (n, 2)
+        self.joint_vel_limits = np.full(len(arm), float(vel))
+        self.joint_acc_limits = np.full(len(arm), float(acc))
+        self.base = _matrix(np.concatenate([base_pose.p, base_pose.q]))
+
+    def plan_screw(self, target_pose, qpos, qpos_step: float = 0.1, time_step: float = 0.1,
+                   use_point_cloud: bool = False, **_) -> dict:
+        """Joint path (position, velocity, ... per control step) to ``target_pose`` (world
+        frame, [x, y, z, qw, qx, qy, qz]) along the screw motion from the current pose."""
+        qpos = np.array(qpos, dtype=np.float64)
+        target = np.linalg.inv(self.base) @ _matrix(np.asarray(target_pose, dtype=np.float64))
+        self.pin.compute_forward_kinematics(qpos)
+        p = self.pin.get_link_pose(self.ee)
+        twist, theta = _exp_coordinates(target @ np.linalg.inv(
+            _matrix(np.concatenate([p.p, p.q]))))
+        if twist is None:
+            return {"status": "screw plan failed."}
+        twist = twist * theta  # (6,) [v, w], base frame
+        path = [qpos[self.arm].copy()]
+        while True:
+            self.pin.compute_full_jacobian(qpos)
+            jac = self.pin.get_link_jacobian(self.ee, local=False)  # (6, n)
+            dq = np.linalg.pinv(jac) @ twist
+            dq *= qpos_step / np.linalg.norm(dq)
+            step = jac @ dq
+            last = np.linalg.norm(step) > np.linalg.norm(twist)
+            if last:  # the final, shorter step
+                ratio = np.linalg.norm(twist) / np.linalg.norm(step)
+                dq, step = dq * ratio, step * ratio
+            qpos += dq
+            twist = twist - step
+            inside = np.all((qpos >= self.limits[:, 0] - 1e-3) & (qpos <= self.limits[:, 1] + 1e-3))
+            if np.linalg.norm(step) < 1e-4 or not inside:
+                return {"status": "screw plan failed"}
+            path.append(qpos[self.arm].copy())
+            if last:
+                return self._time_parameterise(np.vstack(path), time_step)
+
+    def _time_parameterise(self, path: np.ndarray, step: float) -> dict:
+        """mplib's ``TOPP``: TOPP-RA under the joint velocity and acceleration limits."""
+        import toppra as ta
+        import toppra.algorithm as algo
+        import toppra.constraint as constraint
+
+        ta.setup_logging("WARNING")
+        spline = ta.SplineInterpolator(np.linspace(0, 1, path.shape[0]), path)
+        limits = [constraint.JointVelocityConstraint(self.joint_vel_limits),
+                  constraint.JointAccelerationConstraint(self.joint_acc_limits)]
+        traj = algo.TOPPRA(limits, spline, parametrizer="ParametrizeConstAccel").compute_trajectory()
+        if traj is None:
+            return {"status": "screw plan failed: no time parameterisation"}
+        ts = np.linspace(0, traj.duration, int(traj.duration / step))
+        return {"status": "Success", "time": ts, "position": traj(ts), "velocity": traj(ts, 1),
+                "acceleration": traj(ts, 2), "duration": traj.duration}
+
+
+def _matrix(pose7: np.ndarray) -> np.ndarray:
+    from transforms3d.quaternions import quat2mat
+
+    m = np.eye(4)
+    m[:3, 3], m[:3, :3] = pose7[:3], quat2mat(pose7[3:])
+    return m
+
+
+def _exp_coordinates(T: np.ndarray):
+    """(unit screw (6,), angle) of a rigid transform, as mplib 0.1.1's ``pose2exp_coordinate``
+    (a pure translation: rotation 0 and angle 1); (None, nan) for a half turn."""
+    rot = T[:3, :3]
+    trace = np.trace(rot)
+    if np.isclose(trace, 3):
+        omega, theta = np.zeros(3), 1.0
+    elif np.isclose(trace, -1):
+        return None, float("nan")
+    else:
+        theta = float(np.arccos((trace - 1) / 2))
+        omega = np.array([rot[2, 1] - rot[1, 2], rot[0, 2] - rot[2, 0],
+                          rot[1, 0] - rot[0, 1]]) / (2 * np.sin(theta))
+    ss = np.array([[0, -omega[2], omega[1]], [omega[2], 0, -omega[0]], [-omega[1], omega[0], 0]])
+    inv_left_jacobian = (np.eye(3) / theta - 0.5 * ss
+                         + (1.0 / theta - 0.5 / np.tan(theta / 2)) * ss @ ss)
+    return np.concatenate([inv_left_jacobian @ T[:3, 3], omega]), theta
+
+
+@contextmanager
+def screw_planner():
+    """ManiSkill's motion-planning solvers plan with :class:`ScrewPlanner` inside this block."""
+    from mani_skill.examples.motionplanning.base_motionplanner import motionplanner as mp
+
+    def setup_planner(solver):
+        robot = solver.robot
+        link = robot.links_map[solver.MOVE_GROUP]
+        names = [j.name for j in robot.get_active_joints()]
+        arm = [names.index(n) for n in solver.env_agent.arm_joint_names]
+        index = int(np.asarray(link.index.cpu() if hasattr(link.index, "cpu") else link.index)
+                    .reshape(-1)[0])
+        return ScrewPlanner(robot, index, arm, solver.base_pose, solver.joint_vel_limits,
+                            solver.joint_acc_limits)
+
+    original = mp.BaseMotionPlanningSolver.setup_planner
+    mp.BaseMotionPlanningSolver.setup_planner = setup_planner
+    try:
+        yield
+    finally:
+        mp.BaseMotionPlanningSolver.setup_planner = original
+
+
+# -- plan, convert, replay ----------------------------------------------------------------
+
+
+def _recorder():
+    import gymnasium as gym
+
+    class ActionRecorder(gym.Wrapper):
+        """Keeps the actions stepped since the last reset and each step's success."""
+
+        def reset(self, **kw):
+            self.actions, self.success = [], []
+            return self.env.reset(**kw)
+
+        def step(self, action):
+            a = action.cpu().numpy() if hasattr(action, "cpu") else np.asarray(action)
+            self.actions.append(a.astype(np.float32).reshape(-1))
+            out = self.env.step(action)
+            self.success.append(bool(np.asarray(out[4].get("success", False)).reshape(-1)[0]))
+            return out
+
+    return ActionRecorder
+
+
+class Generator:
+    """The three envs of one task (planner, conversion source and target) and m2flow's env."""
+
+    def __init__(self, env_cfg: EnvConfig):
+        import gymnasium as gym
+        import mani_skill.envs  # noqa: F401  (registers the tasks)
+        from mani_skill.examples.motionplanning.panda import solutions
+
+        from m2flow.envs import make_env
+
+        self.task = env_cfg.name.split("/", 1)[1]
+        self.control_mode = env_cfg.control_mode
+        self.solve = getattr(solutions, SOLUTIONS[self.task])
+        kw = dict(obs_mode="none", render_backend="none", sim_backend="physx_cpu",
+                  max_episode_steps=PLAN_STEP_LIMIT, **dict(env_cfg.kwargs))
+        if env_cfg.reward_mode:
+            kw["reward_mode"] = env_cfg.reward_mode
+        recorder = _recorder()
+        self.planner_env = recorder(gym.make(self.task, control_mode=SOURCE_MODE, **kw))
+        self.source_env = gym.make(self.task, control_mode=SOURCE_MODE, **kw)
+        self.target_env = recorder(gym.make(self.task, control_mode=self.control_mode, **kw))
+        self.env = make_env(replace(env_cfg, num_envs=1))
+        self.spec = self.env.spec
+
+    def plan(self, seed: int) -> Optional[np.ndarray]:
+        """The planner's pd_joint_pos actions (T, 8) if its episode succeeded, else None."""
+        try:
+            with screw_planner():
+                res = self.solve(self.planner_env, seed=seed, debug=False, vis=False)
+        except Exception:  # noqa: BLE001 - a solution that raises is a failed plan (run.py's rule)
+            return None
+        if res == -1 or not self.planner_env.success or not self.planner_env.success[-1]:
+            return None
+        return np.stack(self.planner_env.actions)
+
+    def convert(self, seed: int, actions: np.ndarray) -> tuple[np.ndarray, bool]:
+        """(actions in env.control_mode (T', A), whether the converted episode succeeded)."""
+        if self.control_mode == SOURCE_MODE:
+            return actions, True
+        from mani_skill.trajectory.utils.actions import conversion
+
+        self.source_env.reset(seed=seed)
+        self.target_env.reset(seed=seed)
+        info = conversion.from_pd_joint_pos(self.control_mode, actions, self.source_env,
+                                            self.target_env)
+        ok = bool(np.asarray(info.get("success", False)).reshape(-1)[0])
+        return np.stack(self.target_env.actions), ok
+
+    def replay(self, seed: int, actions: np.ndarray, planner_steps: int) -> Optional[Demo]:
+        """The episode in m2flow's env up to its first success, or None if it has none within
+        the time limit."""
+        import torch
+
+        out = self.env.reset(seed=[seed], rebuild=True)
+        obs = [out["obs"][0]]
+        success, terminated, truncated = [], [], []
+        for a in actions:
+            out = self.env.step(torch.from_numpy(a)[None])
+            nxt = out["next"][0]
+            obs.append(nxt["obs"])
+            success.append(bool(nxt["success"]))
+            terminated.append(bool(nxt["terminated"]))
+            truncated.append(bool(nxt["truncated"]))
+            if success[-1] or bool(nxt["done"]):
+                break
+        if not success or not success[-1]:
+            return None
+        t = len(success)
+        return Demo(seed=seed, obs={k: np.stack([o[k].numpy() for o in obs]) for k in obs[0].keys()},
+                    actions=actions[:t].astype(np.float32), success=np.array(success),
+                    terminated=np.array(terminated), truncated=np.array(truncated),
+                    planner_steps=planner_steps)
+
+    def close(self) -> None:
+        self.env.close()
+        for e in (self.planner_env, self.source_env, self.target_env):
+            e.close()
+
+
+def generate(cfg: DemosConfig, log: Callable[[str], None] = print):
+    """(demos of ``cfg.env`` (see the module docstring), what happened to the seeds, the
+    env's spec)."""
+    d = cfg.demos
+    tries = d.max_tries if d.max_tries is not None else 3 * d.episodes
+    gen, demos, tally = Generator(cfg.env), [], Tally()
+    start = time.perf_counter()
+    try:
+        for seed in range(d.seed, d.seed + tries):
+            if len(demos) >= d.episodes:
+                break
+            tally.tried += 1
+            t0 = time.perf_counter()
+            source = gen.plan(seed)
+            if source is None:
+                outcome = "planner failed"
+            else:
+                tally.planned += 1
+                actions, ok = gen.convert(seed, source)
+                tally.converted += ok
+                demo = gen.replay(seed, actions, len(source)) if ok else None
+                if demo is not None:
+                    demos.append(demo)
+                outcome = (f"kept, {len(demo.actions)} steps" if demo is not None else
+                           f"no success within {gen.spec.max_episode_steps} steps of m2flow's "
+                           "env" if ok else f"failed after conversion to {gen.control_mode}")
+            log(f"seed {seed}: {outcome} ({len(demos)}/{d.episodes} kept, "
+                f"{time.perf_counter() - t0:.1f} s)")
+    finally:
+        gen.close()
+    tally.kept, tally.seconds = len(demos), time.perf_counter() - start
+    return demos, tally, gen.spec
+
+
+# -- the dataset ------------------------------------------------------------------------
+
+
+def output_stem(cfg: DemosConfig) -> Path:
+    """OUTPUT without its .h5: demos.output, or demos/<task>_<obs mode><size>."""
+    if cfg.demos.output:
+        p = Path(cfg.demos.output).expanduser()
+        return p.with_suffix("") if p.suffix in (".h5", ".json") else p
+    task = cfg.env.name.split("/", 1)[1]
+    size = cfg.env.image_size if cfg.env.obs_mode != "state" else ""
+    return Path("demos") / f"{task}_{cfg.env.obs_mode}{size}"
+
+
+def instruction(spec) -> tuple[str, str]:
+    """(language instruction, the prompt a VLA reads) of the env's first task."""
+    from m2flow.policies.vla.text import prompt
+
+    text = spec.tasks[0] if spec.tasks else ""
+    return text, prompt(text)
+
+
+def env_kwargs(env_cfg: EnvConfig, limit: Optional[int]) -> dict:
+    """The ``gym.make`` keyword arguments of m2flow's ManiSkill env (``env_info.env_kwargs``)."""
+    kw = dict(obs_mode=env_cfg.obs_mode, control_mode=env_cfg.control_mode,
+              sim_backend="physx_cpu", max_episode_steps=limit, **dict(env_cfg.kwargs))
+    if env_cfg.reward_mode:
+        kw["reward_mode"] = env_cfg.reward_mode
+    if env_cfg.obs_mode != "state":
+        kw["sensor_configs"] = dict(width=env_cfg.image_size, height=env_cfg.image_size)
+    return kw
+
+
+def save(stem: Path, demos: list[Demo], env_cfg: EnvConfig, spec) -> tuple[Path, Path]:
+    """Writes ``stem``.h5 and ``stem``.json (RecordEpisode's layout; the module docstring)."""
+    import h5py
+
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    h5_path, json_path = stem.with_name(stem.name + ".h5"), stem.with_name(stem.name + ".json")
+    text, vla_prompt = instruction(spec)
+    episodes = []
+    with h5py.File(h5_path, "w") as f:
+        for i, demo in enumerate(demos):
+            g = f.create_group(f"traj_{i}", track_order=True)
+            obs = g.create_group("obs", track_order=True)
+            for key, value in demo.obs.items():
+                image = value.dtype == np.uint8 and value.ndim == 4
+                obs.create_dataset(key, data=value, **(dict(compression="gzip",
+                                                           compression_opts=5) if image else {}))
+            g.create_dataset("actions", data=demo.actions, dtype=np.float32)
+            for name in ("terminated", "truncated", "success"):
+                g.create_dataset(name, data=getattr(demo, name), dtype=bool)
+            episodes.append(dict(
+                episode_id=i, episode_seed=demo.seed, reset_kwargs=dict(seed=demo.seed),
+                control_mode=env_cfg.control_mode, elapsed_steps=len(demo.actions),
+                success=bool(demo.success[-1]), language_instruction=text, prompt=vla_prompt,
+                planner_steps=demo.planner_steps))
+    meta = dict(
+        env_info=dict(env_id=env_cfg.name.split("/", 1)[1],
+                      env_kwargs=env_kwargs(env_cfg, spec.max_episode_steps),
+                      max_episode_steps=spec.max_episode_steps),
+        source_type="motionplanning",
+        source_desc=("ManiSkill's motion-planning solutions (pd_joint_pos), converted to "
+                     f"{env_cfg.control_mode} by ManiSkill's from_pd_joint_pos and replayed in "
+                     "m2flow's env; successful episodes only, each up to its first success"),
+        language_instruction=text, prompt=vla_prompt,
+        m2flow=dict(env=asdict(env_cfg), obs_keys=sorted(demos[0].obs) if demos else []),
+        episodes=episodes,
+    )
+    json_path.write_text(json.dumps(meta, indent=2))
+    return h5_path, json_path
+
+
+# -- the command ------------------------------------------------------------------------
+
+
+def register_schema() -> None:
+    from m2flow.configs import schema
+
+    schema.store("demos_schema", DemosConfig)
+
+
+def load_demos_config(config_name: str = DEFAULT_CONFIG, overrides=()) -> DemosConfig:
+    """``m2flow/configs/demos/<config_name>.yaml`` with ``overrides``, checked; bad input is a
+    ConfigError of one line."""
+    from m2flow.configs import ConfigError, load_config, to_object
+    from m2flow.envs import EnvError, env_class
+
+    register_schema()
+    cfg: DemosConfig = to_object(load_config(f"{CONFIG_DIR}/{config_name}", overrides))
+    family, _, task = cfg.env.name.partition("/")
+    if family != "ManiSkill" or task not in SOLUTIONS:
+        raise ConfigError(
+            f"config error: env.name={cfg.env.name!r}: m2flow-demos has motion-planning "
+            f"solutions for ManiSkill/{', ManiSkill/'.join(SOLUTIONS)}; pick one of those.")
+    if cfg.env.control_mode not in TARGET_MODES:
+        raise ConfigError(
+            f"config error: env.control_mode={cfg.env.control_mode!r}: ManiSkill converts "
+            f"the planner's {SOURCE_MODE} actions to {', '.join(TARGET_MODES)}; pick one.")
+    if cfg.demos.episodes < 1 or (cfg.demos.max_tries is not None and cfg.demos.max_tries < 1):
+        raise ConfigError("config error: demos.episodes and demos.max_tries must be >= 1 "
+                          f"(got {cfg.demos.episodes} and {cfg.demos.max_tries}).")
+    try:
+        env_class(cfg.env.name).check_config(cfg.env)
+    except EnvError as e:
+        raise ConfigError(f"config error: {str(e).splitlines()[0]}") from None
+    stem = output_stem(cfg)
+    existing = [p for p in (stem.with_name(stem.name + ".h5"), stem.with_name(stem.name + ".json"))
+                if p.exists()]
+    if existing and not cfg.demos.overwrite:
+        raise ConfigError(f"config error: demos.output: {existing[0]} exists; pick another "
+                          "demos.output or set demos.overwrite=true.")
+    return cfg
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="m2flow-demos", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config-name", "-cn", default=DEFAULT_CONFIG,
+                        help=f"config in m2flow/configs/{CONFIG_DIR} (default: {DEFAULT_CONFIG})")
+    parser.add_argument("--cfg", action="store_true", help="print the composed config and exit")
+    parser.add_argument("overrides", nargs="*",
+                        help="Hydra overrides, e.g. env=maniskill_pushcube_rgb demos.episodes=10")
+    args = parser.parse_args(argv)
+    from m2flow.configs import ConfigError
+
+    try:
+        cfg = load_demos_config(args.config_name, args.overrides)
+    except ConfigError as e:
+        print(f"m2flow-demos: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.cfg:
+        from omegaconf import OmegaConf
+
+        print(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+        return 0
+    stem = output_stem(cfg)
+    print(f"m2flow-demos: {cfg.env.name} ({cfg.env.obs_mode}, {cfg.env.control_mode}) -> "
+          f"{stem}.h5", flush=True)
+    demos, tally, spec = generate(cfg, log=lambda line: print(line, flush=True))
+    h5_path, _ = save(stem, demos, cfg.env, spec)
+    steps = sum(len(d.actions) for d in demos)
+    print(f"m2flow-demos: {tally.tried} episodes tried, planner solved {tally.planned}, "
+          f"{tally.converted} after conversion, kept {tally.kept} ({steps} steps) in "
+          f"{tally.seconds:.0f} s; wrote {h5_path} and its .json", flush=True)
+    return 0 if tally.kept >= cfg.demos.episodes else 1
+
