@@ -42,6 +42,64 @@ def load_config(config_name: str, overrides: Sequence[str] = ()) -> DictConfig:
         GlobalHydra.instance().clear()
 
 
+def sweep_jobs(overrides: Sequence[str]) -> list[list[str]]:
+    """The jobs of a multirun: Hydra's own expansion of ``overrides`` (its ``BasicSweeper``:
+    the cartesian product of every sweep, ``seed=0,1,2``, ``lr=range(1,4)``,
+    ``env=glob(gym_*)``), each job a list of overrides; ``hydra.*`` overrides are left out
+    (they set up the sweep, not a job). Errors as one line.
+
+    >>> sweep_jobs(["seed=0,1", "algorithm.learning_rate=1e-4", "env.num_envs=2,4"])[1]
+    ['seed=0', 'algorithm.learning_rate=0.0001', 'env.num_envs=4']
+    """
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module("m2flow.configs", version_base="1.3"):
+            loader = GlobalHydra.instance().config_loader()  # lists a group's options for glob()
+            parsed = OverridesParser.create(config_loader=loader).parse_overrides(list(overrides))
+            jobs = BasicSweeper.split_arguments([o for o in parsed if not o.is_hydra_override()],
+                                                None)[0]
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(explain(e, "")) from None
+    finally:
+        GlobalHydra.instance().clear()
+    return [list(job) for job in jobs]
+
+
+def sweeps(overrides: Sequence[str]) -> list[str]:
+    """The overrides among ``overrides`` that sweep (give several values); [] when none does,
+    or when one does not parse (composing it reports that)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except (HydraException, OmegaConfBaseException):
+        return []
+    return [o.input_line for o in parsed if o.is_sweep_override()]
+
+
+def multirun(config_name: str, task_function, overrides: Sequence[str]) -> list:
+    """Hydra's multirun of entry config ``config_name``: its sweeper expands ``overrides``
+    and its launcher (``hydra/launcher``: the basic one runs jobs one after the other, a
+    launcher plugin such as joblib in parallel) calls ``task_function(cfg)`` once per job,
+    each with its own output folder under ``hydra.sweep.dir``. Returns every job's
+    ``hydra.core.utils.JobReturn``, in job order; errors before the first job as one line."""
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module("m2flow.configs", version_base="1.3",
+                                      job_name="m2flow-train"):
+            batches = GlobalHydra.instance().hydra.multirun(
+                config_name, task_function, plugin_search_path(overrides) + list(overrides),
+                with_log_configuration=False)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(explain(e, config_name)) from None
+    finally:
+        GlobalHydra.instance().clear()
+    return [ret for batch in batches for ret in batch]
+
+
 def plugin_search_path(overrides: Sequence[str]) -> list[str]:
     """A ``hydra.searchpath`` override with every plugin's config package (none if the user
     sets the search path, or no plugin is installed)."""

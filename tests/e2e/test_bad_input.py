@@ -98,6 +98,10 @@ def case_table() -> list[tuple[str, str, list[str], str]]:
         ("max_episode_steps", TRAIN, ["env.max_episode_steps=0"], "env.max_episode_steps"),
         ("sim_backend", TRAIN, ["env.sim_backend=cuda"], "env.sim_backend"),
         ("seed", TRAIN, ["seed=-1"], "seed=-1"),
+        ("sweep_bad_value", TRAIN, ["-m", "seed=0,-1"], "seed=-1"),  # before job 0 runs
+        ("sweep_bad_type", TRAIN, ["-m", "algorithm.learning_rate=1e-4,fast"],
+         "algorithm.learning_rate='fast'"),
+        ("sweep_without_multirun", TRAIN, ["seed=0,1"], "-m"),
         ("hidden_sizes", TRAIN, ["policy.hidden_sizes=[64,0]"], "policy.hidden_sizes"),
         ("activation", TRAIN, ["policy.activation=swish"], "policy.activation"),
         ("control_mode", TRAIN, ["env.control_mode=pd_bogus"], "env.control_mode"),
