@@ -49,6 +49,8 @@ class NodeInfo:
     address: str
     num_cpus: int
     num_gpus: int
+    resources: frozenset = frozenset()
+    """The node's custom Ray resources (``ray start --resources``), by name."""
 
 
 class Cluster:
@@ -162,9 +164,16 @@ def _ray_nodes() -> list[NodeInfo]:
             address=n["NodeManagerAddress"],
             num_cpus=int(n["Resources"].get("CPU", 0)),
             num_gpus=int(n["Resources"].get("GPU", 0)),
+            resources=frozenset(r for r in n["Resources"] if _is_custom(r)),
         )
         for n in alive
     ]
+
+
+def _is_custom(resource: str) -> bool:
+    """A resource a user gave the node, not one Ray gives every node."""
+    return (resource not in ("CPU", "GPU", "memory", "object_store_memory")
+            and not resource.startswith(("node:", "accelerator_type:")))
 
 
 def _this_machine(cfg: ClusterConfig) -> NodeInfo:

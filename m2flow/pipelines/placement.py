@@ -39,6 +39,10 @@ class ComponentPlacement:
     """GPU ids on the node used by the whole component, split evenly over its ranks; None: CPU."""
     node: int = 0
     """Index of the node in the cluster (0: the head node)."""
+    node_resource: Optional[str] = None
+    """A custom Ray resource naming the node to run on (``ray start --resources=
+    '{"sim_node": 1}'``): the one node of the cluster that offers it, instead of ``node``
+    (indices past the head follow Ray's node ids, not the order nodes joined). None: ``node``."""
     cpu_ids: Optional[List[int]] = None
     """Cores of the node this component's processes (and the simulator processes they start)
     are pinned to, split evenly over its ranks; sets ``cpus`` to the cores per rank. None: not
@@ -108,15 +112,11 @@ class Placement:
     def _resolve(self, name: str, comp: ComponentPlacement) -> list[RankResources]:
         where = f"placement.components.{name}"
         _check_component(where, comp)
-        if not 0 <= comp.node < len(self.nodes):
-            raise PlacementError(
-                f"{where}.node={comp.node}: the cluster has {len(self.nodes)} node(s) "
-                f"(indices 0-{len(self.nodes) - 1})."
-            )
-        node = self.nodes[comp.node]
+        index = self._node_index(where, comp)
+        node = self.nodes[index]
         if comp.cpus > node.num_cpus:
             raise PlacementError(
-                f"{where}.cpus={comp.cpus} but node {comp.node} has {node.num_cpus} CPUs; "
+                f"{where}.cpus={comp.cpus} but node {index} has {node.num_cpus} CPUs; "
                 f"lower it to at most {node.num_cpus}."
             )
         gpus = list(comp.gpus or [])
@@ -124,21 +124,48 @@ class Placement:
             if not 0 <= g < node.num_gpus:
                 have = f"ids 0-{node.num_gpus - 1}" if node.num_gpus else "no GPUs"
                 raise PlacementError(
-                    f"{where}.gpus asks for GPU {g}, but node {comp.node} has {have}; "
+                    f"{where}.gpus asks for GPU {g}, but node {index} has {have}; "
                     f"use existing ids or gpus=null to run '{name}' on CPU."
                 )
-        cores = self._cores(where, comp, node)
+        cores = self._cores(where, comp, index)
         return [
-            RankResources(node=comp.node, cpus=float(len(c) or comp.cpus), gpu_ids=ids,
+            RankResources(node=index, cpus=float(len(c) or comp.cpus), gpu_ids=ids,
                           cpu_ids=tuple(c))
             for ids, c in zip(_split(where, gpus, comp.workers), cores)
         ]
 
-    def _cores(self, where: str, comp: ComponentPlacement, node: NodeInfo) -> list[list[int]]:
+    def _node_index(self, where: str, comp: ComponentPlacement) -> int:
+        """The index of the component's node: the one offering ``node_resource``, or ``node``."""
+        name = comp.node_resource
+        if name is None:
+            if not 0 <= comp.node < len(self.nodes):
+                raise PlacementError(
+                    f"{where}.node={comp.node}: the cluster has {len(self.nodes)} node(s) "
+                    f"(indices 0-{len(self.nodes) - 1})."
+                )
+            return comp.node
+        hits = [i for i, n in enumerate(self.nodes) if name in n.resources]
+        if not hits:
+            offered = sorted({r for n in self.nodes for r in n.resources})
+            raise PlacementError(
+                f"{where}.node_resource={name!r}: no node of the cluster offers it (custom "
+                f"resources: {', '.join(offered) or 'none'}); start that node with "
+                f"ray start --resources='{{\"{name}\": 1}}' and join the cluster with "
+                "cluster.address=auto."
+            )
+        if len(hits) > 1:
+            raise PlacementError(
+                f"{where}.node_resource={name!r}: {len(hits)} nodes offer it; give each "
+                "node a resource name of its own."
+            )
+        return hits[0]
+
+    def _cores(self, where: str, comp: ComponentPlacement, index: int) -> list[list[int]]:
         """Each rank's cores: from ``cpu_ids``, or the next free ones in disaggregated mode."""
+        node = self.nodes[index]
         ids = list(comp.cpu_ids) if comp.cpu_ids is not None else None
         if ids is None and self.mode == "disaggregated" and float(comp.cpus).is_integer():
-            taken = {c for r in self._ranks.values() for rr in r if rr.node == comp.node
+            taken = {c for r in self._ranks.values() for rr in r if rr.node == index
                      for c in rr.cpu_ids}
             free = [c for c in range(int(node.num_cpus)) if c not in taken]
             need = int(comp.cpus) * comp.workers
@@ -149,7 +176,7 @@ class Placement:
         if bad or len(set(ids)) != len(ids):
             raise PlacementError(
                 f"{where}.cpu_ids={ids}: cores must be distinct ids 0-{int(node.num_cpus) - 1} "
-                f"of node {comp.node}."
+                f"of node {index}."
             )
         if len(ids) % comp.workers:
             raise PlacementError(
@@ -241,6 +268,13 @@ def _check_component(where: str, comp: ComponentPlacement) -> None:
     ids = list(comp.cpu_ids or [])
     if any(c < 0 for c in ids) or len(set(ids)) != len(ids):
         raise PlacementError(f"{where}.cpu_ids={ids}: cores must be distinct ids >= 0.")
+    if comp.node_resource is not None and not comp.node_resource.strip():
+        raise PlacementError(f"{where}.node_resource is empty; give a custom resource name "
+                             "of a node, or null to place by node index.")
+    if comp.node_resource is not None and comp.node != 0:
+        raise PlacementError(
+            f"{where}: node={comp.node} and node_resource={comp.node_resource!r} both pick "
+            "a node; give one of them.")
 
 
 def _as_component(c) -> ComponentPlacement:
