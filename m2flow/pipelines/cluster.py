@@ -90,7 +90,14 @@ class Cluster:
                     configure_logging=False,
                 )
             else:
-                ray.init(address=cfg.address, configure_logging=False)
+                try:
+                    ray.init(address=cfg.address, configure_logging=False)
+                except ConnectionError as e:
+                    raise ConnectionError(
+                        f"cluster.address={cfg.address!r}: no running Ray cluster to join "
+                        f"({str(e).splitlines()[0]}); start one first (ray start --head on the "
+                        "head node, ray start --address=HEAD:6379 on the others), or set "
+                        "cluster.address=null for a Ray on this machine only.") from None
             self._connected = True
         return _ray_nodes()
 

@@ -65,6 +65,23 @@ def test_a_resource_on_two_nodes_is_ambiguous():
         Placement(PlacementConfig(components={"env": C(node_resource=SIM)}), nodes)
 
 
+def test_joining_when_no_cluster_runs_says_how_to_start_one(monkeypatch):
+    import ray
+
+    from m2flow.pipelines import Cluster, ClusterConfig
+
+    def no_cluster(**kwargs):  # what ray.init(address="auto") raises when nothing runs
+        raise ConnectionError("Could not find any running Ray instance. Please specify ...")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", no_cluster)
+    with pytest.raises(ConnectionError) as e:
+        Cluster(ClusterConfig(backend="ray", address="auto"))
+    assert str(e.value).startswith("cluster.address='auto': no running Ray cluster to join "
+                                   "(Could not find any running Ray instance.")
+    assert "ray start --head" in str(e.value) and "cluster.address=null" in str(e.value)
+
+
 def test_env_rollout_and_learner_run_on_their_own_nodes_of_a_ray_cluster(tmp_path):
     # a short folder: Ray's socket paths must stay under 107 characters
     with tempfile.TemporaryDirectory(prefix="m2n", dir="/tmp") as ray_tmp:
