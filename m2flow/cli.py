@@ -324,7 +324,7 @@ class SweepJob:
 def _run_results(runs: Path, before: set, text: Optional[str]) -> dict:
     """The run directory a job made under ``runs`` (``log_dir/run_name``: the folder that is
     new; among several, as parallel jobs of one run name make, the one whose config.yaml is
-    the job's ``text``), its last checkpoint's eval success and env steps."""
+    the job's ``text``), its last checkpoint's eval success (or accuracy) and env steps."""
     from m2flow.runs import checkpoint
 
     new = sorted(d for d in runs.glob("*") if d.is_dir() and d not in before)
@@ -340,7 +340,8 @@ def _run_results(runs: Path, before: set, text: Optional[str]) -> dict:
             state = checkpoint.load(last, mmap=True)
         except ValueError:
             return out
-        out["success"] = state.get("metrics", {}).get("eval/success")
+        metrics = state.get("metrics", {})  # reasoning runs score eval/accuracy
+        out["success"] = metrics.get("eval/success", metrics.get("eval/accuracy"))
         out["env_steps"] = state.get("global_step")
     return out
 
