@@ -78,7 +78,8 @@ def run_to_file(path, program, *args):
 
 def test_a_run_logged_to_a_file_has_lines_and_progress_and_no_bar_frames(tmp_path):
     common = ["env=gym_pendulum", "cluster=inprocess", "env.num_envs=2",
-              "runner.progress_interval_s=0"]  # a progress line at every round
+              "runner.progress_interval_s=0",  # a progress line at every round
+              "runner.stop_at_success=null"]  # every evaluation runs all its rounds
     out = tmp_path / "train.out"
     assert run_to_file(out, "train", *common, "runner.rollout_steps=8",
                        "runner.num_iterations=2", "runner.eval_interval=1",
