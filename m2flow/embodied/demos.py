@@ -117,7 +117,7 @@ class Tally:
     planned: int = 0
     """The planner's own episode succeeded (in pd_joint_pos)."""
     converted: int = 0
-    """The converted actions succeeded in ManiSkill's conversion env."""
+    """The converted actions succeeded in ManiSkill's conversion env (at any step)."""
     kept: int = 0
     """The replay in m2flow's env succeeded within its time limit."""
     seconds: float = 0.0
@@ -297,18 +297,20 @@ class Generator:
             return None
         return np.stack(self.planner_env.actions)
 
-    def convert(self, seed: int, actions: np.ndarray) -> tuple[np.ndarray, bool]:
-        """(actions in env.control_mode (T', A), whether the converted episode succeeded)."""
+    def convert(self, seed: int, actions: np.ndarray) -> tuple[np.ndarray, Optional[int]]:
+        """(the actions in env.control_mode (T', A), the steps they take to the first success
+        in ManiSkill's conversion env, or None if they never succeed)."""
         if self.control_mode == SOURCE_MODE:
-            return actions, True
-        from mani_skill.trajectory.utils.actions import conversion
+            success = self.planner_env.success
+        else:
+            from mani_skill.trajectory.utils.actions import conversion
 
-        self.source_env.reset(seed=seed)
-        self.target_env.reset(seed=seed)
-        info = conversion.from_pd_joint_pos(self.control_mode, actions, self.source_env,
-                                            self.target_env)
-        ok = bool(np.asarray(info.get("success", False)).reshape(-1)[0])
-        return np.stack(self.target_env.actions), ok
+            self.source_env.reset(seed=seed)
+            self.target_env.reset(seed=seed)
+            conversion.from_pd_joint_pos(self.control_mode, actions, self.source_env,
+                                         self.target_env)
+            actions, success = np.stack(self.target_env.actions), self.target_env.success
+        return actions, (success.index(True) + 1 if True in success else None)
 
     def replay(self, seed: int, actions: np.ndarray, planner_steps: int) -> Optional[Demo]:
         """The episode in m2flow's env up to its first success, or None if it has none within
@@ -352,27 +354,36 @@ def generate(cfg: DemosConfig, log: Callable[[str], None] = print):
         for seed in range(d.seed, d.seed + tries):
             if len(demos) >= d.episodes:
                 break
-            tally.tried += 1
             t0 = time.perf_counter()
-            source = gen.plan(seed)
-            if source is None:
-                outcome = "planner failed"
-            else:
-                tally.planned += 1
-                actions, ok = gen.convert(seed, source)
-                tally.converted += ok
-                demo = gen.replay(seed, actions, len(source)) if ok else None
-                if demo is not None:
-                    demos.append(demo)
-                outcome = (f"kept, {len(demo.actions)} steps" if demo is not None else
-                           f"no success within {gen.spec.max_episode_steps} steps of m2flow's "
-                           "env" if ok else f"failed after conversion to {gen.control_mode}")
+            demo, outcome = _try_seed(gen, seed, tally)
+            if demo is not None:
+                demos.append(demo)
             log(f"seed {seed}: {outcome} ({len(demos)}/{d.episodes} kept, "
                 f"{time.perf_counter() - t0:.1f} s)")
     finally:
         gen.close()
     tally.kept, tally.seconds = len(demos), time.perf_counter() - start
     return demos, tally, gen.spec
+
+
+def _try_seed(gen: Generator, seed: int, tally: Tally) -> tuple[Optional[Demo], str]:
+    """Plan, convert and replay one seed: (the demo or None, what happened), counted."""
+    tally.tried += 1
+    source = gen.plan(seed)
+    if source is None:
+        return None, "planner failed"
+    tally.planned += 1
+    actions, steps = gen.convert(seed, source)
+    if steps is None:
+        return None, f"no success after conversion to {gen.control_mode}"
+    tally.converted += 1
+    limit = gen.spec.max_episode_steps
+    if limit is not None and steps > limit:
+        return None, f"success after {steps} steps, past the time limit {limit}"
+    demo = gen.replay(seed, actions[:steps], len(source))
+    if demo is None:
+        return None, "no success when replayed in m2flow's env"
+    return demo, f"kept, {len(demo.actions)} steps"
 
 
 # -- the dataset ------------------------------------------------------------------------
@@ -517,7 +528,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     h5_path, _ = save(stem, demos, cfg.env, spec)
     steps = sum(len(d.actions) for d in demos)
     print(f"m2flow-demos: {tally.tried} episodes tried, planner solved {tally.planned}, "
-          f"{tally.converted} after conversion, kept {tally.kept} ({steps} steps) in "
+          f"{tally.converted} succeed after conversion, kept {tally.kept} ({steps} steps) in "
           f"{tally.seconds:.0f} s; wrote {h5_path} and its .json", flush=True)
     return 0 if tally.kept >= cfg.demos.episodes else 1
 

@@ -101,6 +101,12 @@ def test_a_malformed_dataset_is_one_clear_error(tmp_path):
         learner(dataset=str(tmp_path / "text.pt"))
 
 
+def test_num_demos_needs_an_episode_dataset(tmp_path):
+    write_dataset(tmp_path / "expert.pt")
+    with pytest.raises(AlgorithmError, match=r"algorithm.num_demos=3: picks episodes of an .h5"):
+        learner(dataset=str(tmp_path / "expert.pt"), num_demos=3)
+
+
 # -- on m2flow-demos datasets -------------------------------------------------------------
 
 
@@ -169,7 +175,16 @@ def test_bc_mlp_reproduces_the_demonstrated_actions(demos_h5):
     assert losses[-1] < losses[0] / 10 and after < before / 20 and after < 0.01, (before, after)
 
 
-def test_bc_openvla_oft_reproduces_the_demonstrated_tokens(demos_h5):
+@pytest.fixture
+def one_thread():
+    """One intra-op thread: this small model runs several times faster so on two cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_bc_openvla_oft_reproduces_the_demonstrated_tokens(demos_h5, one_thread):
     """The tiny OFT policy with chunks of 2: its argmax bins match the expert's (the next 2
     actions of the episode, tokenised) on most of the training set."""
     path, spec, _ = demos_h5

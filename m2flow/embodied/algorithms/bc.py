@@ -96,6 +96,11 @@ class BC(Algorithm):
         if Path(cfg.dataset).suffix in HDF5_SUFFIXES:
             self.episodes: Optional[list] = read_demos(cfg.dataset, action_dim, cfg.num_demos)
             self.data: Optional[TensorDict] = None  # (M,): built for the policy's chunk
+        elif cfg.num_demos is not None:
+            raise AlgorithmError(
+                f"algorithm.num_demos={cfg.num_demos}: picks episodes of an .h5 dataset "
+                f"(m2flow-demos'); algorithm.dataset={cfg.dataset!r} is a flat .pt batch. Drop "
+                "num_demos or point the dataset at an .h5 file.")
         else:
             self.episodes, self.data = None, load_dataset(cfg.dataset, action_dim)
 
