@@ -1,10 +1,10 @@
 """``m2flow-demos``: successful demonstrations from ManiSkill's motion-planning solutions, with
 the observations m2flow's env gives a policy, in ManiSkill's own trajectory format.
 
-    m2flow-demos                                   # PickCube-v1, rgb 64 px, 100 episodes
-    m2flow-demos env=maniskill_pushcube_rgb demos.episodes=100 demos.output=demos/pushcube_rgb64
-    m2flow-demos env=maniskill_pickcube env.obs_mode=state demos.episodes=20
-    m2flow-demos --cfg                             # print the composed config and exit
+    m2flow-demos                             # demos/PickCube-v1_rgb64.h5: rgb 64 px, 100 episodes
+    m2flow-demos env=maniskill_pushcube_rgb  # demos/PushCube-v1_rgb64.h5
+    m2flow-demos env=maniskill_pickcube env.obs_mode=state demos.episodes=20 demos.output=demos/x
+    m2flow-demos --cfg                       # print the composed config and exit
 
 Seeds ``demos.seed``, ``demos.seed + 1``, ... are tried until ``demos.episodes`` are kept (or
 ``demos.max_tries`` seeds are spent). Per seed:
