@@ -33,7 +33,8 @@ class RunnerConfig(RunnerBaseConfig):
     num_iterations: int = 100
     """Iterations (collect -> advantages -> update -> sync) at most."""
     rollout_steps: int = 50
-    """Env steps per env per iteration (T)."""
+    """Policy calls per env per iteration (T); each call runs the policy's action chunk, so an
+    iteration is T x chunk env steps per env."""
     reset_every_iteration: bool = True
     """Reset every env from a per-iteration seed at the start of each iteration; makes each
     iteration reproducible on its own (resume) and aligns episodes with iterations."""
