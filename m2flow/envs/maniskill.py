@@ -10,7 +10,9 @@ Success: the task's own ``evaluate()["success"]``; an episode terminates on succ
 ``ignore_terminations`` (then it runs to the time limit).
 
 Backends: on CPU (``sim_backend=cpu``) each env is one SAPIEN process (ManiSkill allows one
-CPU env per process); on GPU (``sim_backend=gpu``) all envs are one native GPU batch.
+CPU env per process), forked from a server that has imported torch, SAPIEN and ManiSkill once
+for all of them (:data:`PRELOAD`); on GPU (``sim_backend=gpu``) all envs are one native GPU
+batch.
 """
 
 from __future__ import annotations
@@ -25,11 +27,18 @@ from tensordict import TensorDict
 from m2flow import keys
 from m2flow.envs.base import BatchedEnv, EnvError, EnvSpec
 from m2flow.envs.config import EnvConfig
+from m2flow.envs.procs import EnvRecipe, fork_server
 from m2flow.envs.registry import suggest
 from m2flow.envs.vector import GymVectorEnv
 
 OBS_MODES = {"state": "state", "rgb": "rgb"}  # m2flow obs_mode -> ManiSkill obs_mode
 REBUILD = {"reconfigure": True}  # rebuilds the SAPIEN scene: PhysX state does not survive
+# imported once by the fork server of the CPU env processes (none starts a renderer, a thread
+# or CUDA on import); each process then imports only what its task adds
+PRELOAD = (
+    "torch", "sapien", "mani_skill.envs", "mani_skill.utils.wrappers.gymnasium",
+    "mani_skill.utils.wrappers.flatten", "m2flow.envs.maniskill",
+)
 
 
 class ManiSkillEnv(BatchedEnv):
@@ -62,8 +71,10 @@ class ManiSkillEnv(BatchedEnv):
 
     def __init__(self, cfg: EnvConfig, device: str = "cpu"):
         task = cfg.name.split("/", 1)[1]
-        spec = self.check_config(cfg)
         backend = _sim_backend(cfg.sim_backend, device)
+        if backend == "cpu":
+            fork_server(PRELOAD)  # its imports overlap ours (check_config imports ManiSkill)
+        spec = self.check_config(cfg)
         limit = cfg.max_episode_steps or spec.max_episode_steps
         kw = dict(
             obs_mode=OBS_MODES[cfg.obs_mode],
@@ -79,7 +90,10 @@ class ManiSkillEnv(BatchedEnv):
             **dict(cfg.kwargs),
         )
         if backend == "cpu":
-            make = functools.partial(_make_cpu_env, task, cfg.obs_mode, cfg.ignore_terminations, kw)
+            make = EnvRecipe(
+                functools.partial(_make_cpu_env, task, cfg.obs_mode, cfg.ignore_terminations, kw),
+                preload=PRELOAD,
+            )
             self._impl: BatchedEnv = GymVectorEnv(
                 [make] * cfg.num_envs, processes=True, max_episode_steps=limit,
                 rebuild_options=REBUILD, timeout=cfg.step_timeout_s,

@@ -7,17 +7,30 @@ own process (forkserver, so a live renderer in the parent is never forked) and s
 process that dies or hangs: it is killed, started again with the same env and the same reset
 options (the same task), and that env's step comes back marked ``discarded`` with the first
 observation of a fresh episode. Nothing from the lost episode is returned as if it were data.
+
+The processes are forked from a *fork server* (one per set of preloaded modules, in each
+process that owns slots): a fresh interpreter that imports once what every simulator process
+shares (torch, gymnasium, the simulator's package: :class:`EnvRecipe` names them), with thread
+counts set to one before those imports, and then forks a process per env. The forked processes
+share those modules' memory copy-on-write instead of importing their own copy, and start in
+milliseconds instead of seconds. Nothing live is ever forked: the server never builds an env,
+opens a renderer or touches CUDA; each process builds its own env after the fork. A server that
+dies is started again on the next fork.
 """
 
 from __future__ import annotations
 
+import gc
+import io
 import logging
 import multiprocessing as mp
 import os
 import signal
+import threading
 import time
 import traceback
 from dataclasses import dataclass
+from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
 from typing import Any, Callable, Optional, Sequence
 
 import gymnasium as gym
@@ -26,6 +39,13 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 RESTART_SEED_STRIDE = 1_000_003  # a restarted env's reset seed: its last seed + k * this
+# a simulator process steps one env on one core (the placement counts one core per process);
+# set in the fork server before it imports torch, numpy or MKL, which read them at load
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+               "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
+SIM_THREADS = "1"
+BASE_PRELOAD = ("numpy", "gymnasium", "m2flow.envs.procs")  # what every env process runs
+SERVER_EXIT_WAIT_S = 10.0  # a fork server that refused a fork has this long to finish dying
 
 
 @dataclass
@@ -56,6 +76,147 @@ def step_env(env: gym.Env, action) -> StepResult:
     return result
 
 
+@dataclass(frozen=True)
+class EnvRecipe:
+    """A picklable env factory plus what the processes that build it should share.
+
+    Args:
+        make: builds one env (called in the env's process).
+        preload: modules the fork server imports once for every process it forks. Only
+            modules whose import starts no thread, renderer or CUDA context belong here.
+        environ: ``(name, value)`` pairs the server sets before those imports, for modules
+            that read a variable at import (``MUJOCO_GL``, ...).
+
+    >>> recipe = EnvRecipe(lambda: gym.make("CartPole-v1"), preload=("torch",))
+    >>> recipe().observation_space.shape
+    (4,)
+    """
+
+    make: Callable[[], gym.Env]
+    preload: tuple = ()
+    environ: tuple = ()
+
+    def __call__(self) -> gym.Env:
+        return self.make()
+
+
+_servers: dict = {}
+_servers_lock = threading.Lock()
+_environ_lock = threading.Lock()
+
+
+def fork_server(preload: Sequence[str] = (), environ: Sequence[tuple] = ()) -> "_ForkServer":
+    """This process's fork server for ``preload`` and ``environ`` (one per distinct pair),
+    launched now if it is not running. It imports in the background: call this early (before
+    the parent's own heavy imports) and the imports of both overlap.
+
+    >>> fork_server().pid > 0
+    True
+    """
+    key = (BASE_PRELOAD + tuple(m for m in preload if m not in BASE_PRELOAD),
+           tuple(sorted(environ)))
+    with _servers_lock:
+        server = _servers.get(key)
+        if server is None:
+            server = _servers[key] = _ForkServer(*key)
+    server.ensure_running()
+    return server
+
+
+class _ForkServer(forkserver.ForkServer):
+    """multiprocessing's fork server, with its own preload list and environment (the
+    module-global one has a single preload list for the whole process)."""
+
+    def __init__(self, preload: tuple, environ: tuple):
+        super().__init__()
+        self.set_forkserver_preload(list(preload))
+        self.environ = {**{v: SIM_THREADS for v in THREAD_VARS}, **dict(environ)}
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self._forkserver_pid
+
+    @property
+    def preload(self) -> list:
+        return list(self._preload_modules)
+
+    def wait_exit(self, timeout: float) -> bool:
+        """Waits up to ``timeout`` s for a server that was seen dying to end, without reaping
+        it (ensure_running reaps it, then launches a new one). True if it has ended."""
+        pid, deadline = self._forkserver_pid, time.monotonic() + timeout
+        while pid is not None:
+            try:
+                if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                    return True
+            except ChildProcessError:  # reaped already
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def ensure_running(self) -> None:
+        # the server inherits this process's environment when it is launched: set its own for
+        # the launch (a lock, since os.environ is process-wide), then put ours back
+        with _environ_lock:
+            saved = {k: os.environ.get(k) for k in self.environ}
+            os.environ.update(self.environ)
+            try:
+                super().ensure_running()
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+
+
+class _ServerPopen(popen_forkserver.Popen):
+    """popen_forkserver.Popen through a given server; leaves out the parent's ``__main__``
+    (a Ray worker's or a CLI's: the child would import all of it) unless the process object
+    refers to it."""
+
+    def __init__(self, process_obj, server: _ForkServer):
+        self.server = server
+        super().__init__(process_obj)
+
+    def _launch(self, process_obj) -> None:  # popen_forkserver.Popen._launch, server swapped
+        prep_data = spawn.get_preparation_data(process_obj._name)
+        obj, buf = io.BytesIO(), io.BytesIO()
+        mp.context.set_spawning_popen(self)
+        try:
+            reduction.dump(process_obj, obj)
+            if b"__main__" not in obj.getvalue():
+                prep_data.pop("init_main_from_path", None)
+                prep_data.pop("init_main_from_name", None)
+            reduction.dump(prep_data, buf)
+        finally:
+            mp.context.set_spawning_popen(None)
+        buf.write(obj.getvalue())
+        self.sentinel, w = self.server.connect_to_new_process(self._fds)
+        parent_w = os.dup(w)  # the child's sentinel of this parent
+        self.finalizer = util.Finalize(self, util.close_fds, (parent_w, self.sentinel))
+        with open(w, "wb", closefd=True) as f:
+            f.write(buf.getbuffer())
+        self.pid = forkserver.read_signed(self.sentinel)
+
+
+class _ServerProcess(mp.context.ForkServerProcess):
+    """A process forked by a given :class:`_ForkServer`."""
+
+    def __init__(self, server: _ForkServer, **kwargs):
+        super().__init__(**kwargs)
+        self._server = server
+
+    def _Popen(self, process_obj):
+        return _ServerPopen(process_obj, self._server)
+
+    def __getstate__(self):  # the server (a lock, fds) stays in the parent
+        state = dict(self.__dict__)
+        state.pop("_server", None)
+        return state
+
+
 class LocalSlots:
     """Envs in this process (cheap envs, tests)."""
 
@@ -83,10 +244,12 @@ class LocalSlots:
 
 
 class ProcessSlots:
-    """One process per env; a process that dies or hangs past ``timeout`` is replaced.
+    """One process per env, forked from a fork server; a process that dies or hangs past
+    ``timeout`` is replaced from the same server (a server that died is started again).
 
     Args:
-        env_fns: picklable callables that each build one env.
+        env_fns: picklable callables that each build one env; where they are
+            :class:`EnvRecipe` objects, the server preloads the first one's ``preload`` modules.
         timeout: seconds a step or reset may take before the process counts as hung.
         start_timeout: seconds a process may take to build its env.
     """
@@ -96,7 +259,8 @@ class ProcessSlots:
         self.env_fns = list(env_fns)
         self.timeout = timeout
         self.start_timeout = start_timeout
-        self.ctx = mp.get_context("forkserver")
+        recipe = self.env_fns[0] if isinstance(self.env_fns[0], EnvRecipe) else EnvRecipe(None)
+        self.server = fork_server(recipe.preload, recipe.environ)
         self.restarts = 0
         """Processes replaced since construction (dead or hung)."""
         n = len(self.env_fns)
@@ -163,10 +327,23 @@ class ProcessSlots:
 
     # -- one process ---------------------------------------------------------------------
     def _spawn(self, i: int) -> None:
-        parent, child = self.ctx.Pipe()
-        proc = self.ctx.Process(target=_serve, args=(child, self.env_fns[i]), daemon=True,
-                                name=f"m2flow-env-{i}")
-        proc.start()
+        for attempt in range(2):
+            parent, child = mp.Pipe()
+            proc = _ServerProcess(self.server, target=_serve, args=(child, self.env_fns[i]),
+                                  daemon=True, name=f"m2flow-env-{i}")
+            try:
+                proc.start()
+                break
+            except (OSError, EOFError) as e:  # the server died (killed, or on a preload import)
+                parent.close()
+                child.close()
+                if attempt == 0 and self.server.wait_exit(SERVER_EXIT_WAIT_S):
+                    continue  # it was dying when ensure_running looked: the next try relaunches
+                raise SimulatorError(
+                    f"the fork server of the env processes (pid {self.server.pid}) did not "
+                    f"start env process {i} ({e!r}); if an import of its preload failed, its "
+                    f"traceback is printed above. Preload: {self.server.preload}"
+                ) from None
         child.close()
         self._procs[i], self._conns[i] = proc, parent
         self._sent[i] = True  # its "ready" message is due
@@ -202,7 +379,8 @@ class ProcessSlots:
         self.restarts += 1
         log.warning("%s; restarting it (its episode is discarded)", cause)
         proc = self._procs[i]
-        if proc.is_alive():
+        # exit code 255 without a death: its fork server died, and the process may live on
+        if proc.is_alive() or proc.exitcode == 255:
             try:
                 os.kill(proc.pid, signal.SIGKILL)
             except ProcessLookupError:  # it ended (and was reaped) since is_alive looked
@@ -229,6 +407,9 @@ class _Lost(Exception):
 def _serve(conn, env_fn: Callable[[], gym.Env]) -> None:
     """The subprocess: builds one env, then answers reset/step/close until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    # what the server imported is shared copy-on-write: keep the garbage collector from
+    # writing to (and so copying) every page of it
+    gc.freeze()
     try:
         env = env_fn()
         conn.send(("ok", (env.observation_space, env.action_space)))
