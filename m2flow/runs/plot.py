@@ -3,7 +3,10 @@
 Reads each run's TensorBoard scalars (``<run>/tb``, written by :class:`RunLogger`) and draws,
 for each metric, one panel against the logged step (env steps for embodied runs, samples for
 reasoning) and one against wall time since the run's first scalar; runs are overlaid (the seeds
-of a sweep, a before/after), labelled by their folder.
+of a sweep, a before/after), labelled by their folder. A resumed run (its ``config.yaml``
+names the checkpoint it resumed from) continues the wall-time axis of the run it resumed:
+its clock starts where that run's was at the checkpoint's step, so a run stopped and resumed
+plots as one curve in two colours.
 
     m2flow-plot runs/maniskill_pushcube_ppo_mlp/*/ -o pushcube.png
     m2flow-plot runs/a runs/b --metrics eval/success env/return
@@ -49,8 +52,31 @@ def read_run(run_dir: Path) -> dict[str, Curve]:
         raise ValueError(f"{run_dir}: its tb/ folder has no scalars yet.")
     events = {t: acc.Scalars(t) for t in tags}
     start = min(e.wall_time for ev in events.values() for e in ev)
+    first_step = min(e.step for ev in events.values() for e in ev)
+    start -= _resumed_offset(Path(run_dir), first_step)
     return {t: Curve([e.step for e in ev], [e.wall_time - start for e in ev],
                      [e.value for e in ev]) for t, ev in events.items()}
+
+
+def _resumed_offset(run_dir: Path, first_step: int) -> float:
+    """Wall seconds the run this one resumed from had run by ``first_step`` (0: not a resumed
+    run, or its source run is gone): the latest scalar of the source at or before that step."""
+    import yaml
+
+    cfg_file = run_dir / "config.yaml"
+    if not cfg_file.is_file():
+        return 0.0
+    resume = (yaml.safe_load(cfg_file.read_text()) or {}).get("resume")
+    if not resume:
+        return 0.0
+    source = Path(resume).parent.parent  # <run>/checkpoints/iter_N.pt -> <run>
+    if not Path(resume).is_absolute() and not source.is_dir():
+        source = run_dir.parent.parent.parent / source  # a path relative to where it ran
+    if source.resolve() == run_dir.resolve() or not (source / "tb").is_dir():
+        return 0.0
+    curves = read_run(source)
+    before = [s for c in curves.values() for st, s in zip(c.steps, c.seconds) if st <= first_step]
+    return max(before, default=0.0)
 
 
 def plot(runs: list[Path], out: Path, metrics: tuple[str, ...] = DEFAULT_METRICS) -> Path:

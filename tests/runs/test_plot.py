@@ -61,3 +61,24 @@ def test_metrics_no_run_logged_are_named(tmp_path, capsys):
     a = write_run(tmp_path, "a", RUN_A)
     assert main([str(a), "--metrics", "eval/accuracy", "-o", str(tmp_path / "x.png")]) == 2
     assert "eval/accuracy" in capsys.readouterr().err
+
+
+def test_a_resumed_run_continues_the_clock_of_the_run_it_resumed(tmp_path):
+    # source run: steps 800, 1600, 2400 at wall 1000, 1100, 1300 s; it was resumed from its
+    # step-1600 checkpoint, and the resumed run logged 1600 and 2400 at wall 5000, 5060 s
+    # (an hour later): on the plot the resumed run starts at 100 s, where its source was.
+    src = tmp_path / "maniskill_pushcube_ppo_mlp" / "first"
+    w = SummaryWriter(str(src / "tb"))
+    for step, wall in [(800, 1000.0), (1600, 1100.0), (2400, 1300.0)]:
+        w.add_scalar("eval/success", 0.5, step, walltime=wall)
+    w.close()
+    resumed = tmp_path / "maniskill_pushcube_ppo_mlp" / "second"
+    w = SummaryWriter(str(resumed / "tb"))
+    for step, wall in [(1600, 5000.0), (2400, 5060.0)]:
+        w.add_scalar("eval/success", 0.75, step, walltime=wall)
+    w.close()
+    (resumed / "config.yaml").write_text(f"resume: {src}/checkpoints/iter_00002.pt\n")
+    assert read_run(resumed)["eval/success"].seconds == pytest.approx([100.0, 160.0])
+    assert read_run(src)["eval/success"].seconds == pytest.approx([0.0, 100.0, 300.0])
+    (resumed / "config.yaml").write_text("resume: null\n")  # not resumed: its own clock
+    assert read_run(resumed)["eval/success"].seconds == pytest.approx([0.0, 60.0])
