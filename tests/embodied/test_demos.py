@@ -10,6 +10,7 @@ import torch
 
 from m2flow.configs import ConfigError
 from m2flow.embodied import demos as demos_mod
+from m2flow.embodied.screw_planner import _exp_coordinates
 from m2flow.envs import make_env
 
 # PushCube seeds 2 and 3 reach success after 59 and 65 steps of pd_ee_delta_pos: a time limit
@@ -103,7 +104,7 @@ def test_screw_motion_exp_coordinates_match_a_hand_computed_one():
     T = np.eye(4)
     T[:3, :3] = [[0, -1, 0], [1, 0, 0], [0, 0, 1]]
     T[:3, 3] = [1.0, 0.0, 0.5]
-    twist, theta = demos_mod._exp_coordinates(T)
+    twist, theta = _exp_coordinates(T)
     assert theta == pytest.approx(np.pi / 2)
     np.testing.assert_allclose(twist[3:], [0, 0, 1], atol=1e-12)
     # the screw's exponential (Lynch & Park, eq. 3.88) must give T back
