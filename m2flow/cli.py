@@ -6,6 +6,7 @@
     m2flow-train resume=latest                     # continue this config's newest checkpoint
     m2flow-train -m seed=0,1,2                     # a sweep: one run per job, then a summary
     m2flow-eval checkpoint=runs/.../checkpoints/last.pt episodes=50
+    m2flow-eval checkpoint=runs/maniskill_pickcube_ppo_mlp     # its newest run's newest checkpoint
     m2flow-eval env=libero_spatial policy=cnn episodes_per_task=2
 
 This module holds the one table of workloads (below); it is the only module that knows more
@@ -139,6 +140,8 @@ def load_eval_config(overrides: Sequence[str]) -> tuple[object, Optional[dict]]:
                           "checkpoint=PATH the checkpoint's own config is used. Drop one.")
     path = next(v for k, v in pairs if k in ("checkpoint", "eval.checkpoint"))
     try:
+        path = str(checkpoint.resolve(path))  # a run directory, or a folder of runs: newest
+        pairs = [(k, path if k in ("checkpoint", "eval.checkpoint") else v) for k, v in pairs]
         state = checkpoint.load(path)
     except ValueError as e:
         raise ConfigError(f"config error: checkpoint={path}: {e}") from None

@@ -131,6 +131,28 @@ def find_latest(log_dir: str | os.PathLike, run_name: str) -> Optional[Path]:
     return named[-1] if named else newest
 
 
+def resolve(path: str | os.PathLike) -> Path:
+    """The checkpoint file ``path`` names: a file is itself; a run directory
+    (``runs/<name>/<time>``) is its newest checkpoint (what its ``last.pt`` points at); a
+    folder of runs (``runs/<name>``) is the newest checkpoint of its runs. Anything else is a
+    :class:`CheckpointError` saying what was looked for."""
+    p = Path(path).expanduser()
+    if p.is_file() or not p.is_dir():
+        return p  # a missing path: load() says so
+    if (p / "checkpoints").is_dir():
+        last = p / "checkpoints" / LAST
+        if not last.is_file():
+            raise CheckpointError(f"{p} is a run directory without a checkpoint yet "
+                                  f"(no {last}).")
+        named = [f for f in sorted(last.parent.glob("*_*.pt")) if os.path.samefile(f, last)]
+        return named[-1] if named else last
+    found = find_latest(p.parent, p.name)
+    if found is None:
+        raise CheckpointError(f"{p} is a folder with no run checkpoint in it (looked for "
+                              f"{p}/*/checkpoints/{LAST}); give a .pt file or a run directory.")
+    return found
+
+
 class CheckpointError(ValueError):
     """A path that is not a readable checkpoint of the expected workload."""
 

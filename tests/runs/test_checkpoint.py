@@ -155,3 +155,38 @@ def test_resume_latest_and_auto_in_the_config(tmp_path, capsys):
     checkpoint.link_latest(path)
     for word in ("latest", "auto"):
         assert load_run_config("maniskill_pushcube_ppo_mlp", [*base, f"resume={word}"]).resume == str(path)
+
+
+def test_resolve_a_file_a_run_directory_and_a_folder_of_runs(tmp_path):
+    s = 10**18
+    old = write_run(tmp_path, "a", "20260101-000000-000000", [2, 4], mtime_ns=s + 100)
+    new = write_run(tmp_path, "a", "20260102-000000-000000", [1, 3], mtime_ns=s + 200)
+    f = old / "iter_00002.pt"
+    assert checkpoint.resolve(f) == f  # a file: itself (an older one than last.pt, too)
+    assert checkpoint.resolve(old.parent) == old / "iter_00004.pt"  # run dir: its last.pt's
+    assert checkpoint.resolve(tmp_path / "a") == new / "iter_00003.pt"  # runs: the newest
+    assert checkpoint.resolve(tmp_path / "nope.pt") == tmp_path / "nope.pt"  # load() says so
+    (tmp_path / "a" / "20260104-000000-000000" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(checkpoint.CheckpointError, match="run directory without a checkpoint"):
+        checkpoint.resolve(tmp_path / "a" / "20260104-000000-000000")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(checkpoint.CheckpointError, match=r"no run checkpoint in it .*last\.pt"):
+        checkpoint.resolve(tmp_path / "empty")
+
+
+def test_m2flow_eval_takes_a_folder_of_runs(tmp_path):
+    from m2flow.cli import load_eval_config, load_run_config
+    from m2flow.configs import ConfigError
+    from m2flow.runs.session import config_yaml
+
+    cfg = load_run_config("maniskill_pushcube_ppo_mlp", ["env=gym_pendulum", "cluster=inprocess"])
+    folder = tmp_path / "r" / "20260101-000000-000000" / "checkpoints"
+    path = checkpoint.save(folder / "iter_00003.pt", {**state(iteration=3), "workload": "embodied",
+                                                       "config": config_yaml(cfg)})
+    checkpoint.link_latest(path)
+    cfg, loaded = load_eval_config([f"checkpoint={tmp_path / 'r'}", "episodes=2"])
+    assert cfg.eval.checkpoint == str(path) and loaded["iteration"] == 3
+    assert cfg.env.name == "gym/Pendulum-v1"  # the checkpoint's own config
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"^config error: checkpoint=.*empty: .*no run checkpoint"):
+        load_eval_config([f"checkpoint={tmp_path / 'empty'}"])
