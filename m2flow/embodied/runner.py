@@ -44,6 +44,7 @@ LOG_FIELDS = [  # the per-iteration log line, after "it N | steps S"
     log_field("eval_success {:.2f}", "eval/success"),
     log_field("kl {:.4f}", "loss/approx_kl"),
     log_field("vloss {:.4f}", "loss/loss_value"),
+    log_field("bc_loss {:.3f}", "loss/loss_bc"),
 ]
 BAR_FIELDS = [
     log_field("sps={:.0f}", "perf/env_steps_per_s"),
