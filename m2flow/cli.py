@@ -33,6 +33,10 @@ WORKLOADS = {
     "embodied": "m2flow.embodied.workload:WORKLOAD",
     "reasoning": "m2flow.reasoning.workload:WORKLOAD",
 }
+PLANNERS = {  # each workload's profiler for m2flow-plan (m2flow.planning)
+    "embodied": "m2flow.embodied.profile",
+    "reasoning": "m2flow.reasoning.profile",
+}
 DEFAULT_CONFIG = "maniskill_pushcube_ppo_mlp"
 DEFAULT_EVAL_CONFIG = "eval"  # m2flow/configs/eval.yaml
 EXIT_CONFIG, EXIT_INTERRUPTED = 2, 130
@@ -46,6 +50,12 @@ def workload(name: str) -> Workload:
         raise ConfigError(f"config error: workload={name!r} is not one of {sorted(WORKLOADS)}.")
     module, _, attr = WORKLOADS[name].partition(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def planner(name: str):
+    """The profiler module of workload ``name`` (``profile``, ``graph_of``,
+    ``measure_iterations``); imported now."""
+    return importlib.import_module(PLANNERS[name])
 
 
 def register_schemas() -> None:
@@ -65,7 +75,13 @@ def load_run_config(config_name: str, overrides: Sequence[str] = ()):
     from m2flow.configs import load_config
 
     register_schemas()
-    return _run_config(load_config(config_name, overrides))
+    composed = load_config(config_name, overrides)
+    if composed.cluster.plan is not None:  # a plan file's overrides (or a plan made now) first
+        from m2flow.planning import plan_overrides
+
+        first = plan_overrides(config_name, overrides, composed)
+        composed = load_config(config_name, first + list(overrides))
+    return _run_config(composed)
 
 
 def _run_config(composed):

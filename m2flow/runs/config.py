@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from m2flow.pipelines import ClusterConfig, PlacementConfig
 
@@ -13,6 +14,11 @@ class ClusterGroupConfig(ClusterConfig):
 
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     """Per-component resources; see m2flow.pipelines.placement."""
+    plan: Optional[str] = None
+    """A plan file written by ``m2flow-plan`` (its placement and knobs are applied before the
+    command line's own overrides), or ``auto``: profile the components and plan at start-up,
+    then log predicted against measured iteration time and re-plan the pipeline stages when
+    they drift apart. None: the placement above as it is."""
 
 
 @dataclass

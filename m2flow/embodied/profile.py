@@ -1,0 +1,278 @@
+"""Measures the embodied components alone, for the planner (``m2flow-plan``).
+
+In this one process, one component at a time, each after warm-up calls:
+
+- **env**: the config's envs as three env groups (``n/4``, ``n/4``, ``n/2`` envs; one
+  simulator process each, as the env worker runs them), stepped with random actions (one
+  policy call's worth: an action chunk) at ``n/4``, ``n/2`` and ``n`` envs, its processes
+  pinned to one core and then spread over all; resets the same way; the PSS of its processes;
+  and the hand-off cost per step (pickling obs and actions as the channels do, recording the
+  step);
+- **rollout**: the real ``RolloutWorker``'s policy answering batches of recorded observations
+  of those sizes on 1 thread and on all cores (and on a GPU if the node has one);
+- **learner**: the real ``LearnerWorker``'s update on a trajectory of the iteration's full
+  size (recorded steps, tiled to ``runner.rollout_steps``), on all cores and on one; then a
+  weight sync from it to the rollout worker (``runs.weights.sync_groups``, in this process).
+
+``profile(cfg)`` returns the profile and its graph (:mod:`m2flow.embodied.plan`).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from dataclasses import replace
+from datetime import datetime
+from typing import Callable, Optional
+
+import torch
+from tensordict import TensorDict
+
+from m2flow import keys
+from m2flow.embodied import plan as embodied_plan
+from m2flow.embodied.buffer import TrajectoryBuffer
+from m2flow.embodied.config import TrainConfig
+from m2flow.embodied.learner_worker import LearnerWorker
+from m2flow.embodied.rollout_worker import RolloutWorker
+from m2flow.envs import make_env
+from m2flow.envs.chunked import ChunkedEnv
+from m2flow.pipelines import Cluster, ClusterConfig, RankResources, WorkerGroup
+from m2flow.pipelines.planner import measure
+from m2flow.pipelines.planner.graph import Graph
+from m2flow.pipelines.planner.profiles import Node, Profile
+from m2flow.runs.weights import sync_groups
+
+RECORDED_STEPS = 4
+"""Policy calls recorded for the learner's trajectory (tiled to rollout_steps): its cost
+depends on the batch's shape, not on what is in it."""
+
+
+class _OneItem:
+    """A channel that always holds the same trajectory (the learner's ``get``)."""
+
+    def __init__(self, item: TensorDict):
+        self.item = item
+
+    def get(self, key=0, timeout=None) -> TensorDict:
+        return self.item.clone()
+
+
+def sizes_of(n: int) -> list[int]:
+    """Env counts to measure at for ``n`` envs: n/4, n/2, n (distinct, at least 1).
+
+    >>> sizes_of(16), sizes_of(4), sizes_of(2), sizes_of(1)
+    ([4, 8, 16], [1, 2, 4], [1, 2], [1])
+    """
+    return sorted({max(1, n // 4), max(1, n // 2), n})
+
+
+def profile(cfg: TrainConfig, *, say: Callable[[str], None] = print,
+            node: Optional[Node] = None) -> tuple[Profile, Graph]:
+    """Measures every component of ``cfg``'s run on this node; the profile and its graph."""
+    node = node or measure.this_node(cfg.cluster)
+    env_cfg = cfg.cluster.placement.components.get("env")
+    n = cfg.env.num_envs * (env_cfg.workers if env_cfg is not None else 1)
+    sizes = sizes_of(n)
+    base_mb = measure.pss_mb([os.getpid()])  # a worker process with torch and m2flow
+    prof = Profile("embodied", node, source={
+        "env": cfg.env.name, "policy": cfg.policy.name, "algorithm": cfg.algorithm.name,
+        "num_envs": n, "date": f"{datetime.now():%Y-%m-%d %H:%M}"})
+    every = list(range(node.cores))
+    counts = sorted({1, node.cores})
+    say(f"profile: {n} envs of {cfg.env.name} as groups of {_groups(sizes)}, policy "
+        f"{cfg.policy.name}, on {node.cores} cores and {node.gpus} GPUs")
+    cluster = Cluster(ClusterConfig(backend="local", num_gpus=0))
+    envs = _Envs(cfg, sizes)
+    rollout = learner = None
+    try:
+        spec = envs.spec
+        rollout = WorkerGroup(cluster, "rollout", RolloutWorker, [RankResources(0, 1.0, ())],
+                              cfg.policy, spec, seed=cfg.seed)
+        policy = rollout.handles[0].policy
+        chunk = rollout.handles[0].chunk()
+        say("profile: env steps and resets")
+        for c in counts:
+            for s in sizes:
+                with envs.on(s, every[:c], every):
+                    prof.add_time("env", "step", size=s, cores=c,
+                                  seconds=measure.median_seconds(lambda: envs.step(s, chunk)))
+                    prof.add_time("env", "reset", size=s, cores=c,
+                                  seconds=measure.median_seconds(envs.reset, warm=1,
+                                                                 min_calls=1, min_s=0.0))
+        sim_mb = measure.pss_mb(measure.descendants())
+        for s in sizes:
+            prof.add_memory("env", size=s, mb=base_mb + sim_mb * s / n)
+        say("profile: policy inference")
+        steps = envs.record(policy, RECORDED_STEPS)
+        obs = steps[0][keys.OBS]
+        for c in counts:
+            with measure.on_cores(every[:c]), torch.no_grad():
+                for s in sizes:
+                    batch = TensorDict({keys.OBS: obs[:s]}, batch_size=[s])
+                    prof.add_time("rollout", "infer", size=s, cores=c,
+                                  seconds=measure.median_seconds(lambda: policy.act(batch)))
+        for s in sizes:
+            prof.add_time("env", "hop", size=s, cores=1,
+                          seconds=measure.median_seconds(lambda: _hand_off(steps[0][:s])))
+        prof.add_memory("rollout", size=n, mb=base_mb + _param_mb(policy))
+        say("profile: learner update and weight sync")
+        before = measure.rss_mb()
+        learner = WorkerGroup(cluster, "learner", LearnerWorker,
+                              [RankResources(0, float(node.cores), ())], cfg.policy,
+                              cfg.algorithm, spec, seed=cfg.seed,
+                              num_iterations=cfg.runner.num_iterations)
+        traj = _tile(torch.stack(steps, dim=1), cfg.runner.rollout_steps)  # (N, T)
+        update = learner.handles[0].update
+        small = _OneItem(traj[:, : max(1, traj.shape[1] // 4)])
+        full = _OneItem(traj)
+        update(small, env_ranks=[0], iteration=0)  # warm: Adam's state, allocator
+        for c in sorted(counts, reverse=True):
+            with measure.on_cores(every[:c]):
+                prof.add_time("learner", "learn", size=traj.numel(), cores=c,
+                              seconds=measure.median_seconds(
+                                  lambda: update(full, env_ranks=[0], iteration=0),
+                                  warm=0, min_calls=1, min_s=0.0))
+        prof.add_memory("learner", size=traj.numel(),
+                        mb=base_mb + max(0.0, measure.rss_mb() - before))
+        param_mb = _param_mb(policy)
+        bucket = cfg.runner.weight_sync_bucket_mb
+        sync_groups(learner, rollout, LearnerWorker, RolloutWorker, version=1, full=True,
+                    bucket_mb=bucket)
+        prof.add_time("learner", "sync", size=param_mb, cores=1, seconds=measure.median_seconds(
+            lambda: sync_groups(learner, rollout, LearnerWorker, RolloutWorker, version=1,
+                                full=False, bucket_mb=bucket), warm=1))
+        prof.add_memory("runtime", size=0, mb=base_mb + measure.RAY_DAEMONS_MB)
+        prof.facts = embodied_plan.facts(cfg, chunk, param_mb)
+    finally:
+        for group in (learner, rollout):
+            if group is not None:
+                group.shutdown()
+        envs.close()
+    return prof, embodied_plan.graph(prof.facts)
+
+
+def _groups(sizes: list[int]) -> list[int]:
+    return [b - a for a, b in zip([0, *sizes[:-1]], sizes)]
+
+
+class _Envs:
+    """The envs as groups whose first k add up to each measured size."""
+
+    def __init__(self, cfg: TrainConfig, sizes: list[int]):
+        self.cfg, self.sizes = cfg, sizes
+        self.groups: list[ChunkedEnv] = []
+        self.pids: list[list[int]] = []  # each group's processes (simulators, servers)
+        try:
+            for k in _groups(sizes):
+                before = set(measure.descendants())
+                self.groups.append(ChunkedEnv(make_env(replace(cfg.env, num_envs=k))))
+                self.pids.append(sorted(set(measure.descendants()) - before))
+        except BaseException:
+            self.close()
+            raise
+        self.spec = self.groups[0].spec
+        self.reset()
+
+    def _first(self, s: int) -> list[ChunkedEnv]:
+        return self.groups[: self.sizes.index(s) + 1]
+
+    def on(self, s: int, cores: list[int], every: list[int]):
+        """The first groups adding up to ``s`` envs pinned to ``cores``, this process off them
+        (as the env worker floats its own thread), for the block."""
+        k = self.sizes.index(s) + 1
+        pids = [p for group in self.pids[:k] for p in group]
+        measure.pin_pids(pids + [q for p in pids for q in measure.descendants(p)], cores)
+        own = [c for c in every if c not in cores] or every
+        return measure.on_cores(own, threads=1)
+
+    def step(self, s: int, chunk: int) -> list[TensorDict]:
+        groups = self._first(s)
+        for g in groups:
+            g.step_async(self._random(g.num_envs, chunk))
+        return [g.step_wait() for g in groups]
+
+    def reset(self) -> None:
+        seed = 0
+        for g in self.groups:
+            g.reset(seed=list(range(seed, seed + g.num_envs)))
+            seed += g.num_envs
+
+    def _random(self, n: int, chunk: int) -> torch.Tensor:
+        low = torch.as_tensor(self.spec.action_low, dtype=torch.float32)
+        high = torch.as_tensor(self.spec.action_high, dtype=torch.float32)
+        shape = (n, chunk, low.numel()) if chunk > 1 else (n, low.numel())
+        return low + (high - low) * torch.rand(shape)
+
+    def record(self, policy, calls: int) -> list[TensorDict]:
+        """``calls`` steps of all envs with the policy's actions, each as the learner sees it
+        (batch [n]); the env worker's ``_record`` in one place."""
+        seed, obs = 0, []
+        for g in self.groups:
+            obs.append(g.reset(seed=list(range(seed, seed + g.num_envs)))[keys.OBS])
+            seed += g.num_envs
+        out = []
+        for _ in range(calls):
+            o = torch.cat(obs)
+            with torch.no_grad():
+                act = policy.act(TensorDict({keys.OBS: o}, batch_size=[o.shape[0]]))
+            act[keys.POLICY_VERSION] = torch.zeros(act.batch_size, dtype=torch.long)
+            parts, start = [], 0
+            for g in self.groups:
+                g.step_async(act[keys.ACTION][start: start + g.num_envs])
+                start += g.num_envs
+            results = [g.step_wait() for g in self.groups]
+            res = torch.cat(results)
+            step = res.empty()
+            step.update({keys.OBS: o, keys.NEXT: res[keys.NEXT]})
+            step.update(act)
+            out.append(step)
+            obs = [r[keys.OBS] for r in results]
+        return out
+
+    def close(self) -> None:
+        for g in self.groups:
+            g.close()
+
+
+def _hand_off(step: TensorDict) -> None:
+    """What a lane's step costs besides simulating and inferring: obs out and actions back
+    through a channel (pickled), and the step recorded into the trajectory."""
+    obs = TensorDict({keys.OBS: step[keys.OBS]}, batch_size=step.batch_size)
+    pickle.loads(pickle.dumps(obs, protocol=5))
+    act = step.select(keys.ACTION, keys.LOG_PROB, strict=False)
+    pickle.loads(pickle.dumps(act, protocol=5))
+    TrajectoryBuffer(1).add(step)
+
+
+def _tile(traj: TensorDict, steps: int) -> TensorDict:
+    """A (N, k) trajectory repeated along time to (N, steps)."""
+    reps = -(-steps // traj.shape[1])
+    return torch.cat([traj] * reps, dim=1)[:, :steps]
+
+
+def _param_mb(module: torch.nn.Module) -> float:
+    return sum(t.numel() * t.element_size() for t in module.state_dict().values()) / 2**20
+
+
+def graph_of(facts: dict) -> Graph:
+    """The graph of a saved profile's facts (``m2flow-plan --profile FILE``)."""
+    return embodied_plan.graph(facts)
+
+
+def measure_iterations(cfg: TrainConfig, iterations: int, warm: int = 1) -> list[float]:
+    """Seconds of each of ``iterations`` real training iterations (collect, update, sync; no
+    evaluation) of ``cfg``, after ``warm`` untimed ones (``m2flow-plan --verify``)."""
+    from m2flow.embodied.runner import EmbodiedRunner
+
+    cfg.runner.progress_bar = False
+    runner = EmbodiedRunner(cfg)
+    try:
+        out = []
+        for it in range(warm + iterations):
+            metrics = runner.iterate(it)
+            if it >= warm:
+                out.append(metrics["perf/iteration_s"])
+        runner.drain()
+        return out
+    finally:
+        runner.close()

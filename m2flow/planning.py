@@ -1,0 +1,184 @@
+"""``m2flow-plan``: measure a config's components, search every plan, keep the best as a file.
+
+    m2flow-plan --config-name maniskill_pushcube_ppo_cnn        # profile, plan, write the file
+    m2flow-plan --config-name maniskill_pushcube_ppo_cnn --verify   # + run the best two for real
+    m2flow-plan --config-name X --profile plans/X.profile.json  # plan again, no measuring
+    m2flow-train --config-name X cluster.plan=plans/X.yaml      # train with the plan
+    m2flow-train --config-name X cluster.plan=auto              # plan at start-up, watch drift
+
+It prints the best plans (predicted seconds per iteration, throughput, memory; infeasible ones
+with the reason), writes the chosen one to ``plans/<config>.yaml`` (``-o``) and the measured
+profile next to it (``.profile.json``). The planner is :mod:`m2flow.pipelines.planner`; each
+workload measures its own components (``m2flow.cli.PLANNERS``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import statistics
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from m2flow.pipelines.planner.planfile import PlanFileError, read_plan, write_plan
+from m2flow.pipelines.planner.profiles import Profile
+from m2flow.pipelines.planner.search import PlanError, Prediction, models_for, search, table
+
+PLAN_DIR = "plans"
+"""Where m2flow-plan writes plan files by default (relative to the working directory)."""
+AUTO = "auto"
+
+
+def _without_plan(overrides: Sequence[str]) -> list[str]:
+    return [o for o in overrides if o.lstrip("+~").split("=", 1)[0] != "cluster.plan"]
+
+
+def make_plan(cfg, config_name: str, overrides: Sequence[str], *, output: Path,
+              profile_path: Optional[str] = None, top: int = 10, elastic: bool = False,
+              say: Callable[[str], None] = print):
+    """Profiles ``cfg`` (or reads ``profile_path``), searches, prints the table, writes the
+    plan file ``output`` (and the profile next to it). Returns (predictions, graph)."""
+    from m2flow.cli import planner
+
+    module = planner(cfg.workload)
+    if profile_path:
+        prof = Profile.load(profile_path)
+        graph = module.graph_of(prof.facts)
+        say(f"plan: profile {profile_path} ({prof.source.get('date', 'undated')})")
+    else:
+        prof, graph = module.profile(cfg, say=say)
+        saved = prof.save(output.with_suffix(".profile.json"))
+        say(f"plan: profile written to {saved}")
+    models = models_for(prof, graph)
+    say("plan: fitted cost models")
+    for (comp, phase, device), m in sorted(models.times.items()):
+        say(f"  {comp}.{phase} ({device}): {m.describe()}")
+    preds = search(graph, models, prof.node)
+    say(f"plan: {graph.workload} workload on {prof.node.cores} cores, {prof.node.gpus} GPUs; "
+        f"{len(preds)} plans, {sum(p.feasible for p in preds)} feasible")
+    say(table(preds, graph, top=top))
+    first = graph.loop[0].component
+    best = preds[0]
+    runner_up = next((p for p in preds[1:] if p.feasible), None)
+    command = shlex.join(["m2flow-plan", "--config-name", config_name, *overrides])
+    write_plan(output, best, config_name=config_name, workload=graph.workload, node=prof.node,
+               knob_overrides=graph.knob_overrides(best.plan, elastic=elastic),
+               label=best.plan.label(first), runner_up=runner_up, command=command,
+               auto=elastic)
+    return preds, graph
+
+
+def plan_overrides(config_name: str, overrides: Sequence[str], composed) -> list[str]:
+    """The overrides that apply ``cluster.plan`` to ``config_name``: a plan file's, or for
+    ``auto`` a plan made now (written under ``runner.log_dir/<run_name>/plans/``, and
+    ``cluster.plan`` set to it so the run watches its prediction). They go before the
+    command line's own overrides."""
+    from m2flow.configs import ConfigError
+
+    value = str(composed.cluster.plan)
+    if value == AUTO:
+        from m2flow.cli import _run_config
+
+        cfg = _run_config(composed)
+        out = Path(cfg.runner.log_dir) / cfg.run_name / PLAN_DIR / \
+            f"{datetime.now():%Y%m%d-%H%M%S}.yaml"
+        try:
+            make_plan(cfg, config_name, _without_plan(overrides), output=out, elastic=True,
+                      top=5)
+        except PlanError as e:
+            raise ConfigError(f"config error: cluster.plan=auto: {e}") from None
+        print(f"plan: cluster.plan=auto chose {read_plan(out).label}; written to {out}",
+              flush=True)
+        return read_plan(out).overrides + _without_plan(overrides) + [f"cluster.plan={out}"]
+    try:
+        plan = read_plan(value)
+    except PlanFileError as e:
+        raise ConfigError(f"config error: {e}") from None
+    if plan.workload and plan.workload != composed.workload:
+        raise ConfigError(
+            f"config error: cluster.plan={value} is a plan for the {plan.workload} workload, "
+            f"but {config_name} is {composed.workload}; make one with m2flow-plan "
+            f"--config-name {config_name}.")
+    if plan.config_name and plan.config_name != config_name:
+        print(f"plan: note: {value} was made for {plan.config_name}, used here for "
+              f"{config_name}", file=sys.stderr, flush=True)
+    return plan.overrides
+
+
+def verify(config_name: str, overrides: Sequence[str], preds: Sequence[Prediction], graph,
+           *, iterations: int, count: int = 2, say: Callable[[str], None] = print) -> list[dict]:
+    """Runs the first ``count`` feasible plans for ``iterations`` real iterations each (after
+    one warm-up) and prints predicted against measured seconds per iteration."""
+    from m2flow.cli import load_run_config, planner
+
+    first = graph.loop[0].component
+    rows = []
+    for pred in [p for p in preds if p.feasible][:count]:
+        from m2flow.pipelines.planner.planfile import cluster_overrides
+
+        knobs = cluster_overrides(pred.plan) + graph.knob_overrides(pred.plan)
+        cfg = load_run_config(config_name, _without_plan(overrides) + knobs)
+        say(f"verify: {pred.plan.label(first)}: {iterations} iterations after a warm-up")
+        times = planner(cfg.workload).measure_iterations(cfg, iterations)
+        measured = statistics.median(times)
+        rows.append({"plan": pred.plan.label(first), "predicted_s": pred.iteration_s,
+                     "measured_s": measured, "error": pred.iteration_s / measured - 1,
+                     "times": times})
+    say(f"verify: predicted against measured seconds per iteration (median of {iterations})")
+    say(f"{'#':>3}  {'predicted':>9}  {'measured':>9}  {'error':>6}  plan")
+    for i, r in enumerate(rows):
+        say(f"{i + 1:>3}  {r['predicted_s']:>9.3f}  {r['measured_s']:>9.3f}  "
+            f"{100 * r['error']:>+5.0f}%  {r['plan']}")
+    if len(rows) == 2:
+        right = (rows[0]["measured_s"] <= rows[1]["measured_s"])
+        say(f"verify: the chosen plan was {'faster' if right else 'SLOWER'} than the runner-up "
+            f"({rows[0]['measured_s']:.3f} s against {rows[1]['measured_s']:.3f} s)")
+    return rows
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    from m2flow.cli import DEFAULT_CONFIG, EXIT_CONFIG, _setup_logging, load_run_config
+    from m2flow.configs import ConfigError
+
+    parser = argparse.ArgumentParser(prog="m2flow-plan", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config-name", "-cn", default=DEFAULT_CONFIG,
+                        help=f"entry config in m2flow/configs (default: {DEFAULT_CONFIG})")
+    parser.add_argument("--output", "-o", default=None,
+                        help=f"plan file to write (default: {PLAN_DIR}/<config name>.yaml)")
+    parser.add_argument("--profile", default=None,
+                        help="a profile written by an earlier m2flow-plan: plan without measuring")
+    parser.add_argument("--top", type=int, default=10, help="feasible plans to print")
+    parser.add_argument("--verify", action="store_true",
+                        help="run the chosen plan and the runner-up for real and print "
+                             "predicted against measured iteration time")
+    parser.add_argument("--iterations", type=int, default=3,
+                        help="timed iterations per plan with --verify (after one warm-up)")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, as m2flow-train takes")
+    args = parser.parse_args(argv)
+    overrides = _without_plan(args.overrides)
+    output = Path(args.output or Path(PLAN_DIR) / f"{args.config_name}.yaml")
+    try:
+        if args.profile and not Path(args.profile).is_file():
+            raise ConfigError(f"config error: --profile {args.profile}: no such file; give a "
+                              ".profile.json written by m2flow-plan.")
+        cfg = load_run_config(args.config_name, overrides)
+        if cfg.cluster.address is not None:
+            raise ConfigError(
+                f"config error: cluster.address={cfg.cluster.address}: m2flow-plan plans the "
+                "machine it runs on; run it on one node of the cluster without cluster.address.")
+        _setup_logging()
+        preds, graph = make_plan(cfg, args.config_name, overrides, output=output,
+                                 profile_path=args.profile, top=args.top)
+    except (ConfigError, PlanError) as e:
+        text = str(e)
+        print(f"m2flow-plan: {text if text.startswith('config error') else 'error: ' + text}",
+              file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"plan: written to {output}; train with: m2flow-train --config-name "
+          f"{args.config_name} cluster.plan={output}", flush=True)
+    if args.verify:
+        verify(args.config_name, overrides, preds, graph, iterations=args.iterations)
+    return 0

@@ -1,0 +1,213 @@
+"""The planner's pure core: cost-model fits, the contention rule, the search on hand-built
+graphs whose best plan is known, refusals, and the plan file composing into a config."""
+
+import math
+
+import pytest
+
+from m2flow.embodied.plan import graph as embodied_graph
+from m2flow.pipelines.planner.costmodel import fit, fit_memory, fit_time
+from m2flow.pipelines.planner.graph import ComponentSpec, Graph, Phase
+from m2flow.pipelines.planner.planfile import read_plan, write_plan
+from m2flow.pipelines.planner.profiles import Memory, Node, Profile, Timing
+from m2flow.pipelines.planner.search import (
+    Block, PlanError, makespan, models_for, predict, search)
+
+SIM_S = 0.010  # CPU seconds of one env step in its own process
+
+
+def profile(node, *, infer_per_item=0.001, infer_fixed=0.0, infer_threads_help=False,
+            learn=0.2, sizes=(2, 4, 8, 16), gpu_infer=None, gpu_learn=None):
+    """A synthetic embodied profile: simulators one process per env, inference linear in
+    the batch (on one thread; more threads help only with ``infer_threads_help``)."""
+    p = Profile("embodied", node)
+    counts = sorted({1, node.cores})
+    for n in sizes:
+        for c in counts:
+            p.add_time("env", "step", size=n, cores=c, seconds=0.001 + SIM_S * n / min(c, n))
+            p.add_time("env", "reset", size=n, cores=c, seconds=0.0)
+            speed = c if infer_threads_help else 1
+            p.add_time("rollout", "infer", size=n, cores=c,
+                       seconds=infer_fixed + infer_per_item * n / speed)
+            if gpu_infer is not None:
+                p.add_time("rollout", "infer", size=n, cores=0, seconds=gpu_infer * n,
+                           device="cuda")
+    for c in counts:
+        p.add_time("learner", "learn", size=800, cores=c, seconds=learn)
+    if gpu_learn is not None:
+        p.add_time("learner", "learn", size=800, cores=0, seconds=gpu_learn, device="cuda")
+    p.add_memory("env", size=2, mb=400)
+    p.add_memory("env", size=16, mb=1800)
+    p.add_memory("learner", size=800, mb=500)
+    return p
+
+
+FACTS = {"num_envs": 16, "rollout_steps": 50, "chunk": 1, "group": 1}
+
+
+def test_time_fit_recovers_lines_per_core_count_and_amdahl_between():
+    ts = [Timing("rollout", "infer", x, c, 0.002 + 0.001 * x / c) for x in (2, 8, 16)
+          for c in (1, 8)]
+    m = fit_time(ts)
+    assert m.fit_error < 1e-6
+    assert m.seconds(32, 1) == pytest.approx(0.002 + 0.032)
+    assert m.seconds(32, 8) == pytest.approx(0.002 + 0.004)
+    assert m.seconds(32, 4) == pytest.approx(0.002 + 0.008)  # between: S + P/c
+    assert m.work(32) == pytest.approx(0.034)
+
+
+def test_time_fit_of_one_process_per_item_caps_cores_at_the_size():
+    p = profile(Node(cores=4))
+    m = models_for(p, embodied_graph(FACTS))
+    step = m.time_model("env", "step")
+    assert step.seconds(2, 4) == pytest.approx(0.001 + SIM_S)  # 2 envs use 2 of the cores
+    assert step.seconds(12, 4) == pytest.approx(0.001 + 3 * SIM_S)
+    assert step.seconds(12, 3) == pytest.approx(0.001 + 4 * SIM_S)  # a core count not measured
+
+
+def test_a_slower_multi_thread_measurement_is_kept_not_forced_faster():
+    ts = [Timing("rollout", "infer", x, c, 0.001 * x * (1 if c == 1 else 3)) for x in (2, 8)
+          for c in (1, 2)]
+    m = fit_time(ts)
+    assert m.seconds(8, 2) == pytest.approx(0.024) and m.seconds(8, 1) == pytest.approx(0.008)
+
+
+def test_memory_fit_is_linear_in_size():
+    m = fit_memory([Memory("env", 2, 400), Memory("env", 16, 1800)])
+    assert m.mb(8) == pytest.approx(1000)
+
+
+def test_makespan_adds_the_cpu_work_of_activities_sharing_cores():
+    cores = frozenset({0, 1})
+    sim = Block(wall=1.0, work=2.0, cpus=cores)  # fills both cores
+    learner = Block(wall=0.5, work=1.0, cpus=cores)
+    assert makespan([sim, learner]) == pytest.approx(1.5)  # nothing to overlap
+    apart = Block(wall=1.0, work=1.0, cpus=frozenset({0}))
+    other = Block(wall=0.8, work=0.8, cpus=frozenset({1}))
+    assert makespan([apart, other]) == pytest.approx(1.0)  # own cores: the longer one
+
+
+def test_simulators_filling_the_cores_and_a_tiny_policy_give_the_plain_plan():
+    node = Node(cores=2)
+    g = embodied_graph(FACTS)
+    preds = search(g, models_for(profile(node, infer_per_item=1e-5), g), node)
+    best = preds[0]
+    assert (best.plan.lanes, best.plan.overlap, best.plan.workers) == (1, False, 1)
+    # one step of 16 envs on 2 cores, inference on one thread, 50 steps, then the update
+    per_step = 0.001 + SIM_S * 8 + 1e-5 * 16
+    assert best.iteration_s == pytest.approx(50 * per_step + 0.2, rel=1e-6)
+    fastest = min(p.iteration_s for p in preds if p.feasible)
+    assert best.iteration_s <= fastest * 1.1  # what overlap might save is not worth staleness
+
+
+def test_inference_as_slow_as_simulation_on_cores_of_its_own_pipelines():
+    """Env on core 0 (8 ms of sim per step for 8 envs), rollout on core 1 (8 ms per 8
+    observations): with S=2 the two overlap and a step costs about one of them."""
+    node = Node(cores=2)
+    facts = dict(FACTS, num_envs=8)
+    g = embodied_graph(facts)
+    p = profile(node, infer_per_item=SIM_S, sizes=(2, 4, 8))
+    preds = {pr.plan.label(): pr for pr in search(g, models_for(p, g), node) if pr.feasible}
+    split = "hybrid: env core 0, rollout core 1, learner any core 2t; "
+    seq, piped = preds[split + "S=1"], preds[split + "S=2"]
+    assert seq.breakdown["loop"] == pytest.approx(50 * (0.081 + 0.080))
+    # per step: the env worker's two stages one after another (2 x 41 ms) bound it
+    assert piped.breakdown["loop"] == pytest.approx(50 * 2 * (0.001 + 4 * SIM_S))
+    assert piped.iteration_s < seq.iteration_s
+
+
+def test_learner_overlap_pays_on_a_gpu_of_its_own_not_on_shared_cores():
+    g = embodied_graph(FACTS)
+    cpu = Node(cores=2)
+    best_cpu = search(g, models_for(profile(cpu, learn=1.0), g), cpu)[0]
+    assert not best_cpu.plan.overlap
+    gpus = Node(cores=8, gpus=2, gpu_memory_mb=80_000)
+    p = profile(gpus, learn=30.0, gpu_infer=0.0001, gpu_learn=2.0)
+    best = search(g, models_for(p, g), gpus)[0]
+    assert best.plan.overlap
+    assert best.plan.placement("learner").gpus != best.plan.placement("rollout").gpus
+
+
+def test_a_plan_needing_a_device_the_profile_never_measured_is_infeasible_with_why():
+    node = Node(cores=4, gpus=1)
+    g = embodied_graph(FACTS)
+    preds = search(g, models_for(profile(node), g), node)
+    gpu = [p for p in preds if p.plan.placement("rollout").gpus]
+    assert gpu and all(not p.feasible for p in gpu)
+    assert "the profile has no timings of learner.learn on cuda" in gpu[0].infeasible
+
+
+def test_infeasible_resources_are_refused_with_a_clear_message():
+    g = embodied_graph(FACTS)
+    small = Node(cores=2, memory_mb=1000)
+    with pytest.raises(PlanError, match=r"no plan of the embodied workload fits this node "
+                                        r"\(2 cores, 0 GPUs, 1.0 GB\).*host memory"):
+        search(g, models_for(profile(small), g), small)
+    with pytest.raises(PlanError, match="offers 0 CPU cores"):
+        search(g, models_for(profile(Node(cores=1)), g), Node(cores=0))
+    preds = search(g, models_for(profile(Node(cores=2)), g), Node(cores=2))
+    disagg = [p for p in preds if p.plan.mode == "disaggregated"]
+    assert disagg and all("add up to 3 > 2 cores" in p.infeasible for p in disagg
+                          if p.plan.workers == 1)
+
+
+def test_a_reset_group_that_does_not_split_over_workers_is_refused():
+    g = embodied_graph(dict(FACTS, num_envs=4, group=4))
+    node = Node(cores=2)
+    preds = search(g, models_for(profile(node, sizes=(1, 2, 4)), g), node)
+    two = next(p for p in preds if p.plan.workers == 2)
+    assert "not a multiple of the group of 4" in two.infeasible
+
+
+def test_a_chain_streams_the_update_when_rollout_and_learner_have_own_cores():
+    """Reasoning's shape: generate -> score per call; disaggregated, the learner consumes
+    each call's completions as they come, so its time hides behind generation."""
+    g = Graph(workload="reasoning",
+              components=(ComponentSpec("rollout"), ComponentSpec("reward", threads=False),
+                          ComponentSpec("learner")),
+              loop=(Phase("rollout", "generate"), Phase("reward", "score")), cycle=False,
+              rounds=1, items=64, train=Phase("learner", "learn"), samples=64,
+              steps_per_iteration=64, pinned=("rollout", "learner"), lanes=(1, 4),
+              stream_train=True)
+    node = Node(cores=2)
+    p = Profile("reasoning", node)
+    for x in (16, 64):
+        for c in (1, 2):
+            p.add_time("rollout", "generate", size=x, cores=c, seconds=0.01 * x)
+            p.add_time("reward", "score", size=x, cores=c, seconds=0.0001 * x)
+    for c in (1, 2):
+        p.add_time("learner", "learn", size=64, cores=c, seconds=0.5)
+    best = search(g, models_for(p, g), node)[0]
+    assert best.plan.mode == "hybrid" and best.plan.lanes == 4
+    assert best.iteration_s == pytest.approx(0.64 + 0.0016 + 0.125, rel=1e-3)
+
+
+def test_the_plan_file_round_trips_into_a_config_that_composes(tmp_path):
+    from m2flow.cli import load_run_config
+
+    node = Node(cores=2, memory_mb=24_000)
+    g = embodied_graph(dict(FACTS, num_envs=4))
+    p = profile(node, infer_per_item=SIM_S, sizes=(1, 2, 4))
+    preds = search(g, models_for(p, g), node)
+    best = next(pr for pr in preds if pr.feasible and pr.plan.mode == "hybrid"
+                and pr.plan.lanes == 2)
+    path = write_plan(tmp_path / "plan.yaml", best, config_name="maniskill_pushcube_ppo_mlp",
+                      workload="embodied", node=node,
+                      knob_overrides=g.knob_overrides(best.plan), label=best.plan.label())
+    assert read_plan(path).predicted["iteration_s"] == pytest.approx(best.iteration_s, rel=1e-3)
+    cfg = load_run_config("maniskill_pushcube_ppo_mlp", [f"cluster.plan={path}"])
+    comps = cfg.cluster.placement.components
+    assert cfg.cluster.placement.mode == "hybrid" and cfg.cluster.backend == "ray"
+    assert comps["env"].cpu_ids == [0] and comps["rollout"].cpu_ids == [1]
+    assert (cfg.env.num_envs, cfg.rollout.pipeline_stages) == (4, 2)
+    assert cfg.runner.overlap_learner is best.plan.overlap
+    # the command line's own overrides still win over the plan's
+    cfg = load_run_config("maniskill_pushcube_ppo_mlp",
+                          [f"cluster.plan={path}", "rollout.pipeline_stages=1"])
+    assert cfg.rollout.pipeline_stages == 1
+
+
+def test_a_profile_survives_json():
+    p = profile(Node(cores=2, memory_mb=math.inf))
+    q = Profile.from_json(p.to_json())
+    assert q.timings == p.timings and q.memory == p.memory and q.node == p.node
