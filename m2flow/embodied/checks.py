@@ -130,6 +130,7 @@ def check_config(cfg: TrainConfig, plan: Optional[dict[str, list[str]]] = None) 
             "or more env groups, a group one or more envs); change it or leave it unset.")
     _check_reset_groups(cfg)
     _check_learner_ranks(cfg)
+    _check_rollout_ranks(cfg)
     env = cfg.cluster.placement.components.get("env")
     env_workers = 1 if env is None else env.workers
     samples = n * env_workers * cfg.runner.rollout_steps
@@ -228,6 +229,25 @@ def _check_learner_ranks(cfg: TrainConfig) -> None:
             field, learners,
             "algorithm=bc draws its dataset sample itself, the same on every learner rank, so "
             f"several ranks would train on copies of it; use {field}=1 for behaviour cloning.")
+
+
+def _check_rollout_ranks(cfg: TrainConfig) -> None:
+    """M rollout workers serve the E x S lanes (env worker, stage) of E env workers, equally
+    many each (``stages.rollout_rank``: round-robin), so M must divide E x S: none idle, none
+    the bottleneck."""
+    comps = cfg.cluster.placement.components
+    m = comps["rollout"].workers if "rollout" in comps else 1
+    e = comps["env"].workers if "env" in comps else 1
+    lanes = e * cfg.rollout.pipeline_stages
+    if lanes % m == 0:
+        return
+    field = "cluster.placement.components.rollout.workers"
+    fits = [n for n in range(1, lanes + 1) if lanes % n == 0]
+    raise field_error(
+        field, m,
+        f"must divide the {lanes} lanes (cluster.placement.components.env.workers={e} x "
+        f"rollout.pipeline_stages={cfg.rollout.pipeline_stages}) it serves, equally many per "
+        f"rollout worker; use {field} in {fits}, or more env workers or stages.")
 
 
 def _gpu_batched(cfg: TrainConfig) -> bool:

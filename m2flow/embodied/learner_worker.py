@@ -86,6 +86,11 @@ class LearnerWorker(Worker):
         """CPU copies of bucket ``index`` of the planned sync."""
         return self.weights.bucket(index)
 
+    def broadcast_weight_buckets(self, *, link: str) -> int:
+        """Broadcasts every bucket of the planned sync over link ``link`` (to the rollout
+        ranks, which call ``RolloutWorker.receive_weight_broadcast``); the bytes sent."""
+        return self.weights.broadcast(self.link(link))
+
     def state_dict(self) -> dict:
         """Weights and optimiser state in host memory (the driver that saves them may have no
         GPU; ``load_state_dict`` moves them back, see :mod:`m2flow.runs.checkpoint`)."""

@@ -9,7 +9,7 @@ import torch
 
 from m2flow import keys
 from m2flow.runs import seeding
-from m2flow.runs.weights import SyncPlan, WeightBucket, WeightReceiver
+from m2flow.runs.weights import SyncPlan, WeightBucket, WeightReceiver, receive_flat_buckets
 from m2flow.pipelines import Channel, Worker
 from m2flow.policies import PolicyConfig, make_policy
 
@@ -41,6 +41,11 @@ class RolloutWorker(Worker):
         """Env steps per policy call (action chunks; 1 for single actions)."""
         return int(getattr(self.policy, "chunk", 1))
 
+    def get_weights(self) -> dict:
+        """CPU copies of the inference copy's weights (to compare with the learner's)."""
+        with self._lock:
+            return {k: v.detach().to("cpu", copy=True) for k, v in self.policy.state_dict().items()}
+
     def begin_weight_sync(self, plan: SyncPlan, *, version: int) -> None:
         """Announces a sync of ``plan.keys`` (an unknown name, or a full sync missing one of
         this policy's, is an error here). A delta sync is staged and loaded at once by
@@ -56,6 +61,15 @@ class RolloutWorker(Worker):
         it is offloaded (the next onload carries them to the device)."""
         with self.timer("weight_sync"), self._lock:
             self.receiver.receive(bucket)
+
+    def receive_weight_broadcast(self, plan: SyncPlan, *, link: str) -> None:
+        """Receives every bucket of ``plan`` over link ``link`` (broadcast by learner rank 0,
+        ``LearnerWorker.broadcast_weight_buckets``) and loads (or stages) each as
+        ``receive_weight_bucket`` does; inference goes on while a bucket is in flight."""
+        with self.timer("weight_sync"):
+            for bucket in receive_flat_buckets(self.link(link), plan):
+                with self._lock:
+                    self.receiver.receive(bucket)
 
     def finish_weight_sync(self) -> None:
         """Loads the staged buckets; the policy is now the announced version. Raises if an

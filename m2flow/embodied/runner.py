@@ -28,6 +28,7 @@ from m2flow.embodied.env_worker import EnvWorker
 from m2flow.embodied.episodes import EpisodeStats
 from m2flow.embodied.learner_worker import LearnerWorker, learner_rank
 from m2flow.embodied.rollout_worker import RolloutWorker
+from m2flow.embodied.stages import rollout_rank
 from m2flow.pipelines import Channel
 from m2flow.pipelines.worker import Futures, Stopped, gather
 from m2flow.runs import seeding
@@ -111,9 +112,12 @@ class EmbodiedRunner:
             self.session.close()
             raise
         learners = f", {self.learner.world_size} learner" if self.learner is not None else ""
+        sync = "" if self.learner is None else (
+            "; weights by Ray objects" if self.weight_link is None else
+            f"; weights by {self.session.links[-1].backend} broadcast")
         announce(f"start-up: ready in {time.perf_counter() - t0:.1f} s: {self.env.world_size} "
                  f"env worker(s) x {cfg.env.num_envs} envs, {self.rollout.world_size} rollout"
-                 f"{learners}; placement {self.placement.mode}")
+                 f"{learners}; placement {self.placement.mode}{sync}")
         if not train:
             self.session.phase = "evaluation"  # all that is left to do
 
@@ -132,11 +136,11 @@ class EmbodiedRunner:
                                    channel_timeout=r.channel_timeout_s)
         self.chunk = self.rollout.call(RolloutWorker.chunk, ranks=[0]).wait()[0]  # env steps per call
         self.env_ranks = list(range(self.env.world_size))
-        # lane (env rank e, stage k) goes to rollout rank (e * groups + k) mod N: M env workers
-        # -> N rollout workers, no relay
+        # lane (env rank e, stage k) goes to rollout rank (k * E + e) mod M: E env workers ->
+        # M rollout workers, no relay (the start-up checks give each rank equally many)
         self.obs_ch = Channel(
             "obs", self.rollout, item_type=TensorDict,
-            routes={(e, k): (e * groups + k) % self.rollout.world_size
+            routes={(e, k): rollout_rank(e, k, len(self.env_ranks), self.rollout.world_size)
                     for e in self.env_ranks for k in range(groups)},
         )
         self.set_stages(cfg.rollout.pipeline_stages)
@@ -146,6 +150,7 @@ class EmbodiedRunner:
         self._pending: Optional[_Collection] = None  # a collection started ahead (overlap)
         self._last_end: Optional[float] = None
         self.learner = None
+        self.weight_link: Optional[str] = None  # None: weights travel as Ray objects
         self.switcher = self.session.switcher  # evaluation only: nobody to take turns with
         if train:
             self.learner = self.session.group(
@@ -157,6 +162,7 @@ class EmbodiedRunner:
             self.traj_ch = Channel("trajectory", self.learner, item_type=TensorDict, routes={
                 e: learner_rank(e, len(self.env_ranks), self.learner.world_size)
                 for e in self.env_ranks})
+            self.weight_link = self.session.weight_link(self.learner, self.rollout)
             if cfg.resume:
                 self.load(cfg.resume)
             self.sync_weights(self.iteration, full=True)
@@ -199,10 +205,11 @@ class EmbodiedRunner:
         """Sends the learner's weights (the version after ``version`` updates) to the rollout:
         what the update changed (trainable tensors, changed buffers), or everything when
         ``full`` (the learner's first sync and the one after a resume are full anyway), one
-        bucket of at most ``runner.weight_sync_bucket_mb`` at a time: the object store holds
-        one bucket, not the model (see :mod:`m2flow.runs.weights`)."""
+        bucket of at most ``runner.weight_sync_bucket_mb`` at a time, as a Ray object or
+        broadcast over the weight link (``cluster.weight_sync``; :mod:`m2flow.runs.weights`)."""
         sync_groups(self.learner, self.rollout, LearnerWorker, RolloutWorker, version=version,
-                    full=full, bucket_mb=self.cfg.runner.weight_sync_bucket_mb)
+                    full=full, bucket_mb=self.cfg.runner.weight_sync_bucket_mb,
+                    link=self.weight_link)
 
     def send_policy(self, state: dict, version: int = 0) -> None:
         """Sends a whole state dict held here (evaluation: a checkpoint's, or initial weights)

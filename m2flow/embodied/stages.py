@@ -60,3 +60,17 @@ def offsets(sizes: list[int]) -> list[int]:
         out.append(start)
         start += n
     return out
+
+
+
+def rollout_rank(env_rank: int, stage: int, env_workers: int, rollout_workers: int) -> int:
+    """The rollout rank that serves lane (env rank, stage): lanes dealt round-robin in the
+    order env workers send them, stage by stage (lane index ``stage * env_workers +
+    env_rank``), so for any stage count S each of M rollout ranks serves E x S / M lanes when
+    M divides E x S. E env workers reach M rollout workers without a relay.
+
+    >>> [rollout_rank(e, k, 2, 2) for k in range(2) for e in range(2)]
+    [0, 1, 0, 1]
+    """
+    return (stage * env_workers + env_rank) % rollout_workers
+

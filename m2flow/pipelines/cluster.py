@@ -17,6 +17,7 @@ from typing import Optional, Sequence
 from m2flow.pipelines.errors import PlacementError
 
 BACKENDS = ("ray", "local")
+WEIGHT_SYNC = ("auto", "ray", "dist")  # how weights travel to the rollout (pipelines.link)
 MIN_OBJECT_STORE_MB = 75  # Ray refuses a smaller object store
 VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 _UUID_PREFIXES = ("GPU-", "MIG-")  # a whole GPU's UUID, or one MIG instance's
@@ -41,6 +42,12 @@ class ClusterConfig:
     """auto: components placed on a common GPU take turns on it (offload/onload of weights,
     gradients, optimiser state); always: switch even on CPU (copies; for tests and dry runs);
     never: keep everything resident (the device must hold it all)."""
+    weight_sync: str = "auto"
+    """How weights travel from learner rank 0 to the rollout ranks, bucket by bucket. ray: each
+    bucket a Ray object the rollout ranks fetch; dist: each bucket one flat buffer broadcast
+    over a torch.distributed group of learner rank 0 and the rollout ranks (gloo, or NCCL when
+    all of them have GPUs of their own; needs backend=ray); auto: dist with backend=ray and
+    more than one rollout worker (or NCCL), else ray. See m2flow.pipelines.link."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +139,15 @@ def check_cluster(cfg: ClusterConfig) -> None:
             "everything in this process; set cluster.backend=ray to join a Ray cluster, or "
             "cluster.address=null."
         )
+    if cfg.weight_sync not in WEIGHT_SYNC:
+        raise ValueError(
+            f"cluster.weight_sync={cfg.weight_sync!r}: use one of {list(WEIGHT_SYNC)} (auto: "
+            "a torch.distributed broadcast with several rollout workers, else Ray objects).")
+    if cfg.weight_sync == "dist" and cfg.backend != "ray":
+        raise ValueError(
+            f"cluster.weight_sync=dist broadcasts over torch.distributed, which needs each worker "
+            f"in its own process, but cluster.backend={cfg.backend!r} runs every worker in this "
+            "one; use cluster.backend=ray, or cluster.weight_sync=ray (or auto).")
     if cfg.num_cpus is not None and cfg.num_cpus < 1:
         raise ValueError(f"cluster.num_cpus={cfg.num_cpus}: must be >= 1, or null for all of "
                          "this machine's.")

@@ -254,3 +254,78 @@ def _buckets(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
 
 SINGLE = DataParallel()
 """The view of a rank that has no group: every collective returns its input."""
+
+
+# -- links: a process group between one rank of a group and every rank of another ------------
+def link_backend(members: Sequence[RankResources]) -> str:
+    """The backend of a link between ``members`` (e.g. a learner rank and the rollout ranks):
+    'nccl' when every member has GPUs and none of them is another member's (NCCL runs one
+    rank per GPU), else 'gloo', which moves the bytes through host memory (so a GPU and a
+    CPU member may share a link, unlike data-parallel ranks).
+
+    >>> cpu, gpu = RankResources(0, 1.0, ()), lambda i: RankResources(0, 1.0, (i,))
+    >>> link_backend([gpu(0), gpu(1)]), link_backend([gpu(0), cpu]), link_backend([gpu(0), gpu(0)])
+    ('nccl', 'gloo', 'gloo')
+    """
+    if not all(r.gpu_ids for r in members):
+        return "gloo"
+    used = [(r.node, g) for r in members for g in r.gpu_ids]
+    return "nccl" if len(set(used)) == len(used) else "gloo"
+
+
+class Link:
+    """One member's view of a link: a process group of its own (not the process's default
+    group, which a data-parallel rank already uses), made for broadcasts from member 0.
+
+    Args:
+        group: the torch process group (gloo or NCCL) of the link's members.
+        member: this member (0 is the source, e.g. learner rank 0).
+        world_size: members of the link.
+        device: where the broadcast buffers live: 'cpu' for gloo, this member's GPU for NCCL.
+        keep: objects the group needs alive (its TCP store).
+    """
+
+    def __init__(self, group, member: int, world_size: int, device: str, keep: tuple = ()):
+        self._group, self._keep = group, keep
+        self.member, self.world_size, self.device = member, world_size, device
+
+    def broadcast(self, t: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """Member ``src``'s ``t`` into every member's ``t`` (same size and dtype everywhere, on
+        ``device``); returns ``t`` once it holds the bytes (a collective: every member calls
+        it, in the same order)."""
+        self._group.broadcast(t, src).wait()
+        if t.is_cuda:  # NCCL's wait orders the current stream only: the host may read next
+            torch.cuda.current_stream(t.device).synchronize()
+        return t
+
+    def close(self) -> None:
+        """Ends the link's group (its members call this as the link closes)."""
+        group, self._group, self._keep = self._group, None, ()
+        shutdown = getattr(group, "shutdown", None)
+        if shutdown is not None:
+            try:
+                shutdown()
+            except RuntimeError:  # a peer already gone: nothing left to shut down
+                pass
+
+
+def join_link(spec: ProcessGroupSpec, member: int, device: str, name: str) -> Link:
+    """Joins link ``name`` as ``member`` (0: the source, whose node runs the TCP store) and
+    blocks until every member of ``spec`` has joined. The group is built directly on a TCP
+    store, not with ``init_process_group``, so a process may be in a link and in a
+    data-parallel default group at once."""
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=spec.timeout_s)
+    store = dist.TCPStore(spec.master_addr, spec.master_port, spec.world_size, member == 0,
+                          timeout=timeout)
+    prefixed = dist.PrefixStore(f"m2flow-link-{name}", store)
+    if spec.backend == "nccl":
+        torch.cuda.set_device(device)
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        group = dist.ProcessGroupNCCL(prefixed, member, spec.world_size, options)
+    else:
+        group = dist.ProcessGroupGloo(prefixed, member, spec.world_size, timeout)
+        device = "cpu"
+    return Link(group, member, spec.world_size, device, keep=(store, prefixed))

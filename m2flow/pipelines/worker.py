@@ -114,6 +114,7 @@ class Worker:
         self.data_parallel = distributed.SINGLE
         if info.process_group is not None:
             self.data_parallel = distributed.join(info.process_group, info.rank, self.device)
+        self._links: dict[str, distributed.Link] = {}
 
     @property
     def device(self) -> str:
@@ -160,6 +161,24 @@ class Worker:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def link(self, name: str) -> distributed.Link:
+        """This rank's view of link ``name`` (formed by :func:`~m2flow.pipelines.link.form_link`
+        between this group and another)."""
+        if name not in self._links:
+            raise WorkerError(f"{self.info.group}[rank {self.rank}] is in no link named {name!r}; "
+                              "form it first (pipelines.link.form_link).")
+        return self._links[name]
+
+    def _m2flow_join_link(self, name: str, spec: distributed.ProcessGroupSpec, *,
+                          member: int) -> None:
+        """Joins link ``name`` as ``member``; returns once every member has joined."""
+        self._links[name] = distributed.join_link(spec, member, self.device, name)
+
+    def _m2flow_leave_link(self, name: str) -> None:
+        link = self._links.pop(name, None)
+        if link is not None:
+            link.close()
 
     def _m2flow_leave_process_group(self) -> None:
         """Destroys this rank's process group, if it has one (the group is shutting down)."""
@@ -274,6 +293,8 @@ class WorkerGroup:
         self.worker_cls = worker_cls
         self.backend = cluster.backend
         self.world_size = len(ranks)
+        self.resources = list(ranks)
+        """Each rank's resources, as placed."""
         self.process_group: Optional[distributed.ProcessGroupSpec] = None
         self._executor: Optional[cf.ThreadPoolExecutor] = None
         self._running: set[cf.Future] = set()  # in-process calls not finished yet

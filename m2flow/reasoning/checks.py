@@ -155,6 +155,10 @@ def check_placement(cfg: ReasoningConfig) -> None:
             raise field_error(f"cluster.placement.components.{name}.workers", comp.workers,
                               "the reasoning runner uses one rank per component; set it to 1.")
     placement = check_cluster_config(cfg.cluster, COMPONENTS, UNUSED_COMPONENTS)
+    if cfg.cluster.weight_sync == "dist":
+        raise field_error("cluster.weight_sync", "dist",
+                          "the reasoning runner sends weights to its one rollout rank as Ray "
+                          "objects; set cluster.weight_sync=auto (or ray).")
     if placement is None or placement.mode == "collocated":
         return
     plan = switch_plan(placement.shares_device, ["rollout", "learner"], cfg.cluster.context_switch)

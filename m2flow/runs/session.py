@@ -4,7 +4,8 @@ A runner (embodied, reasoning, or a new workload) opens a :class:`RunSession` an
 
 - the cluster and the validated placement of its components;
 - worker groups (``session.group("rollout", RolloutWorker, ...)``), shut down in reverse order
-  by ``close()``;
+  by ``close()``, and the links between them (``session.weight_link``: the torch.distributed group
+  weights are broadcast over with ``cluster.weight_sync=dist``);
 - the context switcher for the components that share a device (``take_turns``);
 - per-component timings by one rule: ``time/<group>_<phase>``, the slowest rank's seconds;
 - the run directory (``<log_dir>/<run_name>/<timestamp>/`` with ``config.yaml``), the logger;
@@ -36,6 +37,7 @@ from m2flow.pipelines import (
     WorkerGroup,
     switch_plan,
 )
+from m2flow.pipelines.link import LinkGroup, form_link, weight_sync_transport
 from m2flow.pipelines.worker import Stopped, clear_stop, request_stop
 from m2flow.runs import checkpoint
 from m2flow.runs.logger import LogField, Progress, RunLogger, announce, log, terminal
@@ -62,6 +64,7 @@ class RunSession:
         self.cluster = Cluster(cfg.cluster)
         self.placement = Placement(cfg.cluster.placement, self.cluster.nodes)
         self.groups: list[WorkerGroup] = []
+        self.links: list[LinkGroup] = []
         self.switcher = ContextSwitcher({}, {})  # nobody takes turns until take_turns()
         self.run_dir: Optional[Path] = None
         self.last_checkpoint: Optional[Path] = None
@@ -74,6 +77,17 @@ class RunSession:
         group = WorkerGroup(self.cluster, name, cls, self.placement.ranks(name), *args, **kwargs)
         self.groups.append(group)
         return group
+
+    def weight_link(self, learner: WorkerGroup, rollout: WorkerGroup) -> Optional[str]:
+        """The link weights travel over from learner rank 0 to every rollout rank, formed
+        now, when ``cluster.weight_sync`` says so (:mod:`m2flow.pipelines.link`); None: they
+        travel as Ray objects. Pass it to ``runs.weights.sync_groups``."""
+        transport = weight_sync_transport(self.cfg.cluster.weight_sync, self.cluster.backend,
+                                          learner.resources[0], rollout.resources)
+        if transport != "dist":
+            return None
+        self.links.append(form_link(self.cluster, "weights", learner, rollout))
+        return self.links[-1].name
 
     def switch_plan(self, components: Sequence[str]) -> dict[str, list[str]]:
         """Who steps aside for whom among ``components`` on a shared device."""
@@ -195,6 +209,9 @@ class RunSession:
     def close(self) -> None:
         """Ends the workers (calls still running are abandoned) and the cluster."""
         _ENDING.set()  # a Ctrl-C now would leave processes behind (see stop_on_ctrl_c)
+        for link in self.links:
+            link.close()
+        self.links = []
         for g in reversed(self.groups):
             g.shutdown()
         self.groups = []

@@ -12,14 +12,23 @@ anyway, so the first sync simply ships them, once, streamed in buckets.
 
 A bucket holds whole tensors up to ``cap`` bytes; a tensor larger than the cap is cut along
 its first dimension into row ranges of at most ``cap`` bytes (a single row larger than the cap
-goes alone), so no bucket exceeds the cap except such a row. Each bucket is one object (one
-Ray object between processes), so the object store holds about one bucket at a time.
+goes alone), so no bucket exceeds the cap except such a row. A bucket travels one of two ways
+(``cluster.weight_sync``, :mod:`m2flow.pipelines.link`):
+
+- as one object (one Ray object between processes; :func:`sync_groups` without a link), so
+  the object store holds about one bucket at a time;
+- as one flat byte buffer broadcast from learner rank 0 over a link, a torch.distributed
+  group of it and the rollout ranks (:func:`sync_groups` with a link): the plan says each
+  piece's dtype and shape (``SyncPlan.specs``), so both ends lay the bucket out alike
+  (:func:`bucket_layout`), every piece at a multiple of ``ALIGN`` bytes, and the receiver
+  reads its pieces as views of the buffer (:func:`unpack_bucket`) that go through the same
+  ``WeightReceiver.receive`` as an object does.
 
 The receiving side checks names exactly (``load_state_dict(strict=False)`` alone would ignore a
 misspelt name and leave a missing one as it was): every name must be one of its own, and by the
 end of a sync every announced name must have arrived whole.
 
-Imports torch only: both workloads use it.
+Imports torch (the driver's side also ``pipelines``): both workloads use it.
 
 >>> sender = torch.nn.Linear(2, 2)
 >>> receiver = torch.nn.Linear(2, 2)
@@ -38,10 +47,12 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
+from typing import Iterator, Mapping, Optional, Protocol
 
 import torch
 from torch import nn
+
+ALIGN = 16  # bytes: a piece of a flat bucket starts at a multiple, so any dtype can view it
 
 
 @dataclass(frozen=True)
@@ -61,6 +72,8 @@ class SyncPlan:
     keys: list[str]
     buckets: list[list[Piece]]
     full: bool
+    specs: dict[str, tuple[torch.dtype, tuple[int, ...]]] = field(default_factory=dict)
+    """The sender's dtype and shape of each key (what a flat bucket's bytes mean)."""
 
     @property
     def nbytes(self) -> int:
@@ -69,8 +82,8 @@ class SyncPlan:
 
 @dataclass
 class WeightBucket:
-    """The tensors of one bucket, on the CPU: ``whole`` by name, ``rows`` as (name, first
-    row, rows)."""
+    """The tensors of one bucket: ``whole`` by name, ``rows`` as (name, first row, rows). On
+    the CPU as a Ray object; views of the flat buffer's device after a broadcast."""
 
     whole: dict[str, torch.Tensor] = field(default_factory=dict)
     rows: list[tuple[str, int, torch.Tensor]] = field(default_factory=list)
@@ -163,7 +176,13 @@ def plan_sync(module: nn.Module, *, full: bool, cap_bytes: int,
                       else buffer_snapshot(module))
         trainable = set(trainable_keys(module))
         keys = [k for k in state if k in trainable or k in changed]  # state-dict order
-    return SyncPlan(keys, cut_buckets(state, keys, cap_bytes), full)
+    return SyncPlan(keys, cut_buckets(state, keys, cap_bytes), full, tensor_specs(state, keys))
+
+
+def tensor_specs(tensors: Mapping[str, torch.Tensor],
+                 keys: list[str]) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+    """Dtype and shape of each of ``keys``, for :attr:`SyncPlan.specs`."""
+    return {k: (tensors[k].dtype, tuple(tensors[k].shape)) for k in keys}
 
 
 def make_bucket(tensors: Mapping[str, torch.Tensor], pieces: list[Piece]) -> WeightBucket:
@@ -176,6 +195,93 @@ def make_bucket(tensors: Mapping[str, torch.Tensor], pieces: list[Piece]) -> Wei
         else:
             bucket.rows.append((p.key, p.rows[0], t[p.rows[0]:p.rows[1]].to("cpu", copy=True)))
     return bucket
+
+
+# -- a bucket as one flat buffer (the torch.distributed path) ---------------------------------
+@dataclass(frozen=True)
+class Slot:
+    """Where a piece lies in a flat bucket, and what its bytes are."""
+
+    piece: Piece
+    offset: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+def bucket_layout(pieces: list[Piece], specs: Mapping[str, tuple[torch.dtype, tuple[int, ...]]]
+                  ) -> tuple[list[Slot], int]:
+    """The slots of ``pieces`` in one flat buffer, in order, each at a multiple of ``ALIGN``
+    bytes; and the buffer's bytes. Both ends compute it from the plan alone.
+
+    >>> specs = {"w": (torch.float32, (3, 2)), "b": (torch.float64, (3,))}
+    >>> slots, size = bucket_layout([Piece("w", 16, (1, 3)), Piece("b", 24)], specs)
+    >>> [(s.piece.key, s.offset, s.shape) for s in slots], size
+    ([('w', 0, (2, 2)), ('b', 16, (3,))], 40)
+    """
+    slots, offset = [], 0
+    for p in pieces:
+        dtype, shape = specs[p.key]
+        if p.rows is not None:
+            shape = (p.rows[1] - p.rows[0], *shape[1:])
+        slots.append(Slot(p, offset, dtype, tuple(shape)))
+        offset += -(-p.nbytes // ALIGN) * ALIGN
+    end = slots[-1].offset + slots[-1].piece.nbytes if slots else 0
+    return slots, end
+
+
+def pack_bucket(tensors: Mapping[str, torch.Tensor], pieces: list[Piece],
+                specs: Mapping[str, tuple[torch.dtype, tuple[int, ...]]],
+                device: str = "cpu") -> torch.Tensor:
+    """``pieces`` of ``tensors`` (a state dict) copied into one flat uint8 buffer on
+    ``device``, laid out by :func:`bucket_layout`."""
+    slots, size = bucket_layout(pieces, specs)
+    flat = torch.empty(size, dtype=torch.uint8, device=device)
+    for s in slots:
+        t = tensors[s.piece.key].detach()
+        if s.piece.rows is not None:
+            t = t[s.piece.rows[0]:s.piece.rows[1]]
+        flat[s.offset:s.offset + s.piece.nbytes].copy_(t.reshape(-1).view(torch.uint8))
+    return flat
+
+
+def unpack_bucket(flat: torch.Tensor, pieces: list[Piece],
+                  specs: Mapping[str, tuple[torch.dtype, tuple[int, ...]]]) -> WeightBucket:
+    """The bucket a flat buffer holds, its tensors views of ``flat`` (no copy: keep ``flat``
+    unchanged until they are loaded).
+
+    >>> state = {"w": torch.arange(6.0).view(3, 2), "b": torch.tensor([1, 2, 3])}
+    >>> pieces = [Piece("w", 16, (1, 3)), Piece("b", 24)]
+    >>> specs = tensor_specs(state, ["w", "b"])
+    >>> bucket = unpack_bucket(pack_bucket(state, pieces, specs), pieces, specs)
+    >>> bucket.rows[0][:2], bucket.rows[0][2].tolist(), bucket.whole["b"].tolist()
+    (('w', 1), [[2.0, 3.0], [4.0, 5.0]], [1, 2, 3])
+    """
+    bucket = WeightBucket()
+    slots, _ = bucket_layout(pieces, specs)
+    for s in slots:
+        t = flat[s.offset:s.offset + s.piece.nbytes].view(s.dtype).view(s.shape)
+        if s.piece.rows is None:
+            bucket.whole[s.piece.key] = t
+        else:
+            bucket.rows.append((s.piece.key, s.piece.rows[0], t))
+    return bucket
+
+
+class Broadcaster(Protocol):
+    """What the flat path needs of a link (:class:`m2flow.pipelines.distributed.Link`)."""
+
+    device: str
+
+    def broadcast(self, t: torch.Tensor, src: int = 0) -> torch.Tensor: ...
+
+
+def receive_flat_buckets(link: Broadcaster, plan: SyncPlan) -> Iterator[WeightBucket]:
+    """The receiving end of :meth:`WeightSender.broadcast`: each bucket of ``plan`` as it
+    arrives over ``link`` (a fresh buffer per bucket, so a staged bucket stays valid)."""
+    for pieces in plan.buckets:
+        _, size = bucket_layout(pieces, plan.specs)
+        flat = torch.empty(size, dtype=torch.uint8, device=link.device)
+        yield unpack_bucket(link.broadcast(flat, src=0), pieces, plan.specs)
 
 
 class WeightSender:
@@ -209,6 +315,19 @@ class WeightSender:
             raise IndexError(f"weight sync bucket {index}: plan a sync first, then ask for "
                              "buckets 0 to len(plan.buckets) - 1.")
         return make_bucket(self.module.state_dict(), self._plan.buckets[index])
+
+    def broadcast(self, link: Broadcaster) -> int:
+        """Broadcasts every bucket of the planned sync over ``link`` (as member 0), one flat
+        buffer at a time (:func:`pack_bucket`); the receivers call
+        :func:`receive_flat_buckets`. Returns the bytes sent."""
+        if self._plan is None:
+            raise RuntimeError("weight sync broadcast: plan a sync first.")
+        state, sent = self.module.state_dict(), 0
+        for pieces in self._plan.buckets:
+            flat = pack_bucket(state, pieces, self._plan.specs, device=link.device)
+            link.broadcast(flat, src=0)
+            sent += flat.numel()
+        return sent
 
 
 # -- the receiving side ------------------------------------------------------------------------
@@ -288,18 +407,30 @@ def _rows(t: torch.Tensor) -> int:
 
 
 def sync_groups(learner, rollout, sender: type, receiver: type, *, version: int, full: bool,
-                bucket_mb: float) -> None:
+                bucket_mb: float, link: Optional[str] = None) -> None:
     """One sync from rank 0 of ``learner`` (a group of ``sender`` workers, which have
     ``plan_weight_sync`` and ``weight_bucket``) to every rank of ``rollout`` (``receiver``
     workers: ``begin_weight_sync``, ``receive_weight_bucket``, ``finish_weight_sync``), one
-    bucket at a time: each bucket goes as a reference from the learner to the rollout, so the
-    driver never holds it and the object store holds one bucket, not the model."""
+    bucket at a time.
+
+    Without ``link``, each bucket goes as a reference from the learner to the rollout, so the
+    driver never holds it and the object store holds one bucket, not the model. With
+    ``link`` (the name of a link formed between learner rank 0 and the rollout ranks,
+    :func:`m2flow.pipelines.link.form_link`), learner rank 0 broadcasts every bucket over it
+    (``sender.broadcast_weight_buckets``) while each rollout rank receives them
+    (``receiver.receive_weight_broadcast``): two calls, whatever the number of buckets."""
+    from m2flow.pipelines.worker import gather
+
     plan = learner.call(sender.plan_weight_sync, full=full, bucket_mb=bucket_mb,
                         ranks=[0]).wait()[0]
     rollout.call(receiver.begin_weight_sync, plan, version=version).wait()
-    for i in range(len(plan.buckets)):
-        bucket = learner.call(sender.weight_bucket, index=i, ranks=[0]).as_arg()
-        rollout.call(receiver.receive_weight_bucket, bucket).wait()
+    if link is not None:
+        gather(learner.call(sender.broadcast_weight_buckets, link=link, ranks=[0]),
+               rollout.call(receiver.receive_weight_broadcast, plan, link=link))
+    else:
+        for i in range(len(plan.buckets)):
+            bucket = learner.call(sender.weight_bucket, index=i, ranks=[0]).as_arg()
+            rollout.call(receiver.receive_weight_bucket, bucket).wait()
     rollout.call(receiver.finish_weight_sync).wait()
 
 
@@ -308,7 +439,8 @@ def send_state(rollout, receiver: type, state: Mapping[str, torch.Tensor], *, ve
     """A whole state dict held by the driver (a checkpoint's weights, for evaluation) to every
     rank of ``rollout``, in buckets as :func:`sync_groups` sends them."""
     cap = max(1, int(bucket_mb * 2**20))
-    plan = SyncPlan(list(state), cut_buckets(state, list(state), cap), full=True)
+    plan = SyncPlan(list(state), cut_buckets(state, list(state), cap), full=True,
+                    specs=tensor_specs(state, list(state)))
     rollout.call(receiver.begin_weight_sync, plan, version=version).wait()
     for pieces in plan.buckets:
         rollout.call(receiver.receive_weight_bucket, make_bucket(state, pieces)).wait()

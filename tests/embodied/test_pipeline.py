@@ -1,6 +1,8 @@
 """Elastic pipelining: stages keep each env's trajectory in order and identical for any S,
 M env workers route to N rollout workers, and learner overlap respects the staleness bound."""
 
+import itertools
+
 from tests import fakes
 import pytest
 import torch
@@ -81,10 +83,22 @@ def test_m_env_workers_route_stages_to_n_rollout_workers_without_a_relay():
             seeds = [s % 1000 for s in seeding.derive(runner.cfg.seed, seeding.TRAIN, 0, e, 5)]
             check_in_order(traj, seeds)
         for r, worker in enumerate(runner.rollout.handles):
-            expect = {(e, k) for e in range(2) for k in range(3) if (e * 3 + k) % 3 == r}
+            expect = {(e, k) for e in range(2) for k in range(3) if (k * 2 + e) % 3 == r}
             assert dict(worker.served) == {lane: STEPS for lane in expect}
     finally:
         runner.close()
+
+
+def test_lanes_reach_every_rollout_rank_equally_when_m_divides_e_times_s():
+    """For any stage count (it may change at run time, up to rollout.env_groups)."""
+    from collections import Counter
+
+    from m2flow.embodied.stages import rollout_rank
+
+    for e, s, m in itertools.product(range(1, 5), range(1, 5), range(1, 9)):
+        loads = Counter(rollout_rank(w, k, e, m) for k in range(s) for w in range(e))
+        even = len(loads) == m and len(set(loads.values())) == 1
+        assert even == ((e * s) % m == 0), (e, s, m, loads)
 
 
 def test_overlapped_learner_keeps_staleness_within_the_bound():
