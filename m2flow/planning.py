@@ -15,6 +15,7 @@ workload measures its own components (``m2flow.cli.PLANNERS``).
 from __future__ import annotations
 
 import argparse
+import copy
 import shlex
 import statistics
 import sys
@@ -24,7 +25,8 @@ from typing import Callable, Optional, Sequence
 
 from m2flow.pipelines.planner.planfile import PlanFileError, read_plan, write_plan
 from m2flow.pipelines.planner.profiles import Profile
-from m2flow.pipelines.planner.search import PlanError, Prediction, models_for, search, table
+from m2flow.pipelines.planner.search import (
+    PlanError, Prediction, calibration, models_for, search, table)
 
 PLAN_DIR = "plans"
 """Where m2flow-plan writes plan files by default (relative to the working directory)."""
@@ -35,11 +37,17 @@ def _without_plan(overrides: Sequence[str]) -> list[str]:
     return [o for o in overrides if o.lstrip("+~").split("=", 1)[0] != "cluster.plan"]
 
 
+CALIBRATION_ITERATIONS = 2
+"""Real iterations of the config's own plan (after a warm-up) that calibrate the framework's
+cost per iteration (``search.models_for``)."""
+
+
 def make_plan(cfg, config_name: str, overrides: Sequence[str], *, output: Path,
               profile_path: Optional[str] = None, top: int = 10, elastic: bool = False,
-              say: Callable[[str], None] = print):
-    """Profiles ``cfg`` (or reads ``profile_path``), searches, prints the table, writes the
-    plan file ``output`` (and the profile next to it). Returns (predictions, graph)."""
+              calibrate: bool = True, say: Callable[[str], None] = print):
+    """Profiles ``cfg`` (or reads ``profile_path``), calibrates on a short real run of the
+    config as it is (``calibrate``, Ray configs only), searches, prints the table, writes
+    the plan file ``output`` (and the profile next to it). Returns (predictions, graph)."""
     from m2flow.cli import planner
 
     module = planner(cfg.workload)
@@ -49,23 +57,33 @@ def make_plan(cfg, config_name: str, overrides: Sequence[str], *, output: Path,
         say(f"plan: profile {profile_path} ({prof.source.get('date', 'undated')})")
     else:
         prof, graph = module.profile(cfg, say=say)
+        if calibrate and cfg.cluster.backend == "ray":
+            say(f"profile: calibration: {CALIBRATION_ITERATIONS} real iterations of the config "
+                "as it is (after a warm-up)")
+            times = module.measure_iterations(copy.deepcopy(cfg), CALIBRATION_ITERATIONS)
+            lanes, overlap = module.knobs_now(cfg)
+            prof.facts["calibration"] = calibration(cfg.cluster, graph, lanes=lanes,
+                                                    overlap=overlap,
+                                                    seconds=statistics.median(times))
         saved = prof.save(output.with_suffix(".profile.json"))
         say(f"plan: profile written to {saved}")
     models = models_for(prof, graph)
     say("plan: fitted cost models")
     for (comp, phase, device), m in sorted(models.times.items()):
         say(f"  {comp}.{phase} ({device}): {m.describe()}")
+    if "calibration" in prof.facts:
+        say(f"  framework: {models.overhead_s:.3f} s per iteration (the calibration run took "
+            f"{prof.facts['calibration']['seconds']:.3f} s)")
     preds = search(graph, models, prof.node)
     say(f"plan: {graph.workload} workload on {prof.node.cores} cores, {prof.node.gpus} GPUs; "
         f"{len(preds)} plans, {sum(p.feasible for p in preds)} feasible")
     say(table(preds, graph, top=top))
-    first = graph.loop[0].component
     best = preds[0]
     runner_up = next((p for p in preds[1:] if p.feasible), None)
     command = shlex.join(["m2flow-plan", "--config-name", config_name, *overrides])
     write_plan(output, best, config_name=config_name, workload=graph.workload, node=prof.node,
                knob_overrides=graph.knob_overrides(best.plan, elastic=elastic),
-               label=best.plan.label(first), runner_up=runner_up, command=command,
+               label=best.plan.label(graph), runner_up=runner_up, command=command,
                auto=elastic)
     return preds, graph
 
@@ -113,17 +131,16 @@ def verify(config_name: str, overrides: Sequence[str], preds: Sequence[Predictio
     one warm-up) and prints predicted against measured seconds per iteration."""
     from m2flow.cli import load_run_config, planner
 
-    first = graph.loop[0].component
     rows = []
     for pred in [p for p in preds if p.feasible][:count]:
         from m2flow.pipelines.planner.planfile import cluster_overrides
 
         knobs = cluster_overrides(pred.plan) + graph.knob_overrides(pred.plan)
         cfg = load_run_config(config_name, _without_plan(overrides) + knobs)
-        say(f"verify: {pred.plan.label(first)}: {iterations} iterations after a warm-up")
+        say(f"verify: {pred.plan.label(graph)}: {iterations} iterations after a warm-up")
         times = planner(cfg.workload).measure_iterations(cfg, iterations)
         measured = statistics.median(times)
-        rows.append({"plan": pred.plan.label(first), "predicted_s": pred.iteration_s,
+        rows.append({"plan": pred.plan.label(graph), "predicted_s": pred.iteration_s,
                      "measured_s": measured, "error": pred.iteration_s / measured - 1,
                      "times": times})
     say(f"verify: predicted against measured seconds per iteration (median of {iterations})")
@@ -151,6 +168,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--profile", default=None,
                         help="a profile written by an earlier m2flow-plan: plan without measuring")
     parser.add_argument("--top", type=int, default=10, help="feasible plans to print")
+    parser.add_argument("--no-calibrate", action="store_true",
+                        help="skip the short real run of the config as it is that measures "
+                             "the framework's own cost per iteration")
     parser.add_argument("--verify", action="store_true",
                         help="run the chosen plan and the runner-up for real and print "
                              "predicted against measured iteration time")
@@ -171,7 +191,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 "machine it runs on; run it on one node of the cluster without cluster.address.")
         _setup_logging()
         preds, graph = make_plan(cfg, args.config_name, overrides, output=output,
-                                 profile_path=args.profile, top=args.top)
+                                 profile_path=args.profile, top=args.top,
+                                 calibrate=not args.no_calibrate)
     except (ConfigError, PlanError) as e:
         text = str(e)
         print(f"m2flow-plan: {text if text.startswith('config error') else 'error: ' + text}",

@@ -276,3 +276,8 @@ def measure_iterations(cfg: TrainConfig, iterations: int, warm: int = 1) -> list
         return out
     finally:
         runner.close()
+
+
+def knobs_now(cfg: TrainConfig) -> tuple[int, bool]:
+    """The config's own lanes (pipeline stages) and learner overlap."""
+    return cfg.rollout.pipeline_stages, cfg.runner.overlap_learner

@@ -211,3 +211,26 @@ def test_a_profile_survives_json():
     p = profile(Node(cores=2, memory_mb=math.inf))
     q = Profile.from_json(p.to_json())
     assert q.timings == p.timings and q.memory == p.memory and q.node == p.node
+
+
+def test_a_calibration_run_adds_what_the_components_miss_to_every_plan():
+    from m2flow.cli import load_run_config
+    from m2flow.pipelines.planner.search import calibration
+
+    node = Node(cores=2)
+    g = embodied_graph(FACTS)
+    p = profile(node)
+    plain = {pr.plan.label(g): pr.iteration_s for pr in search(g, models_for(p, g), node)
+             if pr.feasible}
+    cfg = load_run_config("maniskill_pushcube_ppo_mlp")  # cluster=local: collocated
+    own = calibration(cfg.cluster, g, lanes=1, overlap=False, seconds=0.0)
+    p.facts["calibration"] = own
+    models = models_for(p, g)
+    assert models.overhead_s == 0.0  # measured faster than predicted: nothing to add
+    label = "collocated: env any core, rollout any core 1t, learner any core 2t; S=1"
+    p.facts["calibration"] = dict(own, seconds=plain[label] + 0.5)
+    calibrated = {pr.plan.label(g): pr for pr in search(g, models_for(p, g), node)
+                  if pr.feasible}
+    assert calibrated[label].iteration_s == pytest.approx(plain[label] + 0.5)
+    assert all(calibrated[k].iteration_s == pytest.approx(v + 0.5) for k, v in plain.items())
+    assert calibrated[label].breakdown["overhead"] == pytest.approx(0.5)

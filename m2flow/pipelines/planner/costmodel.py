@@ -168,6 +168,9 @@ class CostModels:
     """(component, phase, device) -> model."""
     memory: dict[tuple[str, str], MemoryModel] = field(default_factory=dict)
     """(component, device) -> model."""
+    overhead_s: float = 0.0
+    """Seconds per iteration the components alone do not account for (the framework's
+    calls, transfers and bookkeeping), from a calibration run: added to every plan."""
 
     def has(self, component: str, phase: str, device: str = "cpu") -> bool:
         return (component, phase, device) in self.times

@@ -85,6 +85,8 @@ class Graph:
     stream_train: bool = False
     """Chain graphs: the update consumes items as they come when rollout and learner may run
     at once (placement not collocated), else it runs after the loop."""
+    lanes_label: str = "S"
+    """How the table names the lane count (``S`` pipeline stages; ``calls`` per step)."""
     item_unit: str = "item"
     throughput_unit: str = "steps/s"
     knob_overrides: Callable[..., list[str]] = field(default=lambda plan, elastic=False: [],

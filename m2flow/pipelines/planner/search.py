@@ -68,19 +68,22 @@ class Plan:
     def workers(self) -> int:
         return self.components[0][1].workers
 
-    def label(self, loop_first: Optional[str] = None) -> str:
-        first = loop_first or self.components[0][0]
+    def label(self, graph: Optional[Graph] = None) -> str:
+        """One line: mode, each component's cores (or GPU) and threads, the knobs. With
+        ``graph``, threads are left out where they do not matter and lanes get its name."""
+        quiet = {c.name for c in graph.components if not c.threads} if graph else set()
         parts = []
         for name, c in self.components:
             where = (f"gpu{','.join(map(str, c.gpus))}" if c.gpus else
                      f"core{'s' if len(c.cpu_ids) > 1 else ''} {_span(c.cpu_ids)}" if c.cpu_ids
                      else f"{int(c.cpus)} own core{'s' if c.cpus > 1 else ''}"
                      if self.mode == "disaggregated" else "any core")
-            threads = ("" if c.cpu_ids or c.gpus or name == first or self.mode == "disaggregated"
-                       else f" {int(c.cpus)}t")
+            threads = ("" if c.cpu_ids or c.gpus or name in quiet
+                       or self.mode == "disaggregated" else f" {int(c.cpus)}t")
             count = f"x{c.workers} " if c.workers > 1 else ""
             parts.append(f"{name} {count}{where}{threads}")
-        knobs = f"S={self.lanes}" + (" overlap" if self.overlap else "")
+        knobs = f"{graph.lanes_label if graph else 'S'}={self.lanes}"
+        knobs += " overlap" if self.overlap else ""
         return f"{self.mode}: {', '.join(parts)}; {knobs}"
 
 
@@ -238,7 +241,7 @@ def plans(graph: Graph, node: Node) -> list[Plan]:
                     cs[first] = ComponentPlacement(workers=workers, cpus=f.cpus, gpus=f.gpus,
                                                    cpu_ids=f.cpu_ids)
                     plan = Plan(mode, tuple((n, cs[n]) for n in graph.names), lanes, overlap)
-                    key = plan.label()
+                    key = plan.label(graph)
                     if key not in seen:
                         seen.add(key)
                         out.append(plan)
@@ -317,6 +320,8 @@ def predict(plan: Plan, graph: Graph, models: CostModels, node: Node) -> Predict
     except ModelError as e:
         out.infeasible = str(e)
         return out
+    if models.overhead_s > 0:
+        parts["overhead"] = models.overhead_s
     out.breakdown = parts
     out.iteration_s = sum(parts.values())
     out.throughput = graph.steps_per_iteration / out.iteration_s
@@ -477,7 +482,6 @@ def table(preds: Sequence[Prediction], graph: Graph, top: int = 10,
           measured: Optional[dict] = None) -> str:
     """The best ``top`` feasible plans and every infeasible one with its reason; with
     ``measured`` ({label: seconds}), a measured column and the error."""
-    first = graph.loop[0].component
     unit = graph.throughput_unit
     head = f"{'#':>3}  {'iter s':>8}  {unit:>12}  {'mem GB':>7}  "
     if measured is not None:
@@ -488,10 +492,10 @@ def table(preds: Sequence[Prediction], graph: Graph, top: int = 10,
         row = (f"{i + 1:>3}  {p.iteration_s:>8.3f}  {p.throughput:>12.1f}  "
                f"{p.memory_mb / 1024:>7.1f}  ")
         if measured is not None:
-            m = measured.get(p.plan.label(first))
+            m = measured.get(p.plan.label(graph))
             row += (f"{m:>9.3f}  {100 * (p.iteration_s / m - 1):>+5.0f}%  " if m
                     else f"{'-':>9}  {'-':>6}  ")
-        lines.append(row + p.plan.label(first))
+        lines.append(row + p.plan.label(graph))
     if len(ok) > top:
         lines.append(f"     ... {len(ok) - top} more feasible plans")
     reasons: dict[str, list[Prediction]] = {}
@@ -500,13 +504,39 @@ def table(preds: Sequence[Prediction], graph: Graph, top: int = 10,
             reasons.setdefault(p.infeasible, []).append(p)
     for reason, ps in reasons.items():
         more = f" (and {len(ps) - 1} more like it)" if len(ps) > 1 else ""
-        lines.append(f"{'-':>3}  infeasible: {ps[0].plan.label(first)}{more}: {reason}")
+        lines.append(f"{'-':>3}  infeasible: {ps[0].plan.label(graph)}{more}: {reason}")
     return "\n".join(lines)
 
 
 def models_for(profile, graph: Graph) -> CostModels:
-    """The profile's cost models, with a one-process-per-item component's cores capped."""
+    """The profile's cost models, with a one-process-per-item component's cores capped, and
+    calibrated when the profile holds a calibration run (``facts["calibration"]``: a plan
+    and its measured seconds per iteration): what that plan's prediction misses of the
+    measurement is the framework's own cost per iteration, added to every plan."""
     from m2flow.pipelines.planner.costmodel import fit
 
-    return fit(profile, caps={c.name: "size" for c in graph.components
-                              if c.processes_per_item})
+    models = fit(profile, caps={c.name: "size" for c in graph.components
+                                if c.processes_per_item})
+    cal = profile.facts.get("calibration")
+    if cal:
+        plan = Plan(cal["mode"], tuple((n, ComponentPlacement(**cal["components"][n]))
+                                       for n in graph.names), cal["lanes"], cal["overlap"])
+        pred = predict(plan, graph, models, profile.node)
+        if pred.feasible:
+            models.overhead_s = max(0.0, cal["seconds"] - pred.iteration_s)
+    return models
+
+
+def calibration(cluster_cfg, graph: Graph, *, lanes: int, overlap: bool,
+                seconds: float) -> dict:
+    """What ``models_for`` needs of a calibration run: the run's own plan (its config's
+    placement of the graph's components, its lanes and overlap) and its measured seconds per
+    iteration. A JSON-able dict, kept in the profile's facts."""
+    comps = {}
+    for name in graph.names:
+        c = cluster_cfg.placement.components.get(name) or ComponentPlacement()
+        comps[name] = {"workers": c.workers, "cpus": float(c.cpus),
+                       "gpus": list(c.gpus) if c.gpus else None,
+                       "cpu_ids": list(c.cpu_ids) if c.cpu_ids else None}
+    return {"mode": cluster_cfg.placement.mode, "components": comps, "lanes": lanes,
+            "overlap": overlap, "seconds": seconds}

@@ -1,0 +1,63 @@
+"""m2flow-plan end to end: from a saved profile (no measuring) to a plan file that
+m2flow-train composes; refusals as one config-error line; one real profile of tiny envs."""
+
+import json
+
+import pytest
+import yaml
+
+from m2flow.cli import load_run_config
+from m2flow.cli import train as train_cli
+from m2flow.planning import main as plan_cli
+from tests.pipelines.test_planner import FACTS, profile
+from m2flow.pipelines.planner.profiles import Node
+
+
+@pytest.fixture
+def saved_profile(tmp_path):
+    p = profile(Node(cores=2, memory_mb=24_000), infer_per_item=0.010)
+    p.facts = dict(FACTS)
+    return p.save(tmp_path / "x.profile.json")
+
+
+def test_plan_from_a_saved_profile_writes_a_file_that_training_composes(tmp_path, capsys,
+                                                                        saved_profile):
+    out = tmp_path / "plan.yaml"
+    assert plan_cli(["--profile", str(saved_profile), "-o", str(out), "--top", "3"]) == 0
+    text = capsys.readouterr().out
+    assert "env steps/s" in text and "infeasible:" in text and "add up to 3 > 2 cores" in text
+    body = yaml.safe_load(out.read_text())
+    assert body["config_name"] == "maniskill_pushcube_ppo_mlp" and body["workload"] == "embodied"
+    assert body["predicted"]["iteration_s"] > 0
+    cfg = load_run_config("maniskill_pushcube_ppo_mlp", [f"cluster.plan={out}"])
+    assert cfg.cluster.placement.mode == body["cluster"]["placement"]["mode"]
+    assert f"env.num_envs={cfg.env.num_envs}" in body["overrides"]
+    assert train_cli([f"cluster.plan={out}", "--cfg"]) == 0
+
+
+def test_plan_refusals_are_one_line(tmp_path, capsys, saved_profile):
+    assert plan_cli(["--profile", str(tmp_path / "missing.json")]) == 2
+    assert "--profile" in capsys.readouterr().err
+    assert plan_cli(["--profile", str(saved_profile), "cluster.address=auto"]) == 2
+    assert "plans the machine it runs on" in capsys.readouterr().err
+    tiny = json.loads(saved_profile.read_text())
+    tiny["node"]["memory_mb"] = 500
+    small = tmp_path / "small.profile.json"
+    small.write_text(json.dumps(tiny))
+    assert plan_cli(["--profile", str(small), "-o", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("m2flow-plan: error: no plan of the embodied workload fits this node")
+    assert "host memory" in err and len(err.strip().splitlines()) == 1
+    assert train_cli(["cluster.plan=nope.yaml", "--cfg"]) == 2
+    assert "cluster.plan=nope.yaml: no such file" in capsys.readouterr().err
+
+
+def test_plan_profiles_real_envs_and_policy(tmp_path, capsys):
+    out = tmp_path / "plan.yaml"
+    rc = plan_cli(["-o", str(out), "--top", "2", "--no-calibrate", "env.num_envs=2", "runner.rollout_steps=4",
+                   "policy.hidden_sizes=[16,16]", "algorithm.update_epochs=1"])
+    assert rc == 0, capsys.readouterr().err
+    text = capsys.readouterr().out
+    assert "env.step (cpu)" in text and "learner.learn (cpu)" in text
+    assert out.with_suffix(".profile.json").is_file()
+    assert load_run_config("maniskill_pushcube_ppo_mlp", [f"cluster.plan={out}"]).env.num_envs
