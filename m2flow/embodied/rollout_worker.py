@@ -9,7 +9,7 @@ import torch
 
 from m2flow import keys
 from m2flow.runs import seeding
-from m2flow.runs.weights import SyncPlan, WeightBucket, WeightReceiver, receive_flat_buckets
+from m2flow.runs.weights import SyncPlan, WeightBucket, WeightReceiver
 from m2flow.pipelines import Channel, Worker
 from m2flow.policies import PolicyConfig, make_policy
 
@@ -67,9 +67,7 @@ class RolloutWorker(Worker):
         ``LearnerWorker.broadcast_weight_buckets``) and loads (or stages) each as
         ``receive_weight_bucket`` does; inference goes on while a bucket is in flight."""
         with self.timer("weight_sync"):
-            for bucket in receive_flat_buckets(self.link(link), plan):
-                with self._lock:
-                    self.receiver.receive(bucket)
+            self.receiver.receive_broadcast(self.link(link), plan, lock=self._lock)
 
     def finish_weight_sync(self) -> None:
         """Loads the staged buckets; the policy is now the announced version. Raises if an

@@ -22,7 +22,8 @@ goes alone), so no bucket exceeds the cap except such a row. A bucket travels on
   piece's dtype and shape (``SyncPlan.specs``), so both ends lay the bucket out alike
   (:func:`bucket_layout`), every piece at a multiple of ``ALIGN`` bytes, and the receiver
   reads its pieces as views of the buffer (:func:`unpack_bucket`) that go through the same
-  ``WeightReceiver.receive`` as an object does.
+  ``WeightReceiver.receive`` as an object does (:meth:`WeightSender.broadcast`,
+  :meth:`WeightReceiver.receive_broadcast`).
 
 The receiving side checks names exactly (``load_state_dict(strict=False)`` alone would ignore a
 misspelt name and leave a missing one as it was): every name must be one of its own, and by the
@@ -46,8 +47,9 @@ True
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping, Optional, Protocol
+from typing import Mapping, Optional, Protocol
 
 import torch
 from torch import nn
@@ -231,11 +233,12 @@ def bucket_layout(pieces: list[Piece], specs: Mapping[str, tuple[torch.dtype, tu
 
 def pack_bucket(tensors: Mapping[str, torch.Tensor], pieces: list[Piece],
                 specs: Mapping[str, tuple[torch.dtype, tuple[int, ...]]],
-                device: str = "cpu") -> torch.Tensor:
+                device: str = "cpu", out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``pieces`` of ``tensors`` (a state dict) copied into one flat uint8 buffer on
-    ``device``, laid out by :func:`bucket_layout`."""
+    ``device`` (into ``out`` when given: a uint8 buffer of the layout's bytes), laid out by
+    :func:`bucket_layout`."""
     slots, size = bucket_layout(pieces, specs)
-    flat = torch.empty(size, dtype=torch.uint8, device=device)
+    flat = torch.empty(size, dtype=torch.uint8, device=device) if out is None else out
     for s in slots:
         t = tensors[s.piece.key].detach()
         if s.piece.rows is not None:
@@ -275,13 +278,25 @@ class Broadcaster(Protocol):
     def broadcast(self, t: torch.Tensor, src: int = 0) -> torch.Tensor: ...
 
 
-def receive_flat_buckets(link: Broadcaster, plan: SyncPlan) -> Iterator[WeightBucket]:
-    """The receiving end of :meth:`WeightSender.broadcast`: each bucket of ``plan`` as it
-    arrives over ``link`` (a fresh buffer per bucket, so a staged bucket stays valid)."""
-    for pieces in plan.buckets:
-        _, size = bucket_layout(pieces, plan.specs)
-        flat = torch.empty(size, dtype=torch.uint8, device=link.device)
-        yield unpack_bucket(link.broadcast(flat, src=0), pieces, plan.specs)
+class Scratch:
+    """One reusable flat buffer: a fresh buffer's pages are faulted in as it is first written
+    (about as long as the copy itself), so a buffer used for every bucket of every sync
+    saves that. Kept between syncs in host memory only (at most one bucket's bytes); a GPU
+    buffer is dropped at the end of each sync (``release``)."""
+
+    def __init__(self):
+        self._buf: Optional[torch.Tensor] = None
+
+    def get(self, size: int, device: str) -> torch.Tensor:
+        buf = self._buf
+        if buf is None or buf.numel() < size or str(buf.device) != str(torch.device(device)):
+            buf = self._buf = torch.empty(size, dtype=torch.uint8, device=device)
+        return buf[:size]
+
+    def release(self) -> None:
+        """Drops a GPU buffer (host ones stay for the next sync)."""
+        if self._buf is not None and self._buf.device.type != "cpu":
+            self._buf = None
 
 
 class WeightSender:
@@ -297,6 +312,7 @@ class WeightSender:
         self.module = module
         self._snapshot: Optional[dict[str, torch.Tensor]] = None
         self._plan: Optional[SyncPlan] = None
+        self._scratch = Scratch()  # the flat buffer each bucket is packed into
 
     def reset(self) -> None:
         """Forgets what was shipped: the next sync is a full one."""
@@ -317,16 +333,19 @@ class WeightSender:
         return make_bucket(self.module.state_dict(), self._plan.buckets[index])
 
     def broadcast(self, link: Broadcaster) -> int:
-        """Broadcasts every bucket of the planned sync over ``link`` (as member 0), one flat
-        buffer at a time (:func:`pack_bucket`); the receivers call
-        :func:`receive_flat_buckets`. Returns the bytes sent."""
+        """Broadcasts every bucket of the planned sync over ``link`` (as member 0), each
+        packed into one flat buffer (:func:`pack_bucket`); the receivers call
+        :meth:`WeightReceiver.receive_broadcast`. Returns the bytes sent."""
         if self._plan is None:
             raise RuntimeError("weight sync broadcast: plan a sync first.")
         state, sent = self.module.state_dict(), 0
         for pieces in self._plan.buckets:
-            flat = pack_bucket(state, pieces, self._plan.specs, device=link.device)
+            size = bucket_layout(pieces, self._plan.specs)[1]
+            flat = pack_bucket(state, pieces, self._plan.specs,
+                               out=self._scratch.get(size, link.device))
             link.broadcast(flat, src=0)
-            sent += flat.numel()
+            sent += size
+        self._scratch.release()
         return sent
 
 
@@ -346,6 +365,7 @@ class WeightReceiver:
         self._expected: dict[str, int] = {}  # name -> rows still to come (1 for 0-dim)
         self._held: list[WeightBucket] = []
         self._stage = False
+        self._scratch = Scratch()  # the flat buffer buckets arrive in, when not staging
 
     def begin(self, keys: list[str], *, full: bool, stage: bool = False) -> None:
         own = self.module.state_dict()
@@ -374,6 +394,21 @@ class WeightReceiver:
             self._held.append(bucket)
         else:
             self._load(bucket)
+
+    def receive_broadcast(self, link: Broadcaster, plan: SyncPlan,
+                          lock: Optional[AbstractContextManager] = None) -> None:
+        """Receives every bucket of ``plan`` over ``link`` (broadcast by member 0,
+        :meth:`WeightSender.broadcast`) and passes each to :meth:`receive`, holding ``lock``
+        (if any) only while it does. A staged bucket arrives in a buffer of its own (it is
+        held until ``finish``); otherwise every bucket arrives in one reused buffer."""
+        for pieces in plan.buckets:
+            size = bucket_layout(pieces, plan.specs)[1]
+            flat = (torch.empty(size, dtype=torch.uint8, device=link.device) if self._stage
+                    else self._scratch.get(size, link.device))
+            bucket = unpack_bucket(link.broadcast(flat, src=0), pieces, plan.specs)
+            with lock or nullcontext():
+                self.receive(bucket)
+        self._scratch.release()
 
     def finish(self) -> None:
         for bucket in self._held:

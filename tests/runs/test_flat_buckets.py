@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from m2flow.pipelines import distributed
-from m2flow.runs.weights import WeightReceiver, WeightSender, receive_flat_buckets
+from m2flow.runs.weights import WeightReceiver, WeightSender
 
 CAP = 40  # bytes per bucket: the 8x4 fp32 weight (128 B) travels in row ranges of 2 rows
 
@@ -72,8 +72,7 @@ def _member(proc: int, dp_spec, link_spec, out: str) -> None:
                 change(model)
             plan = sender.plan(full=full, cap_bytes=CAP)  # the sender's plan, from its shapes
             receiver.begin(plan.keys, full=full, stage=not full)
-            for bucket in receive_flat_buckets(link, plan):
-                receiver.receive(bucket)
+            receiver.receive_broadcast(link, plan)
             receiver.finish()
             states.append({k: v.clone() for k, v in own.state_dict().items()})
         torch.save(states, f"{out}/member{proc}.pt")
