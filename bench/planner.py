@@ -15,6 +15,7 @@ iteration (plans and runs alike), so the whole space fits in a sitting.
     python bench/planner.py --config-name maniskill_pushcube_ppo_mlp
     python bench/planner.py --config-name maniskill_pushcube_ppo_cnn --rollout-steps 16
     python bench/planner.py --config-name X --profile plans/X.profile.json --iterations 2
+    python bench/planner.py --limit 2    # the two runner builds of the best predicted plans
 """
 
 from __future__ import annotations
@@ -48,9 +49,10 @@ def runs_of(preds, graph, elastic_groups: bool):
     return groups
 
 
-def measure_embodied(config, overrides, group, iterations):
-    """Times each plan of ``group`` (one placement) on one runner: its stages and overlap are
-    set between measurements."""
+def measure_embodied(config, overrides, group, iterations, out):
+    """Times each plan of ``group`` (one placement) on one runner into ``out``: its stages
+    and overlap are set between measurements, the plans without overlap first (a run can
+    start overlapping, but data collected ahead cannot be un-staled)."""
     from m2flow.embodied.runner import EmbodiedRunner
 
     first = group[0].plan
@@ -58,9 +60,9 @@ def measure_embodied(config, overrides, group, iterations):
     cfg = load_run_config(config, [*overrides, *cluster_overrides(first), *knobs,
                                    "runner.progress_bar=false"])
     runner = EmbodiedRunner(cfg)
-    out, it = {}, 0
+    it = 0
     try:
-        for pred in group:
+        for pred in sorted(group, key=lambda p: p.plan.overlap):
             runner.drain()
             runner.set_stages(pred.plan.lanes)
             runner.cfg.runner.overlap_learner = pred.plan.overlap
@@ -74,7 +76,6 @@ def measure_embodied(config, overrides, group, iterations):
         runner.drain()
     finally:
         runner.close()
-    return out
 
 
 def measure_one(config, overrides, pred, graph, iterations):
@@ -94,6 +95,8 @@ def main() -> None:
     p.add_argument("--profile", default=None, help="a .profile.json from m2flow-plan")
     p.add_argument("--iterations", type=int, default=2, help="timed iterations per plan")
     p.add_argument("--rollout-steps", type=int, default=0, help="0: the config's")
+    p.add_argument("--limit", type=int, default=0,
+                   help="run only the first N runner builds, best predicted first (0: all)")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -113,6 +116,8 @@ def main() -> None:
     chosen = preds[0].plan.label(planner_graph)
     embodied = cfg.workload == "embodied"
     groups = runs_of(preds, graph, elastic_groups=embodied)
+    if args.limit:
+        groups = dict(list(groups.items())[: args.limit])
     print(f"planner bench: {args.config_name}, {sum(len(g) for g in groups.values())} feasible "
           f"plans in {len(groups)} runner builds, {args.iterations} iterations each", flush=True)
     cluster = Cluster(cfg.cluster)  # one Ray for every runner
@@ -122,8 +127,8 @@ def main() -> None:
             print(f"runner: {key}", flush=True)
             try:
                 if embodied:
-                    measured.update(measure_embodied(args.config_name, overrides, group,
-                                                     args.iterations))
+                    measure_embodied(args.config_name, overrides, group, args.iterations,
+                                     measured)
                 else:
                     for pred in group:
                         measured.update(measure_one(args.config_name, overrides, pred, graph,

@@ -79,3 +79,43 @@ def graph(f: Mapping[str, Any]) -> Graph:
         throughput_unit="env steps/s",
         knob_overrides=knobs,
     )
+
+
+TIMERS = {"env": "sim", "rollout": "infer", "learner": "learn"}
+"""Each component's busy time in the runner's metrics (``time/env_sim``, ...)."""
+
+
+def monitor(cfg):
+    """The watch on a run started with a plan (``cluster.plan=FILE``; ``auto`` has become
+    the file it wrote): predicted seconds per iteration of the run's own plan (from the
+    profile saved next to the plan file, with the run's sizes), and for an ``auto`` plan the
+    stage counts it may re-plan to. None without a plan."""
+    from pathlib import Path
+
+    from m2flow.pipelines.planner.monitor import PlanMonitor, lanes_within
+    from m2flow.pipelines.planner.planfile import read_plan
+    from m2flow.pipelines.planner.profiles import Profile
+    from m2flow.pipelines.planner.search import models_for, plan_of, predict
+
+    if cfg.cluster.plan in (None, "auto"):
+        return None
+    plan_file = read_plan(cfg.cluster.plan)
+    profile = Path(cfg.cluster.plan).with_suffix(".profile.json")
+    if not profile.is_file():  # a plan file kept without its profile: its own number
+        return PlanMonitor(plan_file.predicted.get("iteration_s", 0.0) or float("nan"))
+    prof = Profile.load(profile)
+    env = cfg.cluster.placement.components.get("env")
+    workers = env.workers if env is not None else 1
+    g = graph({**prof.facts, "num_envs": cfg.env.num_envs * workers,
+               "rollout_steps": cfg.runner.rollout_steps})
+    models = models_for(prof, g)
+    plan = plan_of(cfg.cluster, g, lanes=cfg.rollout.pipeline_stages,
+                   overlap=cfg.runner.overlap_learner)
+    pred = predict(plan, g, models, prof.node)
+    if not pred.feasible:
+        return None
+    lanes = lanes_within(g, cfg.rollout.env_groups or cfg.rollout.pipeline_stages,
+                         cfg.env.num_envs)
+    replan = (models, g, prof.node, plan, lanes) if plan_file.auto else None
+    return PlanMonitor(pred.iteration_s, replan=replan, timers=TIMERS,
+                       source=str(cfg.cluster.plan))

@@ -27,6 +27,7 @@ from m2flow.embodied.env_eval import EvalRound
 from m2flow.embodied.env_worker import EnvWorker
 from m2flow.embodied.episodes import EpisodeStats
 from m2flow.embodied.learner_worker import LearnerWorker, learner_rank
+from m2flow.embodied.plan import monitor as plan_monitor
 from m2flow.embodied.rollout_worker import RolloutWorker
 from m2flow.embodied.stages import rollout_rank
 from m2flow.pipelines import Channel
@@ -341,9 +342,12 @@ class EmbodiedRunner:
         watch = NoSignalWatch(r.warn_no_signal_iterations, cfg.algorithm.name)
         reach = r.stop_at_success if r.eval_curtail else None
         stop_rule = SuccessStop(r.stop_at_success, r.stop_after_evals)
+        watch_plan = plan_monitor(cfg)  # cluster.plan: predicted against measured iterations
         try:
             for it in range(self.iteration, r.num_iterations):
                 metrics = self.iterate(it)
+                if watch_plan is not None:
+                    metrics.update(watch_plan.observe(metrics, self.set_stages, logger.info))
                 warning = watch.update(metrics)
                 if warning is not None:
                     logger.info(warning)

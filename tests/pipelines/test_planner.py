@@ -234,3 +234,32 @@ def test_a_calibration_run_adds_what_the_components_miss_to_every_plan():
     assert calibrated[label].iteration_s == pytest.approx(plain[label] + 0.5)
     assert all(calibrated[k].iteration_s == pytest.approx(v + 0.5) for k, v in plain.items())
     assert calibrated[label].breakdown["overhead"] == pytest.approx(0.5)
+
+
+def test_a_run_drifting_from_its_prediction_re_plans_its_stages():
+    """Planned with a tiny policy (S=1 on split cores), the run finds inference as slow as
+    simulation: its measured component times make S=2 the better plan, and the watch
+    switches to it once the median of three iterations drifts past 20 %."""
+    from m2flow.pipelines.placement import ComponentPlacement as C
+    from m2flow.pipelines.planner.monitor import PlanMonitor
+    from m2flow.pipelines.planner.search import Plan
+
+    node = Node(cores=2)
+    g = embodied_graph(dict(FACTS, num_envs=8))
+    models = models_for(profile(node, infer_per_item=1e-5, sizes=(2, 4, 8)), g)
+    plan = Plan("hybrid", (("env", C(cpu_ids=[0], cpus=1)), ("rollout", C(cpu_ids=[1], cpus=1)),
+                           ("learner", C(cpus=2))), lanes=1)
+    pred = predict(plan, g, models, node)
+    switched = []
+    watch = PlanMonitor(pred.iteration_s, replan=(models, g, node, plan, [1, 2, 4]),
+                        timers={"env": "sim", "rollout": "infer", "learner": "learn"})
+    infer = 0.080  # per step of 8 envs, where 0.08 ms was predicted
+    seen = {"perf/iteration_s": 50 * (0.081 + infer) + 0.2, "time/env_sim": 50 * 0.081,
+            "time/rollout_infer": 50 * infer, "time/learner_learn": 0.2}
+    lines = []
+    for _ in range(3):
+        out = watch.observe(seen, switched.append, lines.append)
+    assert out["plan/drift"] > 0.2
+    assert switched == [2]
+    assert "S 1 -> 2" in lines[-1] and "rollout x" in lines[-1]
+    assert watch.predicted < seen["perf/iteration_s"] * 0.8  # the new plan's prediction

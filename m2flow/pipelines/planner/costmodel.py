@@ -171,6 +171,16 @@ class CostModels:
     overhead_s: float = 0.0
     """Seconds per iteration the components alone do not account for (the framework's
     calls, transfers and bookkeeping), from a calibration run: added to every plan."""
+    scale: dict[str, float] = field(default_factory=dict)
+    """Per component, a factor on its fitted times (a run's measured component times
+    against the predicted ones: see ``monitor``); 1 where absent."""
+
+    def scaled(self, factors: Mapping[str, float], overhead_s: float) -> "CostModels":
+        """These models with ``factors`` on top of the present scale and a new overhead."""
+        scale = dict(self.scale)
+        for name, f in factors.items():
+            scale[name] = scale.get(name, 1.0) * f
+        return CostModels(self.times, self.memory, overhead_s, scale)
 
     def has(self, component: str, phase: str, device: str = "cpu") -> bool:
         return (component, phase, device) in self.times
@@ -186,10 +196,11 @@ class CostModels:
 
     def seconds(self, component: str, phase: str, size: float, cores: float = 1,
                 device: str = "cpu") -> float:
-        return self.time_model(component, phase, device).seconds(size, cores)
+        f = self.scale.get(component, 1.0)
+        return f * self.time_model(component, phase, device).seconds(size, cores)
 
     def work(self, component: str, phase: str, size: float, device: str = "cpu") -> float:
-        return self.time_model(component, phase, device).work(size)
+        return self.scale.get(component, 1.0) * self.time_model(component, phase, device).work(size)
 
     def mb(self, component: str, size: float, device: str = "cpu") -> float:
         model = self.memory.get((component, device))

@@ -97,6 +97,9 @@ class Prediction:
     gpu_memory_mb: dict = field(default_factory=dict)
     breakdown: dict = field(default_factory=dict)
     """Seconds of each part: before, loop, train, sync, switch (or overlap)."""
+    busy: dict = field(default_factory=dict)
+    """Per component, the seconds its busiest rank computes in an iteration (alone-speed):
+    what a run's ``time/<component>_<phase>`` measures."""
     infeasible: Optional[str] = None
 
     @property
@@ -312,7 +315,7 @@ def predict(plan: Plan, graph: Graph, models: CostModels, node: Node) -> Predict
             out.infeasible = reason
             return out
         ranks = _ranks(plan, graph, node)
-        parts = _time(plan, graph, _Costs(graph, models), ranks)
+        parts = _time(plan, graph, _Costs(graph, models), ranks, out.busy)
         _memory(out, plan, graph, models, ranks)
     except PlacementError as e:
         out.infeasible = str(e)
@@ -363,7 +366,8 @@ def _shared_gpu(comps: dict, graph: Graph) -> bool:
     return bool(a and b and a.gpus and b.gpus and set(a.gpus) & set(b.gpus))
 
 
-def _time(plan: Plan, graph: Graph, costs: _Costs, ranks: dict) -> dict[str, float]:
+def _time(plan: Plan, graph: Graph, costs: _Costs, ranks: dict,
+          busy: dict) -> dict[str, float]:
     first = graph.loop[0].component
     e, s = plan.workers, plan.lanes
     lanes = e * s
@@ -377,6 +381,8 @@ def _time(plan: Plan, graph: Graph, costs: _Costs, ranks: dict) -> dict[str, flo
     t_before = makespan(before)
     learner = ranks[graph.train.component][0]
     train = costs.block(graph.train, graph.samples, learner)
+    busy[first] = max(b.wall for b in before)
+    busy[graph.train.component] = train.wall
     hop = 0.0
     if graph.hop is not None and costs.models.has(graph.hop.component, graph.hop.phase):
         hop = costs.models.seconds(graph.hop.component, graph.hop.phase, size)
@@ -386,6 +392,7 @@ def _time(plan: Plan, graph: Graph, costs: _Costs, ranks: dict) -> dict[str, flo
         calls = s if p.component == first else lanes / len(rs)
         for r in rs:
             blocks.append(costs.block(p, size, r, calls=calls * (graph.rounds if graph.cycle else 1)))
+        busy[p.component] = busy.get(p.component, 0.0) + blocks[-1].wall
         a = costs.seconds(p, size, rs[0])
         trip += a
         item_times.append(a * (1 if p.component == first else 1))
@@ -525,6 +532,14 @@ def models_for(profile, graph: Graph) -> CostModels:
         if pred.feasible:
             models.overhead_s = max(0.0, cal["seconds"] - pred.iteration_s)
     return models
+
+
+def plan_of(cluster_cfg, graph: Graph, *, lanes: int, overlap: bool) -> Plan:
+    """The plan a config runs: its placement of the graph's components, its lanes and
+    overlap."""
+    cal = calibration(cluster_cfg, graph, lanes=lanes, overlap=overlap, seconds=0.0)
+    return Plan(cal["mode"], tuple((n, ComponentPlacement(**cal["components"][n]))
+                                   for n in graph.names), lanes, overlap)
 
 
 def calibration(cluster_cfg, graph: Graph, *, lanes: int, overlap: bool,
