@@ -79,8 +79,7 @@ def load_run_config(config_name: str, overrides: Sequence[str] = ()):
     if composed.cluster.plan is not None:  # a plan file's overrides (or a plan made now) first
         from m2flow.planning import plan_overrides
 
-        first = plan_overrides(config_name, overrides, composed)
-        composed = load_config(config_name, first + list(overrides))
+        composed = load_config(config_name, plan_overrides(config_name, overrides, composed))
     return _run_config(composed)
 
 

@@ -89,10 +89,10 @@ def make_plan(cfg, config_name: str, overrides: Sequence[str], *, output: Path,
 
 
 def plan_overrides(config_name: str, overrides: Sequence[str], composed) -> list[str]:
-    """The overrides that apply ``cluster.plan`` to ``config_name``: a plan file's, or for
-    ``auto`` a plan made now (written under ``runner.log_dir/<run_name>/plans/``, and
-    ``cluster.plan`` set to it so the run watches its prediction). They go before the
-    command line's own overrides."""
+    """``overrides`` with ``cluster.plan`` applied to ``config_name``: a plan file's
+    overrides first (the command line's own win over them), or for ``auto`` a plan made now
+    (written under ``runner.log_dir/<run_name>/plans/``, and ``cluster.plan`` set to it so
+    the run watches its prediction)."""
     from m2flow.configs import ConfigError
 
     value = str(composed.cluster.plan)
@@ -109,7 +109,8 @@ def plan_overrides(config_name: str, overrides: Sequence[str], composed) -> list
             raise ConfigError(f"config error: cluster.plan=auto: {e}") from None
         print(f"plan: cluster.plan=auto chose {read_plan(out).label}; written to {out}",
               flush=True)
-        return read_plan(out).overrides + _without_plan(overrides) + [f"cluster.plan={out}"]
+        # the plan was made for the command line as given: its values win over it here
+        return _without_plan(overrides) + read_plan(out).overrides + [f"cluster.plan={out}"]
     try:
         plan = read_plan(value)
     except PlanFileError as e:
@@ -122,7 +123,7 @@ def plan_overrides(config_name: str, overrides: Sequence[str], composed) -> list
     if plan.config_name and plan.config_name != config_name:
         print(f"plan: note: {value} was made for {plan.config_name}, used here for "
               f"{config_name}", file=sys.stderr, flush=True)
-    return plan.overrides
+    return plan.overrides + list(overrides)
 
 
 def verify(config_name: str, overrides: Sequence[str], preds: Sequence[Prediction], graph,
