@@ -29,7 +29,7 @@ import record
 
 from m2flow.cli import load_run_config, planner
 from m2flow.pipelines import Cluster
-from m2flow.pipelines.planner.planfile import cluster_overrides
+from m2flow.planning import config_of
 from m2flow.pipelines.planner.profiles import Profile
 from m2flow.pipelines.planner.search import models_for, search
 
@@ -56,9 +56,8 @@ def measure_embodied(config, overrides, group, iterations, out):
     from m2flow.embodied.runner import EmbodiedRunner
 
     first = group[0].plan
-    knobs = [o for o in planner_graph.knob_overrides(first, elastic=True)]
-    cfg = load_run_config(config, [*overrides, *cluster_overrides(first), *knobs,
-                                   "runner.progress_bar=false"])
+    cfg = config_of(config, [*overrides, "runner.progress_bar=false"], first, planner_graph,
+                    elastic=True)
     runner = EmbodiedRunner(cfg)
     it = 0
     try:
@@ -79,9 +78,7 @@ def measure_embodied(config, overrides, group, iterations, out):
 
 
 def measure_one(config, overrides, pred, graph, iterations):
-    knobs = graph.knob_overrides(pred.plan)
-    cfg = load_run_config(config, [*overrides, *cluster_overrides(pred.plan), *knobs,
-                                   "runner.progress_bar=false"])
+    cfg = config_of(config, [*overrides, "runner.progress_bar=false"], pred.plan, graph)
     times = planner(cfg.workload).measure_iterations(cfg, iterations)
     m = statistics.median(times)
     print(f"  {m:8.3f} s (predicted {pred.iteration_s:8.3f}) {pred.plan.label(planner_graph)}", flush=True)

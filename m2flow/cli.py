@@ -76,10 +76,10 @@ def load_run_config(config_name: str, overrides: Sequence[str] = ()):
 
     register_schemas()
     composed = load_config(config_name, overrides)
-    if composed.cluster.plan is not None:  # a plan file's overrides (or a plan made now) first
-        from m2flow.planning import plan_overrides
+    if composed.cluster.plan is not None:  # a plan file (or a plan made now) applied
+        from m2flow.planning import with_plan
 
-        composed = load_config(config_name, plan_overrides(config_name, overrides, composed))
+        composed = with_plan(config_name, overrides, composed)
     return _run_config(composed)
 
 

@@ -23,7 +23,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from m2flow.pipelines.planner.planfile import PlanFileError, read_plan, write_plan
+from m2flow.pipelines.planner.planfile import (
+    PlanFileError, cluster_group, merge_cluster, read_plan, write_plan)
 from m2flow.pipelines.planner.profiles import Profile
 from m2flow.pipelines.planner.search import (
     PlanError, Prediction, calibration, models_for, search, table)
@@ -88,12 +89,13 @@ def make_plan(cfg, config_name: str, overrides: Sequence[str], *, output: Path,
     return preds, graph
 
 
-def plan_overrides(config_name: str, overrides: Sequence[str], composed) -> list[str]:
-    """``overrides`` with ``cluster.plan`` applied to ``config_name``: a plan file's
-    overrides first (the command line's own win over them), or for ``auto`` a plan made now
-    (written under ``runner.log_dir/<run_name>/plans/``, and ``cluster.plan`` set to it so
-    the run watches its prediction)."""
-    from m2flow.configs import ConfigError
+def with_plan(config_name: str, overrides: Sequence[str], composed):
+    """``composed`` (``config_name`` with ``overrides``) with its ``cluster.plan`` applied:
+    a plan file's workload overrides before the command line's own and its placement merged
+    on; for ``auto`` a plan made now from this config (written under
+    ``runner.log_dir/<run_name>/plans/``, and ``cluster.plan`` set to that file so the run
+    watches its prediction; the plan's own overrides win here, it was made for the others)."""
+    from m2flow.configs import ConfigError, load_config
 
     value = str(composed.cluster.plan)
     if value == AUTO:
@@ -107,10 +109,10 @@ def plan_overrides(config_name: str, overrides: Sequence[str], composed) -> list
                       top=5)
         except PlanError as e:
             raise ConfigError(f"config error: cluster.plan=auto: {e}") from None
-        print(f"plan: cluster.plan=auto chose {read_plan(out).label}; written to {out}",
-              flush=True)
-        # the plan was made for the command line as given: its values win over it here
-        return _without_plan(overrides) + read_plan(out).overrides + [f"cluster.plan={out}"]
+        plan = read_plan(out)
+        print(f"plan: cluster.plan=auto chose {plan.label}; written to {out}", flush=True)
+        final = _without_plan(overrides) + plan.overrides + [f"cluster.plan={out}"]
+        return merge_cluster(load_config(config_name, final), plan.cluster)
     try:
         plan = read_plan(value)
     except PlanFileError as e:
@@ -123,21 +125,31 @@ def plan_overrides(config_name: str, overrides: Sequence[str], composed) -> list
     if plan.config_name and plan.config_name != config_name:
         print(f"plan: note: {value} was made for {plan.config_name}, used here for "
               f"{config_name}", file=sys.stderr, flush=True)
-    return plan.overrides + list(overrides)
+    return merge_cluster(load_config(config_name, plan.overrides + list(overrides)),
+                         plan.cluster)
+
+
+def config_of(config_name: str, overrides: Sequence[str], plan, graph, elastic: bool = False):
+    """The run config of ``config_name`` with ``overrides`` and ``plan`` (a search plan)
+    applied: its workload keys after the overrides, its placement merged on (``elastic``:
+    built to change its lanes at run time)."""
+    from m2flow.cli import _run_config
+    from m2flow.configs import load_config
+
+    knobs = graph.knob_overrides(plan, elastic=elastic)
+    composed = load_config(config_name, _without_plan(overrides) + knobs)
+    return _run_config(merge_cluster(composed, cluster_group(plan)))
 
 
 def verify(config_name: str, overrides: Sequence[str], preds: Sequence[Prediction], graph,
            *, iterations: int, count: int = 2, say: Callable[[str], None] = print) -> list[dict]:
     """Runs the first ``count`` feasible plans for ``iterations`` real iterations each (after
     one warm-up) and prints predicted against measured seconds per iteration."""
-    from m2flow.cli import load_run_config, planner
+    from m2flow.cli import planner
 
     rows = []
     for pred in [p for p in preds if p.feasible][:count]:
-        from m2flow.pipelines.planner.planfile import cluster_overrides
-
-        knobs = cluster_overrides(pred.plan) + graph.knob_overrides(pred.plan)
-        cfg = load_run_config(config_name, _without_plan(overrides) + knobs)
+        cfg = config_of(config_name, overrides, pred.plan, graph)
         say(f"verify: {pred.plan.label(graph)}: {iterations} iterations after a warm-up")
         times = planner(cfg.workload).measure_iterations(cfg, iterations)
         measured = statistics.median(times)
@@ -157,6 +169,17 @@ def verify(config_name: str, overrides: Sequence[str], preds: Sequence[Predictio
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """``m2flow-plan``; Ctrl-C ends it with one line (what it measured is closed first)."""
+    from m2flow.cli import EXIT_INTERRUPTED
+
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("\nm2flow-plan: interrupted; no plan written.", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: Optional[list[str]] = None) -> int:
     from m2flow.cli import DEFAULT_CONFIG, EXIT_CONFIG, _setup_logging, load_run_config
     from m2flow.configs import ConfigError
 

@@ -142,6 +142,9 @@ def profile(cfg: TrainConfig, *, say: Callable[[str], None] = print,
             lambda: sync_groups(learner, rollout, LearnerWorker, RolloutWorker, version=1,
                                 full=False, bucket_mb=bucket), warm=1))
         prof.add_memory("runtime", size=0, mb=base_mb + measure.RAY_DAEMONS_MB)
+        if node.gpus:
+            say("profile: policy and learner on GPU 0")
+            _on_gpu(prof, cfg, spec, sizes, steps, traj)
         prof.facts = embodied_plan.facts(cfg, chunk, param_mb)
     finally:
         for group in (learner, rollout):
@@ -149,6 +152,59 @@ def profile(cfg: TrainConfig, *, say: Callable[[str], None] = print,
                 group.shutdown()
         envs.close()
     return prof, embodied_plan.graph(prof.facts)
+
+
+def _on_gpu(prof: Profile, cfg: TrainConfig, spec, sizes: list[int], steps: list,
+            traj: TensorDict) -> None:
+    """Inference, the update, the weight sync and the context switch (offload, onload) with
+    rollout and learner on GPU 0, and their GPU memory."""
+    cluster = Cluster(ClusterConfig(backend="local", num_gpus=1))
+    gpu = [RankResources(0, 1.0, (0,))]
+    sync = torch.cuda.synchronize
+    rollout = learner = None
+    try:
+        torch.cuda.reset_peak_memory_stats()
+        rollout = WorkerGroup(cluster, "rollout", RolloutWorker, gpu, cfg.policy, spec,
+                              seed=cfg.seed)
+        worker = rollout.handles[0]
+        obs = steps[0][keys.OBS].to(worker.device)
+        with torch.no_grad():
+            for s in sizes:
+                batch = TensorDict({keys.OBS: obs[:s]}, batch_size=[s])
+                prof.add_time("rollout", "infer", size=s, cores=0, device="cuda",
+                              seconds=measure.median_seconds(lambda: worker.policy.act(batch),
+                                                             sync=sync))
+        prof.add_memory("rollout", size=max(sizes), device="cuda",
+                        mb=torch.cuda.max_memory_allocated() / 2**20)
+        torch.cuda.reset_peak_memory_stats()
+        learner = WorkerGroup(cluster, "learner", LearnerWorker, gpu, cfg.policy, cfg.algorithm,
+                              spec, seed=cfg.seed, num_iterations=cfg.runner.num_iterations)
+        update = learner.handles[0].update
+        update(_OneItem(traj[:, : max(1, traj.shape[1] // 4)]), env_ranks=[0], iteration=0)
+        prof.add_time("learner", "learn", size=traj.numel(), cores=0, device="cuda",
+                      seconds=measure.median_seconds(
+                          lambda: update(_OneItem(traj), env_ranks=[0], iteration=0), warm=0,
+                          min_calls=1, min_s=0.0, sync=sync))
+        prof.add_memory("learner", size=traj.numel(), device="cuda",
+                        mb=torch.cuda.max_memory_allocated() / 2**20)
+        bucket = cfg.runner.weight_sync_bucket_mb
+        sync_groups(learner, rollout, LearnerWorker, RolloutWorker, version=1, full=True,
+                    bucket_mb=bucket)
+        prof.add_time("learner", "sync", size=_param_mb(worker.policy), cores=0, device="cuda",
+                      seconds=measure.median_seconds(lambda: sync_groups(
+                          learner, rollout, LearnerWorker, RolloutWorker, version=1,
+                          full=False, bucket_mb=bucket), warm=1, sync=sync))
+        for name, group in (("rollout", rollout), ("learner", learner)):
+            w = group.handles[0]
+            w.set_context_force(False)
+            off = measure.median_seconds(w.offload, warm=0, min_calls=1, min_s=0.0, sync=sync)
+            on = measure.median_seconds(w.onload, warm=0, min_calls=1, min_s=0.0, sync=sync)
+            prof.add_time(name, "offload", size=0, cores=0, device="cuda", seconds=off)
+            prof.add_time(name, "onload", size=0, cores=0, device="cuda", seconds=on)
+    finally:
+        for group in (learner, rollout):
+            if group is not None:
+                group.shutdown()
 
 
 def _groups(sizes: list[int]) -> list[int]:

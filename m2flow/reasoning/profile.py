@@ -120,12 +120,63 @@ def profile(cfg: ReasoningConfig, *, say: Callable[[str], None] = print,
             lambda: sync_groups(learner, rollout, ReasoningLearner, ReasoningRollout,
                                 version=1, full=False, bucket_mb=bucket), warm=1))
         prof.add_memory("runtime", size=0, mb=base_mb + measure.RAY_DAEMONS_MB)
+        if node.gpus:
+            say("profile: generation and learner on GPU 0")
+            _on_gpu(prof, cfg, prompts, calls, scored)
         prof.facts = reasoning_plan.facts(cfg, param_mb)
     finally:
         for group in (learner, reward, rollout):
             if group is not None:
                 group.shutdown()
     return prof, reasoning_plan.graph(prof.facts)
+
+
+def _on_gpu(prof: Profile, cfg: ReasoningConfig, prompts: list, calls: list[int],
+            scored: list) -> None:
+    """Generation, the GRPO update, the weight sync and the context switch with rollout and
+    learner on GPU 0, and their GPU memory."""
+    cluster = Cluster(ClusterConfig(backend="local", num_gpus=1))
+    gpu = [RankResources(0, 1.0, (0,))]
+    sync, n, p = torch.cuda.synchronize, cfg.rollout.n, cfg.algorithm.prompts_per_step
+    rollout = learner = None
+    try:
+        torch.cuda.reset_peak_memory_stats()
+        rollout = WorkerGroup(cluster, "rollout", ReasoningRollout, gpu, cfg)
+        engine = rollout.handles[0].engine
+        for k in calls:
+            prof.add_time("rollout", "generate", size=k * n, cores=0, device="cuda",
+                          seconds=measure.median_seconds(
+                              lambda: engine.generate(prompts[:k], n, seed=0), warm=1,
+                              min_calls=2, min_s=0.5, sync=sync))
+        prof.add_memory("rollout", size=p * n, device="cuda",
+                        mb=torch.cuda.max_memory_allocated() / 2**20)
+        torch.cuda.reset_peak_memory_stats()
+        learner = WorkerGroup(cluster, "learner", ReasoningLearner, gpu, cfg)
+        update = learner.handles[0].update
+        update(_Groups(scored), num_groups=max(1, p // 4), step=0)
+        prof.add_time("learner", "learn", size=p * n, cores=0, device="cuda",
+                      seconds=measure.median_seconds(
+                          lambda: update(_Groups(scored), num_groups=p, step=0), warm=0,
+                          min_calls=1, min_s=0.0, sync=sync))
+        prof.add_memory("learner", size=p * n, device="cuda",
+                        mb=torch.cuda.max_memory_allocated() / 2**20)
+        bucket = cfg.runner.weight_sync_bucket_mb
+        sync_groups(learner, rollout, ReasoningLearner, ReasoningRollout, version=1, full=True,
+                    bucket_mb=bucket)
+        prof.add_time("learner", "sync", size=_param_mb(rollout.handles[0].model), cores=0,
+                      device="cuda", seconds=measure.median_seconds(lambda: sync_groups(
+                          learner, rollout, ReasoningLearner, ReasoningRollout, version=1,
+                          full=False, bucket_mb=bucket), warm=1, sync=sync))
+        for name, group in (("rollout", rollout), ("learner", learner)):
+            w = group.handles[0]
+            off = measure.median_seconds(w.offload, warm=0, min_calls=1, min_s=0.0, sync=sync)
+            on = measure.median_seconds(w.onload, warm=0, min_calls=1, min_s=0.0, sync=sync)
+            prof.add_time(name, "offload", size=0, cores=0, device="cuda", seconds=off)
+            prof.add_time(name, "onload", size=0, cores=0, device="cuda", seconds=on)
+    finally:
+        for group in (learner, rollout):
+            if group is not None:
+                group.shutdown()
 
 
 def graph_of(facts: dict) -> Graph:

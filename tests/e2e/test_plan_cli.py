@@ -32,6 +32,8 @@ def test_plan_from_a_saved_profile_writes_a_file_that_training_composes(tmp_path
     cfg = load_run_config("maniskill_pushcube_ppo_mlp", [f"cluster.plan={out}"])
     assert cfg.cluster.placement.mode == body["cluster"]["placement"]["mode"]
     assert f"env.num_envs={cfg.env.num_envs}" in body["overrides"]
+    assert cfg.cluster.placement.components["env"].cpu_ids == (body["cluster"]["placement"]
+                                                             ["components"]["env"]["cpu_ids"])
     assert train_cli([f"cluster.plan={out}", "--cfg"]) == 0
 
 

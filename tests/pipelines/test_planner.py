@@ -263,3 +263,29 @@ def test_a_run_drifting_from_its_prediction_re_plans_its_stages():
     assert switched == [2]
     assert "S 1 -> 2" in lines[-1] and "rollout x" in lines[-1]
     assert watch.predicted < seen["perf/iteration_s"] * 0.8  # the new plan's prediction
+
+
+def test_a_reasoning_plan_composes_with_a_component_its_cluster_option_lacks(tmp_path):
+    """cluster=local lists no reward worker; the plan's placement is merged, not overridden."""
+    from m2flow.cli import load_run_config
+    from m2flow.reasoning.plan import graph as reasoning_graph
+
+    node = Node(cores=2)
+    g = reasoning_graph({"prompts_per_step": 32, "n": 8})
+    p = Profile("reasoning", node)
+    for x in (64, 256):
+        for c in (1, 2):
+            p.add_time("rollout", "generate", size=x, cores=c, seconds=0.004 * x)
+            p.add_time("reward", "score", size=x, cores=c, seconds=1e-5 * x)
+    for c in (1, 2):
+        p.add_time("learner", "learn", size=256, cores=c, seconds=0.6)
+    best = search(g, models_for(p, g), node)[0]
+    assert best.plan.mode == "hybrid" and best.plan.lanes > 1  # streamed, in calls
+    path = write_plan(tmp_path / "r.yaml", best, config_name="reasoning_arith_grpo_tiny",
+                      workload="reasoning", node=node, knob_overrides=g.knob_overrides(best.plan),
+                      label=best.plan.label(g))
+    cfg = load_run_config("reasoning_arith_grpo_tiny", [f"cluster.plan={path}"])
+    comps = cfg.cluster.placement.components
+    assert {"rollout", "reward", "learner"} <= set(comps)  # (env: the option is shared)
+    assert comps["rollout"].cpu_ids == [0] and comps["learner"].cpu_ids == [1]
+    assert cfg.rollout.prompts_per_call == 32 // best.plan.lanes

@@ -1,17 +1,19 @@
-"""The plan file: the chosen plan as config overrides the user keeps, reads and reuses.
+"""The plan file: the chosen plan as a config the user keeps, reads and reuses.
 
-``m2flow-plan`` writes it; ``m2flow-train --config-name X cluster.plan=FILE`` (or the same
-overrides on the command line) runs with it. It is YAML: what the plan was chosen for (the
-entry config, the node), what was predicted, the overrides (the placement as ``++cluster.*``
-keys, which add components a cluster option does not list, then the workload's own keys such
-as ``rollout.pipeline_stages``), and the same placement as a ``cluster`` group, ready to be
-saved as a ``cluster/<name>.yaml`` option.
+``m2flow-plan`` writes it; ``m2flow-train --config-name X cluster.plan=FILE`` runs with it.
+It is YAML: what the plan was chosen for (the entry config, the node), what was predicted,
+``cluster``: the placement as a whole ``cluster`` group (every field of every component, so
+nothing of the entry config's own cluster option is left half-applied; the same body saved as
+``m2flow/configs/cluster/<name>.yaml`` is a cluster option), and ``overrides``: the
+workload's own keys the plan sets (``rollout.pipeline_stages=2``, ...). The placement is
+merged onto the composed config (a Hydra override cannot add a component the entry's cluster
+option does not list); the overrides go before the command line's own.
 
 >>> from m2flow.pipelines.placement import ComponentPlacement
 >>> plan = Plan("hybrid", (("env", ComponentPlacement(cpu_ids=[0], cpus=1)),
 ...                        ("rollout", ComponentPlacement(cpu_ids=[1], cpus=1))), lanes=2)
->>> cluster_overrides(plan)[:3]
-['cluster.backend=ray', 'cluster.placement.mode=hybrid', '++cluster.placement.components.env.workers=1']
+>>> cluster_group(plan)["placement"]["components"]["env"]
+{'workers': 1, 'cpus': 1.0, 'cpu_ids': [0], 'gpus': None, 'node': 0, 'node_resource': None}
 """
 
 from __future__ import annotations
@@ -27,11 +29,6 @@ import yaml
 from m2flow.pipelines.planner.profiles import Node
 from m2flow.pipelines.planner.search import Plan, Prediction
 
-KEYS = ("workers", "cpus", "cpu_ids", "gpus", "node", "node_resource")
-"""Every field of a component's placement: a plan sets all of them, so nothing of the
-entry config's own cluster option is left half-applied."""
-
-
 class PlanFileError(ValueError):
     """A plan file that cannot be read or does not fit the config it is used with."""
 
@@ -46,43 +43,39 @@ class PlanFile:
     overrides: list[str]
     node: dict = field(default_factory=dict)
     predicted: dict = field(default_factory=dict)
+    cluster: dict = field(default_factory=dict)
+    """The placement as a ``cluster`` group (merged onto the composed config)."""
     auto: bool = False
     """Made by cluster.plan=auto: the run may re-plan what it can change while running."""
     path: Optional[Path] = None
 
 
-def cluster_overrides(plan: Plan) -> list[str]:
-    """The placement of ``plan`` as Hydra overrides (Ray backend: pinning needs processes)."""
-    out = ["cluster.backend=ray", f"cluster.placement.mode={plan.mode}"]
-    for name, c in plan.components:
-        values = {"workers": c.workers, "cpus": float(c.cpus), "cpu_ids": c.cpu_ids,
-                  "gpus": c.gpus, "node": 0, "node_resource": None}
-        for key in KEYS:
-            out.append(f"++cluster.placement.components.{name}.{key}={_value(values[key])}")
-    return out
-
-
-def _value(v) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join(map(str, v)) + "]"
-    return str(v)
-
-
 def cluster_group(plan: Plan) -> dict:
-    """The placement as a ``cluster`` group option (a ``cluster/<name>.yaml`` body)."""
+    """The placement of ``plan`` as a ``cluster`` group body (Ray backend: pinning needs a
+    process per component), every field of every component set."""
     comps = {}
     for name, c in plan.components:
-        d = {"workers": c.workers}
-        if c.cpu_ids:
-            d["cpu_ids"] = list(c.cpu_ids)
-        else:
-            d["cpus"] = float(c.cpus)
-        if c.gpus:
-            d["gpus"] = list(c.gpus)
-        comps[name] = d
+        comps[name] = {"workers": c.workers, "cpus": float(c.cpus),
+                       "cpu_ids": list(c.cpu_ids) if c.cpu_ids else None,
+                       "gpus": list(c.gpus) if c.gpus else None, "node": 0,
+                       "node_resource": None}
     return {"backend": "ray", "placement": {"mode": plan.mode, "components": comps}}
+
+
+def merge_cluster(composed, cluster: dict):
+    """``composed`` (a typed DictConfig) with the plan's ``cluster`` group merged onto it
+    (components its cluster option does not list are added, typed by the schema)."""
+    from omegaconf import open_dict
+    from omegaconf.errors import OmegaConfBaseException
+
+    from m2flow.configs.loader import ConfigError, explain
+
+    try:
+        with open_dict(composed):
+            composed.merge_with({"cluster": cluster})
+    except OmegaConfBaseException as e:
+        raise ConfigError(explain(e, "")) from None
+    return composed
 
 
 def write_plan(path, pred: Prediction, *, config_name: str, workload: str, node: Node,
@@ -93,7 +86,7 @@ def write_plan(path, pred: Prediction, *, config_name: str, workload: str, node:
     iterations drift from the prediction."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    overrides = cluster_overrides(pred.plan) + list(knob_overrides)
+    overrides = list(knob_overrides)
     body = {
         "config_name": config_name,
         "workload": workload,
@@ -116,7 +109,8 @@ def write_plan(path, pred: Prediction, *, config_name: str, workload: str, node:
             f"# predicted {pred.iteration_s:.3f} s/iteration, {pred.throughput:.1f} per s, "
             f"{pred.memory_mb / 1024:.1f} GB",
             f"# use: m2flow-train --config-name {config_name} cluster.plan={path}",
-            "# (the 'cluster' block below is the same placement as a cluster/<name>.yaml option)"]
+            "# ('cluster' below is the placement: saved as m2flow/configs/cluster/<name>.yaml it is "
+            "a cluster option)"]
     if command:
         head.append(f"# made by: {command}")
     path.write_text("\n".join(head) + "\n" + yaml.safe_dump(body, sort_keys=False))
@@ -133,11 +127,13 @@ def read_plan(path) -> PlanFile:
         body = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
         raise PlanFileError(f"cluster.plan={path}: not YAML ({str(e).splitlines()[0]}).") from None
-    if not isinstance(body, dict) or not isinstance(body.get("overrides"), list):
-        raise PlanFileError(f"cluster.plan={path}: not a plan file (no 'overrides' list); "
-                            "write one with m2flow-plan.")
+    if not isinstance(body, dict) or not isinstance(body.get("overrides"), list) \
+            or not isinstance(body.get("cluster"), dict):
+        raise PlanFileError(f"cluster.plan={path}: not a plan file (no 'cluster' group and "
+                            "'overrides' list); write one with m2flow-plan.")
     return PlanFile(config_name=str(body.get("config_name", "")),
                     workload=str(body.get("workload", "")), label=str(body.get("plan", "")),
                     overrides=[str(o) for o in body["overrides"]], node=body.get("node") or {},
-                    predicted=body.get("predicted") or {}, auto=bool(body.get("auto")),
+                    predicted=body.get("predicted") or {}, cluster=body["cluster"],
+                    auto=bool(body.get("auto")),
                     path=path)

@@ -420,9 +420,13 @@ def _time(plan: Plan, graph: Graph, costs: _Costs, ranks: dict,
             parts["before"] = t_before
             parts["loop"] = makespan([chain, *blocks])
             parts["train"] = train.wall
-    if graph.sync is not None and costs.models.has(graph.sync.component, graph.sync.phase):
-        parts["sync"] = costs.models.seconds(graph.sync.component, graph.sync.phase,
-                                             graph.sync_size)
+    if graph.sync is not None:
+        device = learner.device
+        if not costs.models.has(graph.sync.component, graph.sync.phase, device):
+            device = "cpu"  # measured on the CPU only: the copy is the same bytes
+        if costs.models.has(graph.sync.component, graph.sync.phase, device):
+            parts["sync"] = costs.models.seconds(graph.sync.component, graph.sync.phase,
+                                                 graph.sync_size, device=device)
     if _shared_gpu(comps, graph):
         parts["switch"] = sum(costs.models.seconds(p.component, p.phase, 0, device="cuda")
                               for p in graph.switch
