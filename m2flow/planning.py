@@ -60,21 +60,19 @@ def make_plan(cfg, config_name: str, overrides: Sequence[str], *, output: Path,
         prof, graph = module.profile(cfg, say=say)
         if calibrate and cfg.cluster.backend == "ray":
             say(f"profile: calibration: {CALIBRATION_ITERATIONS} real iterations of the config "
-                "as it is (after a warm-up)")
-            times = module.measure_iterations(copy.deepcopy(cfg), CALIBRATION_ITERATIONS)
-            lanes, overlap = module.knobs_now(cfg)
-            prof.facts["calibration"] = calibration(cfg.cluster, graph, lanes=lanes,
-                                                    overlap=overlap,
-                                                    seconds=statistics.median(times))
+                "as it is (after a warm-up), and with learner overlap if it has none")
+            runs = module.calibrate(copy.deepcopy(cfg), CALIBRATION_ITERATIONS)
+            prof.facts["calibration"] = calibration(cfg.cluster, graph, runs)
         saved = prof.save(output.with_suffix(".profile.json"))
         say(f"plan: profile written to {saved}")
     models = models_for(prof, graph)
     say("plan: fitted cost models")
     for (comp, phase, device), m in sorted(models.times.items()):
         say(f"  {comp}.{phase} ({device}): {m.describe()}")
-    if "calibration" in prof.facts:
-        say(f"  framework: {models.overhead_s:.3f} s per iteration (the calibration run took "
-            f"{prof.facts['calibration']['seconds']:.3f} s)")
+    for run in prof.facts.get("calibration", {}).get("runs", []):
+        say(f"  framework: {models.overhead(run['overlap']):.3f} s per iteration"
+            f"{' with overlap' if run['overlap'] else ''} (the calibration run took "
+            f"{run['seconds']:.3f} s)")
     preds = search(graph, models, prof.node)
     say(f"plan: {graph.workload} workload on {prof.node.cores} cores, {prof.node.gpus} GPUs; "
         f"{len(preds)} plans, {sum(p.feasible for p in preds)} feasible")

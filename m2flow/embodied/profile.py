@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import statistics
 from dataclasses import replace
 from datetime import datetime
 from typing import Callable, Optional
@@ -91,8 +92,8 @@ def profile(cfg: TrainConfig, *, say: Callable[[str], None] = print,
         policy = rollout.handles[0].policy
         chunk = rollout.handles[0].chunk()
         say("profile: env steps and resets")
-        for c in counts:
-            for s in sizes:
+        for s in sizes:  # one core and all, side by side (the machine's speed drifts)
+            for c in counts:
                 with envs.on(s, every[:c], every):
                     prof.add_time("env", "step", size=s, cores=c,
                                   seconds=measure.median_seconds(lambda: envs.step(s, chunk)))
@@ -105,10 +106,10 @@ def profile(cfg: TrainConfig, *, say: Callable[[str], None] = print,
         say("profile: policy inference")
         steps = envs.record(policy, RECORDED_STEPS)
         obs = steps[0][keys.OBS]
-        for c in counts:
-            with measure.on_cores(every[:c]), torch.no_grad():
-                for s in sizes:
-                    batch = TensorDict({keys.OBS: obs[:s]}, batch_size=[s])
+        for s in sizes:
+            batch = TensorDict({keys.OBS: obs[:s]}, batch_size=[s])
+            for c in counts:
+                with measure.on_cores(every[:c]), torch.no_grad():
                     prof.add_time("rollout", "infer", size=s, cores=c,
                                   seconds=measure.median_seconds(lambda: policy.act(batch)))
         for s in sizes:
@@ -121,7 +122,7 @@ def profile(cfg: TrainConfig, *, say: Callable[[str], None] = print,
                               [RankResources(0, float(node.cores), ())], cfg.policy,
                               cfg.algorithm, spec, seed=cfg.seed,
                               num_iterations=cfg.runner.num_iterations)
-        traj = _tile(torch.stack(steps, dim=1), cfg.runner.rollout_steps)  # (N, T)
+        traj = _signal(_tile(torch.stack(steps, dim=1), cfg.runner.rollout_steps))  # (N, T)
         update = learner.handles[0].update
         small = _OneItem(traj[:, : max(1, traj.shape[1] // 4)])
         full = _OneItem(traj)
@@ -131,7 +132,7 @@ def profile(cfg: TrainConfig, *, say: Callable[[str], None] = print,
                 prof.add_time("learner", "learn", size=traj.numel(), cores=c,
                               seconds=measure.median_seconds(
                                   lambda: update(full, env_ranks=[0], iteration=0),
-                                  warm=0, min_calls=1, min_s=0.0))
+                                  warm=0, min_calls=1, min_s=1.0, max_calls=3))
         prof.add_memory("learner", size=traj.numel(),
                         mb=base_mb + max(0.0, measure.rss_mb() - before))
         param_mb = _param_mb(policy)
@@ -306,6 +307,22 @@ def _tile(traj: TensorDict, steps: int) -> TensorDict:
     return torch.cat([traj] * reps, dim=1)[:, :steps]
 
 
+def _signal(traj: TensorDict) -> TensorDict:
+    """``traj`` as a batch every algorithm learns from in full: one episode per env ending
+    at the last step, every other env succeeding (so no GRPO group is dropped, which would
+    make the update look free)."""
+    n, t = traj.shape
+    done = torch.zeros(n, t, dtype=torch.bool)
+    done[:, -1] = True
+    won = done & (torch.arange(n) % 2 == 0)[:, None]
+    for key in (keys.DONE, keys.TERMINATED, keys.SUCCESS, keys.TRUNCATED):
+        if key in traj.keys(True):
+            traj[key] = {keys.DONE: done, keys.TERMINATED: won, keys.SUCCESS: won,
+                         keys.TRUNCATED: done & ~won}[key].clone()
+    traj[keys.REWARD] = won.float()
+    return traj
+
+
 def _param_mb(module: torch.nn.Module) -> float:
     return sum(t.numel() * t.element_size() for t in module.state_dict().values()) / 2**20
 
@@ -334,6 +351,26 @@ def measure_iterations(cfg: TrainConfig, iterations: int, warm: int = 1) -> list
         runner.close()
 
 
-def knobs_now(cfg: TrainConfig) -> tuple[int, bool]:
-    """The config's own lanes (pipeline stages) and learner overlap."""
-    return cfg.rollout.pipeline_stages, cfg.runner.overlap_learner
+def calibrate(cfg: TrainConfig, iterations: int, warm: int = 1) -> list[tuple]:
+    """Real iterations of ``cfg`` as it is, then (one runner) with learner overlap if it has
+    none and may have it: ``(stages, overlap, median seconds per iteration)`` of each."""
+    from m2flow.embodied.runner import EmbodiedRunner
+
+    cfg.runner.progress_bar = False
+    runner = EmbodiedRunner(cfg)
+    out, it = [], 0
+    try:
+        modes = [cfg.runner.overlap_learner]
+        if not modes[0] and cfg.algorithm.name != "bc" and not runner.switcher.enabled:
+            modes.append(True)  # on after off only: data collected ahead cannot be un-staled
+        for overlap in modes:
+            cfg.runner.overlap_learner = overlap
+            times = []
+            for _ in range(warm + iterations):
+                times.append(runner.iterate(it)["perf/iteration_s"])
+                it += 1
+            out.append((cfg.rollout.pipeline_stages, overlap, statistics.median(times[warm:])))
+        runner.drain()
+        return out
+    finally:
+        runner.close()

@@ -110,7 +110,7 @@ def profile(cfg: ReasoningConfig, *, say: Callable[[str], None] = print,
                 prof.add_time("learner", "learn", size=p * n, cores=c,
                               seconds=measure.median_seconds(
                                   lambda: update(_Groups(scored), num_groups=p, step=0),
-                                  warm=0, min_calls=1, min_s=0.0))
+                                  warm=0, min_calls=1, min_s=1.0, max_calls=3))
         prof.add_memory("learner", size=p * n, mb=base_mb + max(0.0, measure.rss_mb() - before))
         param_mb = _param_mb(worker.model)
         bucket = cfg.runner.weight_sync_bucket_mb
@@ -206,6 +206,9 @@ def _param_mb(module: torch.nn.Module) -> float:
     return sum(t.numel() * t.element_size() for t in module.state_dict().values()) / 2**20
 
 
-def knobs_now(cfg: ReasoningConfig) -> tuple[int, bool]:
-    """The config's own lanes (generate calls per step) and learner overlap (none)."""
-    return max(1, cfg.algorithm.prompts_per_step // cfg.rollout.prompts_per_call), False
+def calibrate(cfg: ReasoningConfig, iterations: int, warm: int = 1) -> list[tuple]:
+    """Real GRPO steps of ``cfg`` as it is: ``[(generate calls, False, median seconds)]``."""
+    import statistics
+
+    calls = max(1, cfg.algorithm.prompts_per_step // cfg.rollout.prompts_per_call)
+    return [(calls, False, statistics.median(measure_iterations(cfg, iterations, warm)))]

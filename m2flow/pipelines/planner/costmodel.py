@@ -171,16 +171,25 @@ class CostModels:
     overhead_s: float = 0.0
     """Seconds per iteration the components alone do not account for (the framework's
     calls, transfers and bookkeeping), from a calibration run: added to every plan."""
+    overhead_overlap_s: Optional[float] = None
+    """The same for plans with learner overlap, where part of it hides behind the update
+    (from a calibration run with overlap; None: ``overhead_s``)."""
     scale: dict[str, float] = field(default_factory=dict)
     """Per component, a factor on its fitted times (a run's measured component times
     against the predicted ones: see ``monitor``); 1 where absent."""
 
     def scaled(self, factors: Mapping[str, float], overhead_s: float) -> "CostModels":
-        """These models with ``factors`` on top of the present scale and a new overhead."""
+        """These models with ``factors`` on top of the present scale and ``overhead_s`` for
+        every plan, overlapped or not."""
         scale = dict(self.scale)
         for name, f in factors.items():
             scale[name] = scale.get(name, 1.0) * f
-        return CostModels(self.times, self.memory, overhead_s, scale)
+        return CostModels(self.times, self.memory, overhead_s, None, scale)
+
+    def overhead(self, overlap: bool) -> float:
+        if overlap and self.overhead_overlap_s is not None:
+            return self.overhead_overlap_s
+        return self.overhead_s
 
     def has(self, component: str, phase: str, device: str = "cpu") -> bool:
         return (component, phase, device) in self.times

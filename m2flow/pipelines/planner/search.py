@@ -12,8 +12,9 @@ that rank gets (``costmodel``). Work that runs at the same time is combined by
 :func:`makespan`: the longest activity, but never less than the CPU work of any set of
 activities divided by the cores they share (components sharing cores add their CPU-seconds:
 on a node whose simulators already fill every core, overlapping inference or the learner
-with them buys nothing). A threaded phase holds its threads' cores for its whole
-time (threads x time of CPU work). A cycle (embodied) round costs the most of: one lane's trip round
+with them buys nothing). A phase holds the cores it runs on for its whole time (torch
+threads spin at their barriers; simulators spread over k cores run as fast as the profile
+measured them there): its work is cores x time, at least its time on one core. A cycle (embodied) round costs the most of: one lane's trip round
 the loop (sim + infer + hand-offs), each worker's busy time (S stages one after another),
 and the shared-core bound. A chain (reasoning) costs the fill plus the bottleneck phase per
 item. The update runs after the loop, or during it (learner overlap, streaming).
@@ -293,14 +294,18 @@ class _Costs:
         return self.models.seconds(phase.component, phase.phase, size, cores, rank.device)
 
     def block(self, phase: Phase, size: float, rank: _Rank, calls: float = 1.0) -> Block:
-        """The calls as an activity. The CPU work of a threaded phase is what its threads
-        hold: threads x its time, at least its time on one core (a torch op on k threads
-        keeps k cores busy, spinning at its barriers, whoever else wants them)."""
+        """The calls as an activity. Its CPU work is what it holds: the cores it runs on x
+        its time there, at least its time on one core (a torch op on k threads keeps k
+        cores busy, spinning at its barriers; simulators on k cores run as fast as the
+        profile measured them there, contention included)."""
         one = self.seconds(phase, size, rank)
         wall = calls * one
         work = calls * self.models.work(phase.component, phase.phase, size, rank.device)
-        if rank.gpu is None and not self.graph.component(phase.component).processes_per_item:
-            work = max(work, calls * rank.threads * one)
+        if rank.gpu is None:
+            spread = (max(1.0, min(rank.cores, size))
+                      if self.graph.component(phase.component).processes_per_item
+                      else rank.threads)
+            work = max(work, calls * spread * one)
         if rank.gpu is None:
             return Block(wall, work, rank.cpus)
         return Block(wall, 0.0, frozenset(), work, frozenset({rank.gpu}))
@@ -323,8 +328,8 @@ def predict(plan: Plan, graph: Graph, models: CostModels, node: Node) -> Predict
     except ModelError as e:
         out.infeasible = str(e)
         return out
-    if models.overhead_s > 0:
-        parts["overhead"] = models.overhead_s
+    if models.overhead(plan.overlap) > 0:
+        parts["overhead"] = models.overhead(plan.overlap)
     out.breakdown = parts
     out.iteration_s = sum(parts.values())
     out.throughput = graph.steps_per_iteration / out.iteration_s
@@ -521,41 +526,48 @@ def table(preds: Sequence[Prediction], graph: Graph, top: int = 10,
 
 def models_for(profile, graph: Graph) -> CostModels:
     """The profile's cost models, with a one-process-per-item component's cores capped, and
-    calibrated when the profile holds a calibration run (``facts["calibration"]``: a plan
-    and its measured seconds per iteration): what that plan's prediction misses of the
-    measurement is the framework's own cost per iteration, added to every plan."""
+    calibrated when the profile holds calibration runs (``facts["calibration"]``: the
+    config's own placement and, per run, its lanes, overlap and measured seconds per
+    iteration): what a run's prediction misses of its measurement is the framework's own
+    cost per iteration, added to every plan (plans with overlap: what the overlapped run
+    missed, when there was one)."""
     from m2flow.pipelines.planner.costmodel import fit
 
     models = fit(profile, caps={c.name: "size" for c in graph.components
                                 if c.processes_per_item})
     cal = profile.facts.get("calibration")
-    if cal:
+    if not cal:
+        return models
+    missed: dict[bool, float] = {}
+    for run in cal["runs"]:
         plan = Plan(cal["mode"], tuple((n, ComponentPlacement(**cal["components"][n]))
-                                       for n in graph.names), cal["lanes"], cal["overlap"])
+                                       for n in graph.names), run["lanes"], run["overlap"])
         pred = predict(plan, graph, models, profile.node)
         if pred.feasible:
-            models.overhead_s = max(0.0, cal["seconds"] - pred.iteration_s)
+            missed[bool(run["overlap"])] = max(0.0, run["seconds"] - pred.iteration_s)
+    if missed:
+        models.overhead_s = missed.get(False, missed.get(True, 0.0))
+        models.overhead_overlap_s = missed.get(True)
     return models
 
 
 def plan_of(cluster_cfg, graph: Graph, *, lanes: int, overlap: bool) -> Plan:
     """The plan a config runs: its placement of the graph's components, its lanes and
     overlap."""
-    cal = calibration(cluster_cfg, graph, lanes=lanes, overlap=overlap, seconds=0.0)
+    cal = calibration(cluster_cfg, graph, [])
     return Plan(cal["mode"], tuple((n, ComponentPlacement(**cal["components"][n]))
                                    for n in graph.names), lanes, overlap)
 
 
-def calibration(cluster_cfg, graph: Graph, *, lanes: int, overlap: bool,
-                seconds: float) -> dict:
-    """What ``models_for`` needs of a calibration run: the run's own plan (its config's
-    placement of the graph's components, its lanes and overlap) and its measured seconds per
-    iteration. A JSON-able dict, kept in the profile's facts."""
+def calibration(cluster_cfg, graph: Graph, runs) -> dict:
+    """What ``models_for`` needs of calibration runs of a config: its placement of the
+    graph's components and ``runs``, each ``(lanes, overlap, seconds per iteration)``.
+    A JSON-able dict, kept in the profile's facts."""
     comps = {}
     for name in graph.names:
         c = cluster_cfg.placement.components.get(name) or ComponentPlacement()
         comps[name] = {"workers": c.workers, "cpus": float(c.cpus),
                        "gpus": list(c.gpus) if c.gpus else None,
                        "cpu_ids": list(c.cpu_ids) if c.cpu_ids else None}
-    return {"mode": cluster_cfg.placement.mode, "components": comps, "lanes": lanes,
-            "overlap": overlap, "seconds": seconds}
+    return {"mode": cluster_cfg.placement.mode, "components": comps,
+            "runs": [{"lanes": k, "overlap": bool(o), "seconds": float(t)} for k, o, t in runs]}
