@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import shlex
 import statistics
 import sys
@@ -45,7 +46,8 @@ cost per iteration (``search.models_for``)."""
 
 def make_plan(cfg, config_name: str, overrides: Sequence[str], *, output: Path,
               profile_path: Optional[str] = None, top: int = 10, elastic: bool = False,
-              calibrate: bool = True, say: Callable[[str], None] = print):
+              calibrate: bool = True, overlap: bool = True,
+              say: Callable[[str], None] = print):
     """Profiles ``cfg`` (or reads ``profile_path``), calibrates on a short real run of the
     config as it is (``calibrate``, Ray configs only), searches, prints the table, writes
     the plan file ``output`` (and the profile next to it). Returns (predictions, graph)."""
@@ -65,6 +67,8 @@ def make_plan(cfg, config_name: str, overrides: Sequence[str], *, output: Path,
             prof.facts["calibration"] = calibration(cfg.cluster, graph, runs)
         saved = prof.save(output.with_suffix(".profile.json"))
         say(f"plan: profile written to {saved}")
+    if not overlap:  # learner overlap trains on stale data: left out when asked
+        graph = dataclasses.replace(graph, overlap=False)
     models = models_for(prof, graph)
     say("plan: fitted cost models")
     for (comp, phase, device), m in sorted(models.times.items()):
@@ -193,6 +197,9 @@ def _main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--no-calibrate", action="store_true",
                         help="skip the short real run of the config as it is that measures "
                              "the framework's own cost per iteration")
+    parser.add_argument("--no-overlap", action="store_true",
+                        help="leave learner overlap out of the plans (it trains on data one "
+                             "update stale, which can cost more iterations than it saves)")
     parser.add_argument("--verify", action="store_true",
                         help="run the chosen plan and the runner-up for real and print "
                              "predicted against measured iteration time")
@@ -214,7 +221,8 @@ def _main(argv: Optional[list[str]] = None) -> int:
         _setup_logging()
         preds, graph = make_plan(cfg, args.config_name, overrides, output=output,
                                  profile_path=args.profile, top=args.top,
-                                 calibrate=not args.no_calibrate)
+                                 calibrate=not args.no_calibrate,
+                                 overlap=not args.no_overlap)
     except (ConfigError, PlanError) as e:
         text = str(e)
         print(f"m2flow-plan: {text if text.startswith('config error') else 'error: ' + text}",
