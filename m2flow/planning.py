@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from m2flow.pipelines.planner.planfile import (
-    PlanFileError, cluster_group, merge_cluster, read_plan, write_plan)
+    PlanFileError, cluster_group, read_plan, write_plan)
 from m2flow.pipelines.planner.profiles import Profile
 from m2flow.pipelines.planner.search import (
     PlanError, Prediction, calibration, models_for, search, table)
@@ -33,6 +33,22 @@ from m2flow.pipelines.planner.search import (
 PLAN_DIR = "plans"
 """Where m2flow-plan writes plan files by default (relative to the working directory)."""
 AUTO = "auto"
+
+
+def merge_cluster(composed, cluster: dict):
+    """``composed`` (a typed DictConfig) with the plan's ``cluster`` group merged onto it
+    (components its cluster option does not list are added, typed by the schema)."""
+    from omegaconf import open_dict
+    from omegaconf.errors import OmegaConfBaseException
+
+    from m2flow.configs.loader import ConfigError, explain
+
+    try:
+        with open_dict(composed):
+            composed.merge_with({"cluster": cluster})
+    except OmegaConfBaseException as e:
+        raise ConfigError(explain(e, "")) from None
+    return composed
 
 
 def _without_plan(overrides: Sequence[str]) -> list[str]:

@@ -152,7 +152,7 @@ def test_a_rollout_copy_equals_the_learner_after_bucketed_syncs():
     rollout = WorkerGroup(cluster, "rollout", RolloutWorker, res * 2,
                           PolicyConfig(name="mlp", hidden_sizes=[16]), SPEC, seed=1)
     # 1 KB buckets: the 16x16 weights (1 KB) and the rest travel in several
-    runner = SimpleNamespace(learner=learner, rollout=rollout,
+    runner = SimpleNamespace(learner=learner, rollout=rollout, weight_link=None,
                              cfg=SimpleNamespace(runner=SimpleNamespace(weight_sync_bucket_mb=2**-10)))
     try:
         for version in (0, 1):

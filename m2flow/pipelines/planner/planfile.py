@@ -62,22 +62,6 @@ def cluster_group(plan: Plan) -> dict:
     return {"backend": "ray", "placement": {"mode": plan.mode, "components": comps}}
 
 
-def merge_cluster(composed, cluster: dict):
-    """``composed`` (a typed DictConfig) with the plan's ``cluster`` group merged onto it
-    (components its cluster option does not list are added, typed by the schema)."""
-    from omegaconf import open_dict
-    from omegaconf.errors import OmegaConfBaseException
-
-    from m2flow.configs.loader import ConfigError, explain
-
-    try:
-        with open_dict(composed):
-            composed.merge_with({"cluster": cluster})
-    except OmegaConfBaseException as e:
-        raise ConfigError(explain(e, "")) from None
-    return composed
-
-
 def write_plan(path, pred: Prediction, *, config_name: str, workload: str, node: Node,
                knob_overrides: list[str], label: str, runner_up: Optional[Prediction] = None,
                command: str = "", auto: bool = False) -> Path:
