@@ -81,7 +81,7 @@ class Sender(Worker):
         self.link(link).broadcast(self.flat, src=0)
 
     def checksum(self) -> float:
-        return float(sum(p.double().sum() for p in self.model.parameters()))
+        return float(sum(p.detach().double().sum() for p in self.model.parameters()))
 
 
 class Receiver(Worker):
@@ -108,7 +108,7 @@ class Receiver(Worker):
         self.link(link).broadcast(self.flat, src=0)
 
     def checksum(self) -> float:
-        return float(sum(p.double().sum() for p in self.model.parameters()))
+        return float(sum(p.detach().double().sum() for p in self.model.parameters()))
 
 
 def flat_buffer(buf, nbytes: int, device: str) -> torch.Tensor:
