@@ -10,6 +10,14 @@ stay within one env worker, so within one rank), and :class:`~m2flow.runs.learne
 runs the global batch's minibatches with gradients summed over the ranks. What the update
 reports is the global batch's on every rank; weights and checkpoints come from rank 0 (all
 ranks hold the same weights).
+
+Sharded (``cluster.placement.components.learner.shard=fsdp``): the same update with the
+policy's parameters, gradients and Adam state split over the ranks by FSDP2 (its transformer
+blocks one by one, then the rest; :mod:`m2flow.pipelines.fsdp`). Whole weights exist only
+where they are needed: after building, each update and each load, every rank takes part in
+gathering them to rank 0's host memory (:class:`~m2flow.pipelines.fsdp.GatheredModel`),
+which weight syncs read; a checkpoint's state (:meth:`LearnerWorker.state_dict`) is gathered
+likewise, so the runner asks every rank for it. Checkpoints are the unsharded ones.
 """
 
 from __future__ import annotations
@@ -23,12 +31,13 @@ from m2flow import keys
 from m2flow.embodied.algorithms import Algorithm, AlgorithmConfig, algorithm_class
 from m2flow.pipelines import Channel, Worker
 from m2flow.pipelines.distributed import DataParallel
+from m2flow.pipelines.fsdp import GatheredModel
 from m2flow.policies import PolicyConfig, make_policy
-from m2flow.runs import checkpoint
 from m2flow.runs.learner import Trainer
 from m2flow.runs.weights import SyncPlan, WeightBucket, WeightSender
 
 ADAM_EPS = 1e-5  # cleanRL's PPO value
+POLICY_METHODS = ("act", "evaluate_actions", "value")  # a sharded policy gathers around these
 
 
 class LearnerWorker(Worker):
@@ -59,21 +68,40 @@ class LearnerWorker(Worker):
             self.policy, lambda params: torch.optim.Adam(params, lr=algo_cfg.learning_rate,
                                                          eps=ADAM_EPS),
             precision=algo_cfg.precision, max_grad_norm=algo_cfg.max_grad_norm,
-            data_parallel=self.data_parallel,
+            data_parallel=self.data_parallel, shard=info.resources.shard,
+            forward_methods=POLICY_METHODS,
         )
-        self.weights = WeightSender(self.policy)  # what the rollout copies were sent
-        # Adam's moments appear at its first step; the context finds them in its state then
-        self.context.register(modules={"policy": self.policy},
-                              optimizers={"adam": self.trainer.optimizer})
+        self.gathered: Optional[GatheredModel] = None  # sharded: rank 0's whole weights
+        if self.trainer.sharded:
+            self.gathered = GatheredModel(self.policy)
+            self.gathered.gather()
+        # what the rollout copies were sent
+        self.weights = WeightSender(self.gathered or self.policy)
+        if not self.trainer.sharded:  # (FSDP's shards do not move with the context: offload)
+            # Adam's moments appear at its first step; the context finds them in its state then
+            self.context.register(modules={"policy": self.policy},
+                                  optimizers={"adam": self.trainer.optimizer})
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
         return self.trainer.optimizer
 
+    def offload(self) -> dict[str, float]:
+        if self.trainer.sharded and self.context.active:
+            raise RuntimeError(
+                "cluster.placement.components.learner.shard=fsdp: a sharded learner cannot step "
+                "aside for the rollout on a shared device yet (the context switch does not move "
+                "FSDP's shards); give the learner devices of its own (placement mode "
+                "disaggregated) or use shard=none.")
+        return super().offload()
+
     def get_weights(self) -> dict:
         """CPU copies of the policy's weights (trained ones fp32; a bf16 rollout copy casts
-        them on load); works offloaded too (the copy is then host to host)."""
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.policy.state_dict().items()}
+        them on load); works offloaded too (the copy is then host to host). Sharded: rank 0's
+        whole copy from the last gather (the other ranks hold none: ``{}``)."""
+        if self.gathered is not None:
+            return dict(self.gathered.state)
+        return self.trainer.model_state_dict()
 
     def plan_weight_sync(self, *, full: bool, bucket_mb: float) -> SyncPlan:
         """Plans a sync of the policy to the rollout copies: everything (``full``; the first
@@ -91,15 +119,24 @@ class LearnerWorker(Worker):
         ranks, which call ``RolloutWorker.receive_weight_broadcast``); the bytes sent."""
         return self.weights.broadcast(self.link(link))
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> Optional[dict]:
         """Weights and optimiser state in host memory (the driver that saves them may have no
-        GPU; ``load_state_dict`` moves them back, see :mod:`m2flow.runs.checkpoint`)."""
-        return {"policy": self.get_weights(),
-                "optimizer": checkpoint.tree_to(self.optimizer.state_dict(), "cpu")}
+        GPU; ``load_state_dict`` moves them back, see :mod:`m2flow.runs.checkpoint`): rank
+        0's; None on the other ranks. Call it on every rank: sharded, it is a collective (the
+        optimiser state is gathered); the layout is the unsharded one either way."""
+        if self.trainer.sharded:
+            optimizer = self.trainer.optimizer_state_dict()  # (every rank takes part)
+            return None if self.rank else {"policy": self.get_weights(), "optimizer": optimizer}
+        if self.rank != 0:
+            return None
+        return {"policy": self.get_weights(), "optimizer": self.trainer.optimizer_state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.policy.load_state_dict(state["policy"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        """Loads a checkpoint's state (every rank the same; sharded, each keeps its shard)."""
+        self.trainer.load_model_state_dict(state["policy"])
+        self.trainer.load_optimizer_state_dict(state["optimizer"])
+        if self.gathered is not None:
+            self.gathered.gather()
         self.weights.reset()  # the rollout copies get all of the loaded weights
 
     def update(
@@ -130,6 +167,8 @@ class LearnerWorker(Worker):
             metrics = self._epochs(batch, iteration) if rows else {}
             # statistics change between updates, never within one; they see the global batch
             self.policy.observe(observed_rows(batch, dp))
+            if self.gathered is not None:  # the whole weights, for the sync that follows
+                self.gathered.gather()
             if spread is not None:  # (behaviour cloning's demonstrations have no reward)
                 metrics["train/reward_spread"] = spread
             return {**metrics, **mean_over_ranks(extra, dp), "loss/learning_rate": lr,

@@ -395,8 +395,9 @@ class EmbodiedRunner:
 
     # -- checkpoints -------------------------------------------------------------------------
     def save(self, metrics: Optional[dict] = None) -> Path:
-        # a save under way finishes even after Ctrl-C (stop_on_ctrl_c)
-        learner = self.learner.call(LearnerWorker.state_dict, ranks=[0]).wait(stoppable=False)[0]
+        # a save under way finishes even after Ctrl-C (stop_on_ctrl_c); every rank takes part
+        # (a sharded learner gathers the state to rank 0), rank 0 returns it
+        learner = self.learner.call(LearnerWorker.state_dict).wait(stoppable=False)[0]
         return self.session.save(self.iteration, {"global_step": self.global_step,
                                                   "learner": learner}, metrics)
 

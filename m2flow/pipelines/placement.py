@@ -12,7 +12,7 @@ Modes:
 >>> p = Placement(PlacementConfig(mode="disaggregated", components={
 ...     "env": ComponentPlacement(cpus=1), "rollout": ComponentPlacement(cpus=1)}), nodes)
 >>> p.ranks("env")
-[RankResources(node=0, cpus=1.0, gpu_ids=(), cpu_ids=(0,))]
+[RankResources(node=0, cpus=1.0, gpu_ids=(), cpu_ids=(0,), shard='none')]
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from m2flow.pipelines.cluster import NodeInfo
 from m2flow.pipelines.errors import PlacementError
 
 MODES = ("collocated", "disaggregated", "hybrid")
+SHARD_MODES = ("none", "fsdp")  # (pipelines.fsdp's; kept here so placement imports no torch)
 
 
 @dataclass
@@ -47,6 +48,11 @@ class ComponentPlacement:
     """Cores of the node this component's processes (and the simulator processes they start)
     are pinned to, split evenly over its ranks; sets ``cpus`` to the cores per rank. None: not
     pinned, except in mode 'disaggregated', which pins each component to its own cores."""
+    shard: str = "none"
+    """How the ranks of a component that trains one model (the learner) hold it: ``none``
+    (each rank the whole model, gradients all-reduced: small models) | ``fsdp`` (FSDP2 shards
+    parameters, gradients and optimiser state over the ranks: models too large for one
+    device). With one worker there is nothing to shard."""
 
 
 @dataclass
@@ -66,6 +72,8 @@ class RankResources:
     gpu_ids: tuple[int, ...]
     cpu_ids: tuple[int, ...] = ()
     """Cores this rank is pinned to; () = not pinned."""
+    shard: str = "none"
+    """How this rank holds the model its group trains (``ComponentPlacement.shard``)."""
 
     @property
     def threads(self) -> int:
@@ -130,7 +138,7 @@ class Placement:
         cores = self._cores(where, comp, index)
         return [
             RankResources(node=index, cpus=float(len(c) or comp.cpus), gpu_ids=ids,
-                          cpu_ids=tuple(c))
+                          cpu_ids=tuple(c), shard=comp.shard)
             for ids, c in zip(_split(where, gpus, comp.workers), cores)
         ]
 
@@ -271,6 +279,9 @@ def _check_component(where: str, comp: ComponentPlacement) -> None:
     if comp.node_resource is not None and not comp.node_resource.strip():
         raise PlacementError(f"{where}.node_resource is empty; give a custom resource name "
                              "of a node, or null to place by node index.")
+    if comp.shard not in SHARD_MODES:
+        raise PlacementError(f"{where}.shard={comp.shard!r} is not a sharding mode; use one of "
+                             f"{list(SHARD_MODES)} (fsdp: the learner's ranks shard its model).")
     if comp.node_resource is not None and comp.node != 0:
         raise PlacementError(
             f"{where}: node={comp.node} and node_resource={comp.node_resource!r} both pick "

@@ -332,9 +332,14 @@ class WorkerGroup:
         """The process group of a ``forms_process_group`` class with more than one rank:
         world size from the placement, master at rank 0's node on a port free there, NCCL
         for ranks on GPUs of their own and gloo otherwise (``distributed.backend_for``)."""
-        if not (getattr(self.worker_cls, "forms_process_group", False) and len(ranks) > 1):
-            return None
         where = f"cluster.placement.components.{self.name}"
+        forms = getattr(self.worker_cls, "forms_process_group", False)
+        if not forms and any(r.shard != "none" for r in ranks):
+            raise PlacementError(
+                f"{where}.shard={ranks[0].shard}: only a component whose ranks train one model "
+                "together (the learner) shards it; remove the key here.")
+        if not (forms and len(ranks) > 1):
+            return None
         if self.backend != "ray":
             raise PlacementError(
                 f"{where}.workers={len(ranks)}: data-parallel ranks each need their own process "

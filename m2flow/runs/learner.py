@@ -27,6 +27,17 @@ the Trainer is built) and, taking identical steps, stay identical. An explicit a
 than DDP's reducer: losses here run through a policy's ``evaluate_actions``, not ``forward``
 (which DDP hooks), and a rank whose share of a minibatch is empty still has to take part.
 
+Sharded (``shard="fsdp"``, :mod:`m2flow.pipelines.fsdp`). The same update, but each rank
+holds 1/N of the parameters, gradients and optimiser state: FSDP2 shards the model's blocks
+and root after rank 0's weights are broadcast, gathers a block's parameters around each of
+its forwards and reduce-scatters (sums) its gradients in each backward, in place of
+``sum_grads``. Since every forward is a collective, every rank runs as many micro-batches as
+the rank with the most rows in the minibatch: a rank with fewer runs its last ones on a
+filler row (one row of the batch) at weight 0, which adds exact zeros. The optimiser steps on
+the shards; the clip's norm is the global one (the gradients are DTensors).
+:meth:`Trainer.model_state_dict` and :meth:`Trainer.optimizer_state_dict` gather whole
+tensors to rank 0 (collectives: every rank calls them).
+
 Imports ``pipelines``-level things only (torch, tensordict, ``runs.seeding``,
 ``pipelines.distributed``): no workload.
 
@@ -42,14 +53,15 @@ Imports ``pipelines``-level things only (torch, tensordict, ``runs.seeding``,
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 from tensordict import TensorDict
 from torch import nn
 
+from m2flow.pipelines import fsdp
 from m2flow.pipelines.distributed import SINGLE, DataParallel
-from m2flow.runs import seeding
+from m2flow.runs import checkpoint, seeding
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 """auto: the dtype the model's parameters arrive in (bf16/fp16 -> that autocast, else fp32)."""
@@ -110,29 +122,47 @@ class Trainer:
         max_grad_norm: clip the global gradient norm to this before each step (None: no clip).
         data_parallel: the ranks training this model together (default: this one alone); see
             the module docstring. The model's weights become rank 0's.
+        shard: ``none`` (default: every rank holds the whole model) | ``fsdp`` (FSDP2 shards
+            it over the ranks of ``data_parallel``; with one rank there is nothing to shard).
+        forward_methods: the model's methods that run it besides ``forward`` (a policy's
+            ``evaluate_actions``), which the sharded root gathers its parameters around.
     """
 
     def __init__(
         self, model: nn.Module, make_optimizer: Callable[[list], torch.optim.Optimizer], *,
         precision: str = "auto", max_grad_norm: Optional[float] = None,
-        data_parallel: DataParallel = SINGLE,
+        data_parallel: DataParallel = SINGLE, shard: str = "none",
+        forward_methods: Sequence[str] = (),
     ):
+        if shard not in fsdp.SHARD_MODES:
+            raise ValueError(f"shard={shard!r}: use one of {list(fsdp.SHARD_MODES)}.")
         self.model = model
         self.precision = resolve_precision(precision, model)
         to_fp32_masters(model)
-        self.params = list(model.parameters())
-        self.optimizer = make_optimizer(self.params)
         self.max_grad_norm = max_grad_norm
         self.dtype = AUTOCAST_DTYPES[self.precision]
         self.scaler = None
+        device_type = next((p.device.type for p in model.parameters()), "cpu")
         if self.precision == "fp16":  # fp16's small range: scale the loss, unscale the grads
-            self.scaler = torch.amp.GradScaler(self._device_type())
+            self.scaler = torch.amp.GradScaler(device_type)
         self.dp = data_parallel
+        self.sharded = shard == "fsdp" and self.dp.active
         if self.dp.active:
             if self.scaler is not None:  # each rank's scaler would skip steps on its own
                 raise ValueError("precision fp16 (a gradient scaler) with several data-parallel "
                                  "ranks is not supported; use bf16 or fp32.")
-            self.dp.broadcast_module(model)
+            self.dp.broadcast_module(model)  # (before sharding: FSDP broadcasts nothing)
+        if self.sharded:
+            if device_type != torch.device(self.dp.device).type:
+                raise ValueError(
+                    f"shard=fsdp: the model is on {device_type} but the group's collectives run "
+                    f"on {self.dp.device} (ranks sharing a GPU use gloo); give each rank a GPU of "
+                    "its own, or use shard=none.")
+            fsdp.shard(model, device_type=device_type, world_size=self.dp.world_size,
+                       forward_methods=forward_methods,
+                       param_dtype=torch.bfloat16 if self.precision == "bf16" else None)
+        self.params = list(model.parameters())  # (the shards, when sharded)
+        self.optimizer = make_optimizer(self.params)
 
     # -- the lower-level API: accumulate, then step ---------------------------------------
     def _device_type(self) -> str:
@@ -153,7 +183,7 @@ class Trainer:
 
     def backward(self, loss: torch.Tensor, weight: float = 1.0) -> None:
         """Adds ``weight * d loss`` to the gradients (a micro-batch's share of its minibatch)."""
-        if weight != 1.0:
+        if weight != 1.0:  # (0: a sharded rank's filler, whose gradients are exact zeros)
             loss = loss * weight
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
@@ -171,7 +201,9 @@ class Trainer:
                     p.grad.div_(grad_divisor)
         grad_norm = 0.0
         if self.max_grad_norm is not None:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm))
+            norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+            # sharded: a DTensor; its full value is the norm over every rank's shards
+            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -183,31 +215,41 @@ class Trainer:
     # -- the loop ------------------------------------------------------------------------
     def train_minibatch(self, mb: TensorDict, loss_fn: LossFn, *,
                         micro_batch_size: Optional[int] = None,
-                        total: Optional[int] = None) -> dict[str, float]:
+                        total: Optional[int] = None,
+                        filler: Optional[TensorDict] = None) -> dict[str, float]:
         """One optimiser step on ``mb``: forward/backward micro-batch by micro-batch (None:
         the whole minibatch at once), each weighted by its share; then clip and step.
         Returns the minibatch's terms (micro-batches weighted alike) and ``grad_norm``.
 
         ``total``: the rows of the global minibatch when ``mb`` is this rank's share of it
         (data parallel; default ``mb``'s own rows): shares are of ``total``, and gradients and
-        terms are summed over the ranks before the step."""
+        terms are summed over the ranks before the step. ``filler``: sharded, the row a
+        rank whose share is empty runs at weight 0 (default: ``mb``'s first row)."""
         n_local = mb.shape[0]
         n = n_local if total is None else total
         k = max(1, n_local if micro_batch_size is None else micro_batch_size)
+        steps = -(-n_local // k)  # this rank's micro-batches
+        if self.sharded:  # every forward is a collective: as many as the busiest rank's
+            steps = int(self.dp.max(torch.tensor(steps)))
+            if filler is None and n_local:
+                filler = mb[:1]
         terms: dict[str, float] = {}
         self.zero_grad()
-        for start in range(0, n_local, k):
-            micro = mb if k >= n_local else mb[start : start + k]
-            weight = 1.0 if micro.shape[0] == n else micro.shape[0] / n
+        for start in range(0, steps * k, k):
+            real = start < n_local
+            micro = (mb if k >= n_local else mb[start : start + k]) if real else filler
+            weight = (1.0 if micro.shape[0] == n else micro.shape[0] / n) if real else 0.0
             with self.autocast():
                 out = loss_fn(micro)
                 loss = total_loss(out)
             self.backward(loss, weight)
-            for key, v in out.items():
-                terms[key] = terms.get(key, 0.0) + weight * float(v.detach())
+            if real:
+                for key, v in out.items():
+                    terms[key] = terms.get(key, 0.0) + weight * float(v.detach())
         if self.dp.active:
             terms = sum_terms(self.dp.gather_objects(terms))
-            self.dp.sum_grads(self.params)
+            if not self.sharded:  # (sharded: FSDP summed them in backward)
+                self.dp.sum_grads(self.params)
         terms["grad_norm"] = self.step()
         return terms
 
@@ -234,6 +276,7 @@ class Trainer:
         sizes = self.dp.sizes(batch.shape[0])  # every rank's rows, in rank order
         size, first = sum(sizes), sum(sizes[: self.dp.rank])  # global rows; this rank's first
         mb_size = max(1, size // num_minibatches)
+        filler = self._filler(batch, sizes) if self.sharded else None
         sums: dict[str, float] = {}
         count, stopped = 0, False
         for _ in range(epochs):
@@ -247,7 +290,7 @@ class Trainer:
                 if minibatch is not None:
                     mb = minibatch(mb)
                 terms = self.train_minibatch(mb, loss_fn, micro_batch_size=micro_batch_size,
-                                             total=total)
+                                             total=total, filler=filler)
                 for key, v in terms.items():
                     sums[key] = sums.get(key, 0.0) + v
                 count += 1
@@ -257,6 +300,45 @@ class Trainer:
         out = {key: v / max(count, 1) for key, v in sums.items()}
         out["early_stop"] = float(stopped)
         return out
+
+    def _filler(self, batch: TensorDict, sizes: list[int]) -> TensorDict:
+        """One row of the global batch for this rank's zero-weight forwards: its own first,
+        or, when it holds no rows, the first row of the first rank that does."""
+        if min(sizes) > 0:
+            return batch[:1]
+        offers = self.dp.gather_objects(batch[:1].cpu() if batch.shape[0] else None)
+        row = next(o for o in offers if o is not None)
+        return row.to(batch.device) if batch.device is not None else row
+
+    # -- whole state, for weight sync and checkpoints --------------------------------------
+    def model_state_dict(self) -> dict[str, torch.Tensor]:
+        """CPU copies of the model's whole state dict. Sharded: a collective; rank 0 gets the
+        whole tensors, the other ranks ``{}``."""
+        if self.sharded:
+            return fsdp.gather_state_dict(self.model)
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def load_model_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Loads a whole state dict (sharded: every rank gets the same one, and keeps its
+        shard; a collective)."""
+        if self.sharded:
+            fsdp.load_state_dict(self.model, state)
+        else:
+            self.model.load_state_dict(state)
+
+    def optimizer_state_dict(self) -> dict:
+        """The optimiser's state in host memory, laid out as an unsharded
+        ``Optimizer.state_dict()`` either way (a sharded one gathered: a collective; rank 0
+        gets it, the other ranks ``{}``)."""
+        if self.sharded:
+            return fsdp.gather_optimizer_state(self.model, self.optimizer)
+        return checkpoint.tree_to(self.optimizer.state_dict(), "cpu")
+
+    def load_optimizer_state_dict(self, state: dict) -> None:
+        if self.sharded:
+            fsdp.load_optimizer_state(self.model, self.optimizer, state)
+        else:
+            self.optimizer.load_state_dict(state)
 
 
 

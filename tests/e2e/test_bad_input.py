@@ -152,6 +152,8 @@ def case_table() -> list[tuple[str, str, list[str], str]]:
           "cluster.placement.components.learner.workers=2",
           "cluster.placement.components.env.workers=2"],
          "cluster.placement.components.learner.workers=2: algorithm=bc"),
+        ("learner_shard", TRAIN, ["cluster.placement.components.learner.shard=zero3"],
+         "cluster.placement.components.learner.shard='zero3'"),
         ("unknown_component", TRAIN, ["cluster.placement.components.lerner.cpus=1"],
          "cluster.placement.components.lerner"),
         ("cpus_beyond_node", TRAIN, [f"cluster.placement.components.env.cpus={cores + 1}"],
