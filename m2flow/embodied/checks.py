@@ -32,6 +32,7 @@ from m2flow.runs.checks import (
 COMPONENTS = ("env", "rollout", "learner")  # the runner's (m2flow.embodied.runner.COMPONENTS)
 SIM_BACKENDS = ("auto", "cpu", "gpu")
 RENDER_BACKENDS = ("auto", "none", "cpu", "gpu")
+SHARED_MEMORY = ("auto", "on", "off")  # m2flow.envs.shm.MODES
 
 RULES: list[Rule] = [
     ("env.num_envs", at_least(1), "set the envs each env worker steps (e.g. 8)"),
@@ -43,6 +44,8 @@ RULES: list[Rule] = [
     ("env.sim_backend", one_of(SIM_BACKENDS),
      "'auto' simulates on the env worker's GPU if it has one"),
     ("env.render_backend", one_of(RENDER_BACKENDS), "'auto' renders only for image obs modes"),
+    ("env.shared_memory", one_of(SHARED_MEMORY),
+     "'auto' sends images through shared memory and state vectors as messages"),
     ("policy.hidden_sizes", each(at_least(1)), "give layer widths such as [256, 256]"),
     ("rollout.pipeline_stages", at_least(1),
      "use 1 (sequential) or S > 1 to overlap simulation and inference"),

@@ -36,5 +36,9 @@ class EnvConfig:
     step_timeout_s: float = 300.0
     """Envs with one simulator process each: a step or reset that takes longer counts as a
     hung process, which is killed and restarted (its episode is discarded)."""
+    shared_memory: str = "auto"
+    """Envs with one simulator process each: which observation arrays come back through
+    shared memory instead of a pickled message: 'auto' those of 16 KiB or more (images; state
+    vectors stay messages), 'on' every array, 'off' none (bench/obs_transfer.py measures both)."""
     kwargs: Dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for the simulator's constructor."""

@@ -243,7 +243,8 @@ class LiberoEnv(GymVectorEnv):
             for i in range(cfg.num_envs)
         ]
         super().__init__(make, processes=True, max_episode_steps=limit,
-                         timeout=cfg.step_timeout_s, tasks=[tasks[t][1] for t in ids])
+                         timeout=cfg.step_timeout_s, tasks=[tasks[t][1] for t in ids],
+                         shared_memory=cfg.shared_memory)
 
 
 def gl_environ(gl: str) -> tuple:

@@ -97,6 +97,7 @@ class ManiSkillEnv(BatchedEnv):
             self._impl: BatchedEnv = GymVectorEnv(
                 [make] * cfg.num_envs, processes=True, max_episode_steps=limit,
                 rebuild_options=REBUILD, timeout=cfg.step_timeout_s,
+                shared_memory=cfg.shared_memory,
             )
         else:
             self._impl = _ManiSkillGPU(task, cfg, kw, device, limit)

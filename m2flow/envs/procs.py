@@ -16,6 +16,10 @@ share those modules' memory copy-on-write instead of importing their own copy, a
 milliseconds instead of seconds. Nothing live is ever forked: the server never builds an env,
 opens a renderer or touches CUDA; each process builds its own env after the fork. A server that
 dies is started again on the next fork.
+
+Large observation arrays (images) come back through a shared-memory block per process instead
+of the pickled message (:mod:`m2flow.envs.shm`; ``shared_memory`` says which arrays), which the
+slots own: a restarted process attaches to its slot's block, and ``close`` unlinks them all.
 """
 
 from __future__ import annotations
@@ -29,12 +33,16 @@ import signal
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
 from typing import Any, Callable, Optional, Sequence
 
 import gymnasium as gym
 import numpy as np
+
+from m2flow.envs import shm
+from m2flow.envs.base import EnvError
+from m2flow.envs.shm import ObsBlock
 
 log = logging.getLogger(__name__)
 
@@ -252,10 +260,17 @@ class ProcessSlots:
             :class:`EnvRecipe` objects, the server preloads the first one's ``preload`` modules.
         timeout: seconds a step or reset may take before the process counts as hung.
         start_timeout: seconds a process may take to build its env.
+        shared_memory: which observation arrays come back through a shared-memory block
+            instead of the pickled message: 'auto' (default) those of at least
+            :data:`m2flow.envs.shm.MIN_BYTES` (images), 'on' every fixed-shape array, 'off' none.
     """
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], timeout: float = 300.0,
-                 start_timeout: float = 600.0):
+                 start_timeout: float = 600.0, shared_memory: str = "auto"):
+        if shared_memory not in shm.MODES:
+            raise EnvError(f"env.shared_memory={shared_memory!r}: use one of {list(shm.MODES)} "
+                           "('auto' sends images through shared memory, state as messages).")
+        self.shared_memory = shared_memory
         self.env_fns = list(env_fns)
         self.timeout = timeout
         self.start_timeout = start_timeout
@@ -269,18 +284,38 @@ class ProcessSlots:
         self._seeds: list[Optional[int]] = [None] * n
         self._options: list[Optional[dict]] = [None] * n
         self._sent = [False] * n
+        self._blocks: list[Optional[ObsBlock]] = [None] * n
         for i in range(n):  # start all first: they build their envs in parallel
             self._spawn(i)
         try:
             spaces = [self._recv(i, self.start_timeout, "start") for i in range(n)]
+            for i, (obs_space, _) in enumerate(spaces):
+                fields, nbytes = shm.layout(obs_space, shared_memory)
+                if fields:
+                    self._blocks[i] = ObsBlock.create(fields, nbytes, tag=str(i))
+                    self._attach(i)
         except (_Lost, SimulatorError) as e:
             self.close()
             raise SimulatorError(f"{e} (while building its env; no env was started)") from None
+        except BaseException:  # e.g. no room for a block: stop the processes, unlink the rest
+            self.close()
+            raise
         self.observation_space, self.action_space = spaces[0]
 
     @property
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs]
+
+    @property
+    def shared_keys(self) -> list[tuple]:
+        """Per env, the observation keys that come through its shared-memory block (None: the
+        whole observation); empty where none does."""
+        return [tuple(f.key for f in b.fields) if b else () for b in self._blocks]
+
+    @property
+    def shm_names(self) -> list[Optional[str]]:
+        """Per env, the name of its shared-memory block (None: it has none)."""
+        return [b.name if b else None for b in self._blocks]
 
     def reset(self, seeds: Sequence[Optional[int]], options: Sequence[Optional[dict]]) -> list:
         for i, (s, o) in enumerate(zip(seeds, options)):
@@ -324,6 +359,9 @@ class ProcessSlots:
                 p.join()
         for conn in self._conns:
             conn.close()
+        for block in self._blocks:  # after the joins: no process writes or attaches any more
+            if block is not None:
+                block.close(unlink=True)
 
     # -- one process ---------------------------------------------------------------------
     def _spawn(self, i: int) -> None:
@@ -348,6 +386,12 @@ class ProcessSlots:
         self._procs[i], self._conns[i] = proc, parent
         self._sent[i] = True  # its "ready" message is due
 
+    def _attach(self, i: int) -> None:
+        """Tells process i (started) to write its large observations into its block."""
+        block = self._blocks[i]
+        self._send(i, ("attach", (block.name, block.fields, block.region_bytes)))
+        self._sent[i] = False  # not answered (a failure answers the next command)
+
     def _send(self, i: int, msg) -> None:
         try:
             self._conns[i].send(msg)
@@ -365,14 +409,26 @@ class ProcessSlots:
             if time.monotonic() >= deadline:
                 raise _Lost(f"env process {i} (pid {proc.pid}) did not answer a {what} "
                             f"within {timeout:.0f} s (hung)")
+        return self._read(i, what)
+
+    def _read(self, i: int, what: str):
+        """Process i's answer (there is one to read), its observations out of its block."""
         try:
-            kind, payload = conn.recv()
+            kind, payload = self._conns[i].recv()
         except (EOFError, OSError):
-            raise _Lost(f"env process {i} (pid {proc.pid}) died during {what}") from None
+            raise _Lost(f"env process {i} (pid {self._procs[i].pid}) died during {what}") from None
         self._sent[i] = False
         if kind == "error":
             raise SimulatorError(f"env process {i} raised during {what}:\n{payload}")
-        return payload
+        block = self._blocks[i]
+        if block is None or what == "start":
+            return payload
+        if not isinstance(payload, StepResult):
+            return block.take(payload, shm.OBS)
+        obs = block.take(payload.obs, shm.OBS)
+        same = payload.final_obs is payload.obs
+        final = obs if same else block.take(payload.final_obs, shm.FINAL_OBS)
+        return replace(payload, obs=obs, final_obs=final)
 
     def _restart(self, i: int, cause: "_Lost"):
         """Replaces process i; resets it as its last reset asked. Returns the new first obs."""
@@ -393,6 +449,8 @@ class ProcessSlots:
             seed = (seed + RESTART_SEED_STRIDE * self.restarts) & 0x7FFFFFFF
         try:
             self._recv(i, self.start_timeout, "start")
+            if self._blocks[i] is not None:
+                self._attach(i)
             self._send(i, ("reset", (seed, self._options[i])))
             return self._recv(i, self.timeout, "reset")
         except _Lost as e:  # the replacement failed too: not retried again
@@ -416,6 +474,7 @@ def _serve(conn, env_fn: Callable[[], gym.Env]) -> None:
     except Exception:
         conn.send(("error", traceback.format_exc()))
         return
+    block: Optional[ObsBlock] = None  # the parent's, once it says so
     while True:
         try:
             cmd, arg = conn.recv()
@@ -424,11 +483,27 @@ def _serve(conn, env_fn: Callable[[], gym.Env]) -> None:
         try:
             if cmd == "reset":
                 seed, options = arg
-                conn.send(("ok", env.reset(seed=seed, options=options)[0]))
+                obs = env.reset(seed=seed, options=options)[0]
+                conn.send(("ok", block.put(obs, shm.OBS) if block else obs))
             elif cmd == "step":
-                conn.send(("ok", step_env(env, arg)))
+                result = step_env(env, arg)
+                conn.send(("ok", _put_step(block, result) if block else result))
+            elif cmd == "attach":
+                block = ObsBlock.attach(*arg)
             elif cmd == "close":
                 break
         except Exception:
             conn.send(("error", traceback.format_exc()))
+            if cmd == "attach":  # answers the parent's next command: nothing else may follow
+                break
+    if block is not None:
+        block.close()
     env.close()
+
+
+def _put_step(block: ObsBlock, result: StepResult) -> StepResult:
+    """``result`` with its observations' large arrays in ``block`` (an observation that is
+    also the final one is written once)."""
+    obs = block.put(result.obs, shm.OBS)
+    final = obs if result.final_obs is result.obs else block.put(result.final_obs, shm.FINAL_OBS)
+    return replace(result, obs=obs, final_obs=final)

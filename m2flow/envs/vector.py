@@ -33,6 +33,8 @@ class GymVectorEnv(BatchedEnv):
             as hung and is replaced.
         tasks: language descriptions of the tasks the envs can switch between at reset
             (``reset(task=...)`` passes ``options["task"]``); empty for a one-task env.
+        shared_memory: with processes, which observation arrays come back through shared
+            memory: 'auto', 'on' or 'off' (see :class:`ProcessSlots`).
     """
 
     def __init__(
@@ -44,11 +46,13 @@ class GymVectorEnv(BatchedEnv):
         rebuild_options: Optional[dict] = None,
         timeout: float = 300.0,
         tasks: Sequence[str] = (),
+        shared_memory: str = "auto",
     ):
         self.num_envs = len(env_fns)
         self.rebuild_options = rebuild_options
         self.steps_in_background = processes
-        self.slots = ProcessSlots(env_fns, timeout=timeout) if processes else LocalSlots(env_fns)
+        self.slots = (ProcessSlots(env_fns, timeout=timeout, shared_memory=shared_memory)
+                      if processes else LocalSlots(env_fns))
         self.spec = _spec(self.slots, max_episode_steps, tuple(tasks))
 
     @property
