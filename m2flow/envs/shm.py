@@ -171,6 +171,9 @@ class ObsBlock:
             except FileNotFoundError:
                 pass
 
+    def __del__(self):  # unmapped before SharedMemory's own __del__, which the views would fail
+        self.close()
+
     @staticmethod
     def _write(view: Optional[np.ndarray], arr) -> bool:
         if view is None or not isinstance(arr, np.ndarray):
