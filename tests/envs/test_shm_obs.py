@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -44,6 +45,12 @@ def segments() -> set:
     return {n for n in os.listdir(SHM_DIR) if n.startswith(f"m2flow-{os.getpid()}-")}
 
 
+def mapped(slots) -> list:
+    """Per env, whether its process has its block mapped."""
+    return [name is not None and name in Path(f"/proc/{pid}/maps").read_text()
+            for pid, name in zip(slots.pids, slots.shm_names)]
+
+
 def rollout(mode: str) -> dict:
     """PushCube rgb 64 px, 2 envs: steps across an episode's end, a reset, a kill -9 of env 1
     and steps after its restart; every observation the env returned, and its blocks."""
@@ -58,7 +65,8 @@ def rollout(mode: str) -> dict:
         before += [env.reset(seed=[5, 6]), env.step(act())]
         os.kill(slots.pids[1], signal.SIGKILL)
         after = [env.step(act()) for _ in range(3)]
-        blocks = dict(names=slots.shm_names, keys=slots.shared_keys, restarts=slots.restarts)
+        blocks = dict(names=slots.shm_names, keys=slots.shared_keys, restarts=slots.restarts,
+                      mapped=mapped(slots))
     finally:
         env.close()
     return dict(before=before, after=after, left=segments(), **blocks)
@@ -90,6 +98,7 @@ def test_shared_memory_observations_equal_the_pickled_ones(runs):
 def test_a_restarted_simulator_sends_through_its_block_again(runs):
     on, off = runs["on"], runs["off"]
     assert on["restarts"] == off["restarts"] == 1
+    assert on["mapped"] == [True, True]  # the replacement attached to env 1's block
     assert on["after"][0]["next", "discarded"].tolist() == [False, True]
     assert_equal(on["after"], off["after"])  # the replacement reset with the same seed
     assert not torch.equal(on["after"][-1]["obs", "rgb"][1], on["after"][0]["obs", "rgb"][1])
@@ -128,17 +137,17 @@ import os, signal, sys
 sys.path.insert(0, {ROOT!r})
 import numpy as np
 from m2flow.envs.procs import RESTART_SEED_STRIDE, ProcessSlots
-from tests.envs.test_shm_obs import NoiseEnv
+from tests.envs.test_shm_obs import NoiseEnv, mapped
 if __name__ == "__main__":
     slots = ProcessSlots([NoiseEnv] * 2)  # auto: rgb through the blocks, state in messages
     slots.reset([0, 1], [None, None])
     os.kill(slots.pids[0], signal.SIGKILL)
     slots.step_async(np.zeros((2, 1), np.float32))
     out = slots.step_wait()
-    names = slots.shm_names
+    names, attached = slots.shm_names, mapped(slots)
     slots.close()
     fresh = NoiseEnv().reset(seed=RESTART_SEED_STRIDE)[0]  # the seed its restart used
-    print(slots.shared_keys, slots.restarts, out[0].discarded,
+    print(slots.shared_keys, slots.restarts, out[0].discarded, attached,
           all(np.array_equal(out[0].obs[k], fresh[k]) for k in fresh),
           [os.path.exists("/dev/shm/" + n) for n in names])
 """
@@ -150,5 +159,6 @@ def test_a_killed_simulator_leaks_no_segment_and_no_tracker_warning(tmp_path):
     (tmp_path / "main.py").write_text(SCRIPT)
     out = subprocess.run([sys.executable, str(tmp_path / "main.py")], capture_output=True,
                          text=True, check=True, timeout=120)
-    assert out.stdout.splitlines()[-1] == "[('rgb',), ('rgb',)] 1 True True [False, False]"
+    want = "[('rgb',), ('rgb',)] 1 True [True, True] True [False, False]"
+    assert out.stdout.splitlines()[-1] == want, out.stderr
     assert "resource_tracker" not in out.stderr and "leaked" not in out.stderr, out.stderr
