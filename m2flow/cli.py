@@ -90,8 +90,23 @@ def _run_config(composed):
     w = workload(composed.workload)
     obj = to_object(composed)
     _resolve_resume(obj)
+    _resolve_init(obj)
     _check(w, obj)
     return obj
+
+
+def _resolve_init(cfg) -> None:
+    """``init_from`` (the embodied workload's) given as a run directory or a folder of runs:
+    its newest checkpoint, as ``m2flow-eval checkpoint=`` takes them."""
+    from m2flow.configs import ConfigError
+    from m2flow.runs import checkpoint
+
+    if getattr(cfg, "init_from", None) is None:
+        return
+    try:
+        cfg.init_from = str(checkpoint.resolve(cfg.init_from))
+    except checkpoint.CheckpointError as e:
+        raise ConfigError(f"config error: init_from={cfg.init_from}: {e}") from None
 
 
 def _resolve_resume(cfg) -> None:

@@ -168,12 +168,30 @@ def check_paths(cfg: TrainConfig) -> None:
                    "give a .pt written by m2flow-train (runs/<name>/<time>/checkpoints/last.pt)")
     else:
         check_resume(cfg.resume, "embodied")
+        check_init_from(cfg)
     out = cfg.eval.output_dir
     if out is not None:
         from pathlib import Path
 
         if Path(out).expanduser().is_file():
             raise field_error("eval.output_dir", out, "is a file; give a folder for the report.")
+
+
+def check_init_from(cfg: TrainConfig) -> None:
+    """``init_from`` is an embodied checkpoint of a run with this config's policy."""
+    if cfg.init_from is None or cfg.resume is not None:
+        return
+    check_resume(cfg.init_from, "embodied", name="init_from")
+    from m2flow.runs import checkpoint
+
+    from omegaconf import OmegaConf
+
+    written = OmegaConf.create(checkpoint.load(cfg.init_from, mmap=True)["config"])
+    theirs = OmegaConf.select(written, "policy.name")
+    if theirs != cfg.policy.name:
+        raise field_error("init_from", cfg.init_from,
+                          f"holds a policy={theirs} but this run trains policy="
+                          f"{cfg.policy.name}; start from a checkpoint of the same policy.")
 
 
 def _check_reset_groups(cfg: TrainConfig) -> None:

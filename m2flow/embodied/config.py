@@ -114,5 +114,11 @@ class TrainConfig:
     """Checkpoint path to continue training from; ``latest``: the newest checkpoint of the
     runs named ``run_name`` under ``runner.log_dir``; ``auto``: that, or a fresh start if
     there is none."""
+    init_from: Optional[str] = None
+    """A checkpoint (or a run directory: its newest) whose policy weights this run starts from,
+    at iteration 0 with a fresh optimiser: RL warm-started from an ``algorithm=bc`` run. Its
+    policy must be this config's (same ``policy`` and sizes); tensors it lacks (a value head
+    BC did not train) keep their initial values. Ignored with ``resume`` (that checkpoint
+    holds the weights)."""
     run_name: str = "run"
     """Name of the run directory's parent (entry configs set it to their own name)."""

@@ -33,6 +33,7 @@ from m2flow.pipelines import Channel, Worker
 from m2flow.pipelines.distributed import DataParallel
 from m2flow.pipelines.fsdp import GatheredModel
 from m2flow.policies import PolicyConfig, make_policy
+from m2flow.runs.checkpoint import missing_weights
 from m2flow.runs.learner import Trainer
 from m2flow.runs.weights import SyncPlan, WeightBucket, WeightSender
 
@@ -138,6 +139,20 @@ class LearnerWorker(Worker):
         if self.gathered is not None:
             self.gathered.gather()
         self.weights.reset()  # the rollout copies get all of the loaded weights
+
+    def init_weights(self, state: dict, *, source: str) -> list[str]:
+        """Starts from another run's policy weights (``init_from``: every rank the same;
+        sharded, a collective): the optimiser stays fresh. Tensors ``state`` lacks (a value
+        head a BC run had no use for) keep their initial values; their names are returned.
+        A tensor this policy has no place for, or of another shape, is one
+        :class:`~m2flow.runs.checkpoint.CheckpointError` naming ``source``."""
+        own = {k: v.shape for k, v in self.policy.state_dict().items()}  # (sharded: global)
+        missing = missing_weights(own, state, source)
+        self.trainer.load_model_state_dict(state, strict=not missing)
+        if self.gathered is not None:
+            self.gathered.gather()
+        self.weights.reset()  # the rollout copies get all of the loaded weights
+        return missing
 
     def update(
         self, traj_ch: Channel, *, env_ranks: list[int], iteration: int, max_staleness: int = 0,

@@ -32,7 +32,7 @@ from m2flow.embodied.rollout_worker import RolloutWorker
 from m2flow.embodied.stages import rollout_rank
 from m2flow.pipelines import Channel
 from m2flow.pipelines.worker import Futures, Stopped, gather
-from m2flow.runs import seeding
+from m2flow.runs import checkpoint, seeding
 from m2flow.runs.logger import announce, log_field
 from m2flow.runs.session import RunSession
 from m2flow.runs.weights import send_state, sync_groups
@@ -166,6 +166,8 @@ class EmbodiedRunner:
             self.weight_link = self.session.weight_link(self.learner, self.rollout)
             if cfg.resume:
                 self.load(cfg.resume)
+            elif cfg.init_from:
+                self.init_weights(cfg.init_from)
             self.sync_weights(self.iteration, full=True)
 
     def set_stages(self, stages: int) -> None:
@@ -405,6 +407,15 @@ class EmbodiedRunner:
         state = self.session.load(path)
         self.learner.call(LearnerWorker.load_state_dict, state["learner"]).wait()
         self.iteration, self.global_step = state["iteration"], state["global_step"]
+
+    def init_weights(self, path: str) -> None:
+        """Starts the learner from the policy weights of checkpoint ``path`` (``init_from``)."""
+        state = checkpoint.load(path, workload=WORKLOAD)
+        missing = self.learner.call(LearnerWorker.init_weights, state["learner"]["policy"],
+                                    source=f"init_from={path}").wait()[0]
+        kept = f"; initial values kept for {', '.join(missing)}" if missing else ""
+        announce(f"start-up: policy weights from {path} (iteration {state['iteration']} of "
+                 f"its run){kept}")
 
     def load_policy(self, state: dict) -> None:
         """Loads a checkpoint's policy weights into the rollout workers (evaluation)."""

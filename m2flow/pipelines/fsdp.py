@@ -143,10 +143,10 @@ def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def _full_options(*, cpu_offload: bool):
+def _full_options(*, cpu_offload: bool, strict: bool = True):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    return StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload)
+    return StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload, strict=strict)
 
 
 def gather_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -161,12 +161,14 @@ def gather_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.clone() if v.data_ptr() in live else v for k, v in state.items()}
 
 
-def load_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+def load_state_dict(model: nn.Module, state: dict[str, torch.Tensor], *,
+                    strict: bool = True) -> None:
     """Loads a whole state dict (the same on every rank) into the sharded ``model``: each rank
-    keeps its shard. A collective."""
+    keeps its shard. ``strict=False``: tensors ``state`` lacks keep their values. A
+    collective."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-    set_model_state_dict(model, state, options=_full_options(cpu_offload=False))
+    set_model_state_dict(model, state, options=_full_options(cpu_offload=False, strict=strict))
 
 
 def gather_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:

@@ -153,6 +153,35 @@ def resolve(path: str | os.PathLike) -> Path:
     return found
 
 
+def missing_weights(own: dict[str, torch.Size], given: dict[str, torch.Tensor],
+                    source: str) -> list[str]:
+    """The names of ``own`` (a model's tensor shapes by name) that ``given`` (a checkpoint's
+    weights) lacks: they keep their initial values when ``given`` is loaded. A tensor of
+    ``given`` the model has no place for, or of another shape, is a :class:`CheckpointError`
+    naming it and ``source``: the checkpoint was written for another policy.
+
+    >>> missing_weights({"a": torch.Size([2]), "v": torch.Size([1])}, {"a": torch.ones(2)}, "x")
+    ['v']
+    >>> missing_weights({"a": torch.Size([2])}, {"a": torch.ones(3)}, "init_from=x.pt")
+    Traceback (most recent call last):
+    ...
+    m2flow.runs.checkpoint.CheckpointError: init_from=x.pt: its tensor 'a' has shape (3,) where this policy's has (2,); start from a checkpoint of the same policy (policy= and policy.kwargs as the run that wrote it).
+    """
+    fix = "start from a checkpoint of the same policy (policy= and policy.kwargs as the run " \
+          "that wrote it)."
+    extra = sorted(set(given) - set(own))
+    if extra:
+        more = f" and {len(extra) - 3} more" if len(extra) > 3 else ""
+        raise CheckpointError(f"{source}: this policy has no tensor named "
+                              f"{', '.join(map(repr, extra[:3]))}{more}; {fix}")
+    for name, tensor in given.items():
+        if tuple(tensor.shape) != tuple(own[name]):
+            raise CheckpointError(
+                f"{source}: its tensor {name!r} has shape {tuple(tensor.shape)} where this "
+                f"policy's has {tuple(own[name])}; {fix}")
+    return sorted(set(own) - set(given))
+
+
 class CheckpointError(ValueError):
     """A path that is not a readable checkpoint of the expected workload."""
 

@@ -318,13 +318,14 @@ class Trainer:
             return fsdp.gather_state_dict(self.model)
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
-    def load_model_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+    def load_model_state_dict(self, state: dict[str, torch.Tensor], *,
+                              strict: bool = True) -> None:
         """Loads a whole state dict (sharded: every rank gets the same one, and keeps its
-        shard; a collective)."""
+        shard; a collective). ``strict=False``: tensors ``state`` lacks keep their values."""
         if self.sharded:
-            fsdp.load_state_dict(self.model, state)
+            fsdp.load_state_dict(self.model, state, strict=strict)
         else:
-            self.model.load_state_dict(state)
+            self.model.load_state_dict(state, strict=strict)
 
     def optimizer_state_dict(self) -> dict:
         """The optimiser's state in host memory, laid out as an unsharded

@@ -1,0 +1,98 @@
+"""RL from a behaviour-cloning checkpoint (``init_from``): the recipe of issue 15 in small.
+
+The demonstrations are ManiSkill's motion-planning solutions for exactly the initial states
+GRPO's first iteration resets its two groups to. An MLP cloned from two demonstrations replays
+them when it acts deterministically, but it is fragile off their path: sampled with the std
+of ``policy.init_log_std=-5`` (which BC with the ``mse`` loss leaves as it is) it succeeds in
+some of those episodes and not in others (measured: 2/6 and 5/6 of the two initial states;
+at -4 0/6 and 5/6, at -3 0/6 and 1/6), so the groups have something to learn from.
+"""
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from m2flow.cli import load_run_config
+from m2flow.configs import ConfigError
+from m2flow.embodied import demos as demos_mod
+from m2flow.embodied.resets import env_seeds
+from m2flow.embodied.runner import EmbodiedRunner
+from m2flow.runs import checkpoint, seeding
+
+ENVS, GROUP, SEED = 8, 4, 0
+COMMON = ["cluster=inprocess", f"env.num_envs={ENVS}", "runner.eval_interval=0",
+          "runner.progress_bar=false", "policy.hidden_sizes=[64,64]", f"seed={SEED}",
+          "env.max_episode_steps=100", "policy.init_log_std=-5.0"]  # the demos' limit: the planner needs 55-80 steps
+
+
+def expert_dataset(path):
+    """One planner demonstration (state obs) per initial state of GRPO's first iteration, as a
+    (N, T) TensorDict with ``valid`` marking each episode's steps."""
+    seeds = env_seeds(SEED, seeding.TRAIN, iteration=0, rank=0, num_envs=ENVS,
+                      group_size=GROUP)[::GROUP]
+    kept = []
+    for s in seeds:
+        cfg = demos_mod.load_demos_config(overrides=[
+            "env=maniskill_pushcube", "env.obs_mode=state", f"demos.seed={s}",
+            "demos.episodes=1", "demos.max_tries=1", f"demos.output={path}.{s}"])
+        demos, _, _ = demos_mod.generate(cfg, log=lambda line: None)
+        assert len(demos) == 1, f"the planner failed for seed {s}"
+        kept += demos
+    t = max(len(d.actions) for d in kept)
+    state = torch.zeros(len(kept), t, kept[0].obs["state"].shape[-1])
+    action = torch.zeros(len(kept), t, kept[0].actions.shape[-1])
+    valid = torch.zeros(len(kept), t, dtype=torch.bool)
+    for i, d in enumerate(kept):
+        n = len(d.actions)
+        state[i, :n] = torch.from_numpy(d.obs["state"][:n])
+        action[i, :n] = torch.from_numpy(d.actions)
+        valid[i, :n] = True
+    torch.save(TensorDict({"obs": {"state": state}, "action": action, "valid": valid},
+                          batch_size=[len(kept), t]), path)
+
+
+def train(tmp_path, name, *extra):
+    cfg = load_run_config("maniskill_pushcube_ppo_mlp", [
+        *COMMON, f"runner.log_dir={tmp_path}", f"run_name={name}", *extra])
+    runner = EmbodiedRunner(cfg)
+    try:
+        runner.train()
+        return runner.run_dir / "checkpoints" / "last.pt"
+    finally:
+        runner.close()
+
+
+@pytest.fixture(scope="module")
+def bc_checkpoint(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("warm")
+    expert_dataset(tmp / "expert.pt")
+    return train(tmp, "bc", "algorithm=bc", f"algorithm.dataset={tmp / 'expert.pt'}",
+                 "algorithm.loss=mse", "algorithm.batch_size=64", "algorithm.learning_rate=3e-3",
+                 "runner.rollout_steps=1", "runner.num_iterations=300",
+                 "runner.checkpoint_interval=0")
+
+
+def test_grpo_from_a_bc_checkpoint_starts_from_its_weights_and_learns(tmp_path, bc_checkpoint):
+    ckpt = train(tmp_path, "grpo", "algorithm=grpo", f"algorithm.group_size={GROUP}",
+                 f"init_from={bc_checkpoint.parent.parent}", "runner.num_iterations=1",
+                 "runner.rollout_steps=100", "algorithm.learning_rate=1e-5")
+    bc = checkpoint.load(bc_checkpoint)["learner"]["policy"]
+    rl = checkpoint.load(ckpt)
+    m = rl["metrics"]
+    # some episodes of the cloned policy succeed and some fail: groups are kept, loss non-zero
+    assert 0 < m["grpo/episode_success"] < 1 and m["grpo/groups_kept"] > 0, m
+    assert m["loss/loss_policy"] != 0 and rl["iteration"] == 1
+    # one small step from the BC weights, not from fresh ones (the observation statistics,
+    # buffers, move with the new iteration's observations)
+    diff = max(float((rl["learner"]["policy"][k] - w).abs().max()) for k, w in bc.items()
+               if not k.startswith("obs_norm"))
+    assert 0 < diff < 1e-2, diff
+    assert len(rl["learner"]["optimizer"]["state"]) > 0  # Adam's own, after one update
+
+
+def test_init_from_another_policy_is_one_config_error(tmp_path, bc_checkpoint):
+    with pytest.raises(ConfigError) as e:
+        load_run_config("maniskill_pushcube_ppo_cnn", [f"init_from={bc_checkpoint}"])
+    text = str(e.value)
+    assert "init_from=" in text and "policy=mlp" in text and "policy=cnn" in text, text
+    assert "\n" not in text
