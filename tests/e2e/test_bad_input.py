@@ -81,6 +81,8 @@ def case_table() -> list[tuple[str, str, list[str], str]]:
         ("gamma", TRAIN, ["algorithm.gamma=1.5"], "algorithm.gamma"),
         ("mlp_with_images", TRAIN, ["env.obs_mode=rgb"], "env.obs_mode=rgb"),
         ("resume_missing", TRAIN, ["resume=/nonexistent/ckpt.pt"], "resume="),
+        ("init_from_missing", TRAIN, ["init_from=/nonexistent/ckpt.pt"], "init_from="),
+        ("init_from_text_file", TRAIN, ["init_from={text}"], "init_from="),
         ("num_iterations", TRAIN, ["runner.num_iterations=-1"], "runner.num_iterations=-1"),
         # more ranges
         ("keep_checkpoints", TRAIN, ["runner.keep_checkpoints=-1"], "runner.keep_checkpoints"),
