@@ -93,7 +93,10 @@ def test_micro_batch_size_leaves_the_update_and_its_metrics_unchanged():
     m_split = split.update(_OneItem(traj), env_ranks=[0], iteration=0)
     for k in ("loss/loss_policy", "loss/loss_value", "loss/total", "loss/grad_norm"):
         assert m_split[k] == pytest.approx(m_whole[k], rel=1e-5), k
-    assert m_whole["loss/explained_variance"] == pytest.approx(m_split["loss/explained_variance"])
+    # 1 - var(ret - v) / var(ret) near 0.08 amplifies summation-order rounding (seen: 1.5e-6
+    # relative): an absolute bound, far below any real difference
+    assert m_whole["loss/explained_variance"] == pytest.approx(m_split["loss/explained_variance"],
+                                                               abs=1e-5)
     for (name, a), b in zip(whole.policy.named_parameters(), split.policy.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
 
