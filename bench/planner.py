@@ -21,6 +21,7 @@ iteration (plans and runs alike), so the whole space fits in a sitting.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import statistics
 from pathlib import Path
@@ -29,9 +30,9 @@ import record
 
 from m2flow.cli import load_run_config, planner
 from m2flow.pipelines import Cluster
-from m2flow.planning import config_of
+from m2flow.planning import CALIBRATION_ITERATIONS, config_of
 from m2flow.pipelines.planner.profiles import Profile
-from m2flow.pipelines.planner.search import models_for, search
+from m2flow.pipelines.planner.search import calibration, models_for, search
 
 WITHIN_BEST = 0.10  # the bar: the chosen plan within 10 % of the best measured
 WITHIN_PREDICTED = 0.20  # and predictions within 20 % of measured
@@ -105,8 +106,11 @@ def main() -> None:
     if args.profile:
         prof = Profile.load(args.profile)
         graph = module.graph_of(prof.facts)
-    else:
+    else:  # as m2flow-plan: profile, then calibrate the framework's cost on the config as it is
         prof, graph = module.profile(cfg)
+        if cfg.cluster.backend == "ray":
+            runs = module.calibrate(copy.deepcopy(cfg), CALIBRATION_ITERATIONS)
+            prof.facts["calibration"] = calibration(cfg.cluster, graph, runs)
         prof.save(Path("bench") / f"planner_{args.config_name}.profile.json")
     planner_graph = graph
     preds = search(graph, models_for(prof, graph), prof.node)
