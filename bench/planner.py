@@ -21,7 +21,6 @@ iteration (plans and runs alike), so the whole space fits in a sitting.
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import statistics
 from pathlib import Path
@@ -30,9 +29,9 @@ import record
 
 from m2flow.cli import load_run_config, planner
 from m2flow.pipelines import Cluster
-from m2flow.planning import CALIBRATION_ITERATIONS, config_of
+from m2flow.planning import config_of, measure
 from m2flow.pipelines.planner.profiles import Profile
-from m2flow.pipelines.planner.search import calibration, models_for, search
+from m2flow.pipelines.planner.search import models_for, search
 
 WITHIN_BEST = 0.10  # the bar: the chosen plan within 10 % of the best measured
 WITHIN_PREDICTED = 0.20  # and predictions within 20 % of measured
@@ -91,7 +90,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config-name", default="maniskill_pushcube_ppo_mlp")
     p.add_argument("--profile", default=None, help="a .profile.json from m2flow-plan")
-    p.add_argument("--iterations", type=int, default=2, help="timed iterations per plan")
+    p.add_argument("--iterations", type=int, default=3, help="timed iterations per plan")
     p.add_argument("--rollout-steps", type=int, default=0, help="0: the config's")
     p.add_argument("--limit", type=int, default=0,
                    help="run only the first N runner builds, best predicted first (0: all)")
@@ -107,10 +106,7 @@ def main() -> None:
         prof = Profile.load(args.profile)
         graph = module.graph_of(prof.facts)
     else:  # as m2flow-plan: profile, then calibrate the framework's cost on the config as it is
-        prof, graph = module.profile(cfg)
-        if cfg.cluster.backend == "ray":
-            runs = module.calibrate(copy.deepcopy(cfg), CALIBRATION_ITERATIONS)
-            prof.facts["calibration"] = calibration(cfg.cluster, graph, runs)
+        prof, graph = measure(cfg)
         prof.save(Path("bench") / f"planner_{args.config_name}.profile.json")
     planner_graph = graph
     preds = search(graph, models_for(prof, graph), prof.node)

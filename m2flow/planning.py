@@ -55,9 +55,25 @@ def _without_plan(overrides: Sequence[str]) -> list[str]:
     return [o for o in overrides if o.lstrip("+~").split("=", 1)[0] != "cluster.plan"]
 
 
-CALIBRATION_ITERATIONS = 2
+CALIBRATION_ITERATIONS = 3
 """Real iterations of the config's own plan (after a warm-up) that calibrate the framework's
 cost per iteration (``search.models_for``)."""
+
+
+def measure(cfg, *, calibrate: bool = True, say: Callable[[str], None] = print):
+    """``cfg``'s workload's components profiled, then (``calibrate``, Ray configs only) a
+    short real run of the config as it is that measures the framework's own cost per
+    iteration, kept in the profile's facts. Returns (profile, graph)."""
+    from m2flow.cli import planner
+
+    module = planner(cfg.workload)
+    prof, graph = module.profile(cfg, say=say)
+    if calibrate and cfg.cluster.backend == "ray":
+        say(f"profile: calibration: {CALIBRATION_ITERATIONS} real iterations of the config "
+            "as it is (after a warm-up), and with learner overlap if it has none")
+        runs = module.calibrate(copy.deepcopy(cfg), CALIBRATION_ITERATIONS)
+        prof.facts["calibration"] = calibration(cfg.cluster, graph, runs)
+    return prof, graph
 
 
 def make_plan(cfg, config_name: str, overrides: Sequence[str], *, output: Path,
@@ -75,12 +91,7 @@ def make_plan(cfg, config_name: str, overrides: Sequence[str], *, output: Path,
         graph = module.graph_of(prof.facts)
         say(f"plan: profile {profile_path} ({prof.source.get('date', 'undated')})")
     else:
-        prof, graph = module.profile(cfg, say=say)
-        if calibrate and cfg.cluster.backend == "ray":
-            say(f"profile: calibration: {CALIBRATION_ITERATIONS} real iterations of the config "
-                "as it is (after a warm-up), and with learner overlap if it has none")
-            runs = module.calibrate(copy.deepcopy(cfg), CALIBRATION_ITERATIONS)
-            prof.facts["calibration"] = calibration(cfg.cluster, graph, runs)
+        prof, graph = measure(cfg, calibrate=calibrate, say=say)
         saved = prof.save(output.with_suffix(".profile.json"))
         say(f"plan: profile written to {saved}")
     if not overlap:  # learner overlap trains on stale data: left out when asked

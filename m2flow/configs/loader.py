@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import difflib
 import re
-from pathlib import Path
 from typing import Sequence
 
 from hydra import compose, initialize_config_module

@@ -273,7 +273,7 @@ class _Envs:
             with torch.no_grad():
                 act = policy.act(TensorDict({keys.OBS: o}, batch_size=[o.shape[0]]))
             act[keys.POLICY_VERSION] = torch.zeros(act.batch_size, dtype=torch.long)
-            parts, start = [], 0
+            start = 0
             for g in self.groups:
                 g.step_async(act[keys.ACTION][start: start + g.num_envs])
                 start += g.num_envs

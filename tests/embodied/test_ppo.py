@@ -83,6 +83,40 @@ def test_minibatch_normalises_advantages_over_the_whole_minibatch():
     assert torch.equal(off.minibatch(mb)["advantage"], mb["advantage"])
 
 
+class _TokenCritic:
+    """Per-token log-probs and values fixed by the test (a VLA with a value head, reduced to
+    what ``ppo_loss`` reads)."""
+
+    def __init__(self, token_log_prob, value):
+        self.token_log_prob, self.value = token_log_prob, value
+
+    def evaluate_actions(self, mb):
+        tok = self.token_log_prob
+        return TensorDict({"token_log_prob": tok, "log_prob": tok.sum(-1), "value": self.value,
+                           "entropy": torch.zeros(len(mb))}, batch_size=mb.batch_size)
+
+
+@pytest.mark.parametrize("level,policy_loss", [
+    # sample 0 (A=+1): token ratios 1.5, 1.0 -> -1.2 (clipped), -1.0; the action's 1.5 -> -1.2
+    # sample 1 (A=-1): token ratios 1.0, 0.5 -> 1.0, 0.8 (clipped below: the max is 0.8);
+    # the action's 0.5 -> 0.8. Means: token (-1.2 - 1 + 1 + 0.8) / 4, action (-1.2 + 0.8) / 2
+    ("token", -0.1),
+    ("action", -0.2),
+    ("chunk", -0.2),
+])
+def test_ppo_loss_at_each_logprob_level_by_hand(level, policy_loss):
+    old = torch.zeros(2, 2)
+    new = torch.log(torch.tensor([[1.5, 1.0], [1.0, 0.5]]))
+    mb = TensorDict({"token_log_prob": old, "log_prob": old.sum(-1), "value": torch.zeros(2),
+                     "advantage": torch.tensor([1.0, -1.0]), "return": torch.tensor([1.0, 3.0])},
+                    batch_size=[2])
+    terms = ppo_loss(_TokenCritic(new, torch.tensor([0.0, 1.0])), mb, **LOSS_KW, level=level,
+                     action_dim=2)
+    assert terms["loss_policy"].item() == pytest.approx(policy_loss)
+    # 0.5 * mean((0 - 1)^2, (1 - 3)^2) = 1.25, times vf_coef 0.5, at every level
+    assert terms["loss_value"].item() == pytest.approx(0.625)
+
+
 def test_stop_early_at_target_kl():
     ppo = PPO(PPOConfig(target_kl=0.05), action_dim=2, seed=0)
     assert ppo.stop_early({"approx_kl": 0.06}) and not ppo.stop_early({"approx_kl": 0.04})
@@ -93,7 +127,7 @@ def test_stop_early_at_target_kl():
     ("learning_rate", -1.0), ("update_epochs", 0), ("num_minibatches", 0),
     ("micro_batch_size", 0), ("max_grad_norm", 0.0), ("precision", "fp8"), ("gamma", 0.0),
     ("gamma", 1.5), ("gae_lambda", -0.1), ("clip_coef", 0.0), ("vf_coef", -1.0),
-    ("ent_coef", -0.1), ("target_kl", 0.0),
+    ("ent_coef", -0.1), ("target_kl", 0.0), ("logprob_level", "tokens"),
 ])
 def test_validate_names_the_field_the_value_and_the_fix(field, value):
     cfg = PPOConfig(**{field: value})
@@ -107,3 +141,4 @@ def test_validate_names_the_field_the_value_and_the_fix(field, value):
 def test_the_default_config_is_valid():
     PPOConfig().validate()
     PPOConfig(micro_batch_size=4, precision="bf16", target_kl=None).validate()
+    PPOConfig(logprob_level="token").validate()

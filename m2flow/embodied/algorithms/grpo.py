@@ -17,9 +17,8 @@ from tensordict import TensorDict
 from m2flow import keys
 from m2flow.embodied.algorithms.advantages import first_episodes, group_advantages, keep_groups
 from m2flow.embodied.algorithms.base import Algorithm, AlgorithmConfig, _check, flatten_valid
-from m2flow.embodied.algorithms.losses import clipped_surrogate, ratio_stats
-
-LOGPROB_LEVELS = ("token", "action", "chunk")
+from m2flow.embodied.algorithms.losses import (
+    LOGPROB_LEVELS, clipped_surrogate, level_log_probs, per_ratio, ratio_stats)
 
 
 @dataclass
@@ -119,20 +118,9 @@ def grpo_loss(policy, mb: TensorDict, *, clip_coef: float, ent_coef: float,
     behaviour log-probs and a per-sample ``advantage``), at log-prob ``level``; a mean over
     samples (and their tokens/actions, the same number for every sample)."""
     out = policy.evaluate_actions(mb)
-    if level == "chunk":
-        new, old = out[keys.LOG_PROB], mb[keys.LOG_PROB]
-    else:
-        if keys.TOKEN_LOG_PROB not in mb.keys():
-            raise ValueError(
-                f"algorithm.logprob_level={level!r} needs per-token log-probs, which this "
-                "policy does not produce; use 'chunk' (or a VLA policy)."
-            )
-        new, old = out[keys.TOKEN_LOG_PROB], mb[keys.TOKEN_LOG_PROB]  # (B, Q)
-        if level == "action":
-            new = new.reshape(new.shape[0], -1, action_dim).sum(-1)  # (B, Q / A)
-            old = old.reshape(old.shape[0], -1, action_dim).sum(-1)
+    new, old = level_log_probs(out, mb, level, action_dim)
     log_ratio = new - old
-    adv = mb[keys.ADVANTAGE].reshape(-1, *([1] * (log_ratio.ndim - 1))).expand_as(log_ratio)
+    adv = per_ratio(mb[keys.ADVANTAGE], log_ratio)
     entropy = out[keys.ENTROPY].mean()
     return TensorDict(
         {

@@ -17,7 +17,8 @@ from m2flow.embodied.algorithms.base import (
     batched_values,
     flatten_valid,
 )
-from m2flow.embodied.algorithms.losses import clipped_surrogate, ratio_stats
+from m2flow.embodied.algorithms.losses import (
+    LOGPROB_LEVELS, clipped_surrogate, level_log_probs, per_ratio, ratio_stats)
 from m2flow.pipelines.distributed import DataParallel
 
 
@@ -43,9 +44,15 @@ class PPOConfig(AlgorithmConfig):
     """Normalise advantages per minibatch."""
     target_kl: Optional[float] = 0.1
     """Stop the epoch loop early once approx KL exceeds this (None: never)."""
+    logprob_level: str = "chunk"
+    """The unit of the policy ratio: 'chunk' (everything one policy call decided, summed),
+    'action' (the tokens of one action summed) or 'token' (each action token; VLA policies).
+    A chunk's 56 tokens summed make a ratio one update moves far past ``clip_coef``."""
 
     def validate(self) -> None:
         super().validate()
+        _check(self, "logprob_level", self.logprob_level in LOGPROB_LEVELS,
+               f"use one of {', '.join(LOGPROB_LEVELS)}.")
         _check(self, "gamma", 0 < self.gamma <= 1, "must be in (0, 1].")
         _check(self, "gae_lambda", 0 <= self.gae_lambda <= 1, "must be in [0, 1].")
         _check(self, "clip_coef", self.clip_coef > 0, "must be > 0.")
@@ -104,7 +111,8 @@ class PPO(Algorithm):
     def loss(self, policy, mb: TensorDict) -> TensorDict:
         c = self.cfg
         return ppo_loss(policy, mb, clip_coef=c.clip_coef, vf_coef=c.vf_coef,
-                        ent_coef=c.ent_coef, clip_vloss=c.clip_vloss)
+                        ent_coef=c.ent_coef, clip_vloss=c.clip_vloss,
+                        level=c.logprob_level, action_dim=self.action_dim)
 
     def stop_early(self, terms: dict) -> bool:
         return self.cfg.target_kl is not None and terms["approx_kl"] > self.cfg.target_kl
@@ -155,17 +163,20 @@ def explained_variance_shared(pred: torch.Tensor, target: torch.Tensor,
 
 
 def ppo_loss(policy, mb: TensorDict, *, clip_coef: float, vf_coef: float, ent_coef: float,
-             clip_vloss: bool = False) -> TensorDict:
+             clip_vloss: bool = False, level: str = "chunk", action_dim: int = 1) -> TensorDict:
     """PPO loss terms for minibatch ``mb`` (keys obs, action, log_prob, value, advantage,
-    return; the advantages as they are: normalise them per minibatch before).
+    return; the advantages as they are: normalise them per minibatch before); the policy
+    ratio at log-prob ``level`` (:func:`~m2flow.embodied.algorithms.losses.level_log_probs`),
+    each sample's advantage on every ratio of it.
 
     Returns a TensorDict of ``loss_policy``, ``loss_value``, ``loss_entropy`` (sum them to
     train; each a per-sample mean) and diagnostics ``approx_kl``, ``clip_fraction``,
     ``entropy``.
     """
     out = policy.evaluate_actions(mb)
-    log_ratio = out[keys.LOG_PROB] - mb[keys.LOG_PROB]
-    pg_loss = clipped_surrogate(log_ratio, mb[keys.ADVANTAGE], clip_coef)
+    new, old = level_log_probs(out, mb, level, action_dim)
+    log_ratio = new - old
+    pg_loss = clipped_surrogate(log_ratio, per_ratio(mb[keys.ADVANTAGE], log_ratio), clip_coef)
     value, ret = out[keys.VALUE], mb[keys.RETURN]
     if clip_vloss:
         clipped = mb[keys.VALUE] + (value - mb[keys.VALUE]).clamp(-clip_coef, clip_coef)
