@@ -70,8 +70,9 @@ def measure_embodied(config, overrides, group, iterations, out):
                 times.append(runner.iterate(it)["perf/iteration_s"])
                 it += 1
             out[pred.plan.label(planner_graph)] = statistics.median(times[1:])
-            print(f"  {out[pred.plan.label(planner_graph)]:8.3f} s (predicted {pred.iteration_s:8.3f}) "
-                  f"{pred.plan.label(planner_graph)}", flush=True)
+            print(f"  {out[pred.plan.label(planner_graph)]:8.3f} s (predicted {pred.iteration_s:8.3f}; "
+                  f"{', '.join(f'{t:.2f}' for t in times[1:])}) {pred.plan.label(planner_graph)}",
+                  flush=True)
         runner.drain()
     finally:
         runner.close()
@@ -81,7 +82,8 @@ def measure_one(config, overrides, pred, graph, iterations):
     cfg = config_of(config, [*overrides, "runner.progress_bar=false"], pred.plan, graph)
     times = planner(cfg.workload).measure_iterations(cfg, iterations)
     m = statistics.median(times)
-    print(f"  {m:8.3f} s (predicted {pred.iteration_s:8.3f}) {pred.plan.label(planner_graph)}", flush=True)
+    print(f"  {m:8.3f} s (predicted {pred.iteration_s:8.3f}; {', '.join(f'{t:.2f}' for t in times)}) "
+          f"{pred.plan.label(planner_graph)}", flush=True)
     return {pred.plan.label(planner_graph): m}
 
 
@@ -142,6 +144,11 @@ def report(preds, measured, chosen, graph, args, prof) -> None:
                   key=lambda p: measured[p.plan.label(planner_graph)])
     print(f"\n== {args.config_name}: {prof.node.cores} cores, {prof.node.gpus} GPUs, "
           f"{len(rows)} plans run, {args.iterations} iterations each (median, after a warm-up)")
+    for run in prof.facts.get("calibration", {}).get("runs", []):
+        times = ", ".join(f"{t:.3f}" for t in run.get("times", [run["seconds"]]))
+        print(f"calibration: the config's own plan at S={run['lanes']}"
+              f"{' with overlap' if run['overlap'] else ''}: {run['seconds']:.3f} s "
+              f"(median of {times})")
     print(f"{'measured':>9}  {'predicted':>9}  {'error':>6}  plan")
     for pr in rows:
         m = measured[pr.plan.label(planner_graph)]

@@ -101,9 +101,10 @@ def make_plan(cfg, config_name: str, overrides: Sequence[str], *, output: Path,
     for (comp, phase, device), m in sorted(models.times.items()):
         say(f"  {comp}.{phase} ({device}): {m.describe()}")
     for run in prof.facts.get("calibration", {}).get("runs", []):
+        times = ", ".join(f"{t:.3f}" for t in run.get("times", [run["seconds"]]))
         say(f"  framework: {models.overhead(run['overlap']):.3f} s per iteration"
             f"{' with overlap' if run['overlap'] else ''} (the calibration run took "
-            f"{run['seconds']:.3f} s)")
+            f"{run['seconds']:.3f} s, the median of {times})")
     preds = search(graph, models, prof.node)
     say(f"plan: {graph.workload} workload on {prof.node.cores} cores, {prof.node.gpus} GPUs; "
         f"{len(preds)} plans, {sum(p.feasible for p in preds)} feasible")

@@ -353,7 +353,8 @@ def measure_iterations(cfg: TrainConfig, iterations: int, warm: int = 1) -> list
 
 def calibrate(cfg: TrainConfig, iterations: int, warm: int = 1) -> list[tuple]:
     """Real iterations of ``cfg`` as it is, then (one runner) with learner overlap if it has
-    none and may have it: ``(stages, overlap, median seconds per iteration)`` of each."""
+    none and may have it: ``(stages, overlap, median seconds per iteration, the timed
+    iterations' seconds)`` of each."""
     from m2flow.embodied.runner import EmbodiedRunner
 
     cfg.runner.progress_bar = False
@@ -369,7 +370,8 @@ def calibrate(cfg: TrainConfig, iterations: int, warm: int = 1) -> list[tuple]:
             for _ in range(warm + iterations):
                 times.append(runner.iterate(it)["perf/iteration_s"])
                 it += 1
-            out.append((cfg.rollout.pipeline_stages, overlap, statistics.median(times[warm:])))
+            out.append((cfg.rollout.pipeline_stages, overlap, statistics.median(times[warm:]),
+                        times[warm:]))
         runner.drain()
         return out
     finally:

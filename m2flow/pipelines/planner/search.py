@@ -561,8 +561,9 @@ def plan_of(cluster_cfg, graph: Graph, *, lanes: int, overlap: bool) -> Plan:
 
 def calibration(cluster_cfg, graph: Graph, runs) -> dict:
     """What ``models_for`` needs of calibration runs of a config: its placement of the
-    graph's components and ``runs``, each ``(lanes, overlap, seconds per iteration)``.
-    A JSON-able dict, kept in the profile's facts."""
+    graph's components and ``runs``, each ``(lanes, overlap, seconds per iteration)`` and
+    optionally the timed iterations' seconds (kept to show the spread). A JSON-able dict,
+    kept in the profile's facts."""
     comps = {}
     for name in graph.names:
         c = cluster_cfg.placement.components.get(name) or ComponentPlacement()
@@ -570,4 +571,6 @@ def calibration(cluster_cfg, graph: Graph, runs) -> dict:
                        "gpus": list(c.gpus) if c.gpus else None,
                        "cpu_ids": list(c.cpu_ids) if c.cpu_ids else None}
     return {"mode": cluster_cfg.placement.mode, "components": comps,
-            "runs": [{"lanes": k, "overlap": bool(o), "seconds": float(t)} for k, o, t in runs]}
+            "runs": [{"lanes": k, "overlap": bool(o), "seconds": float(t),
+                      "times": [float(x) for x in (rest[0] if rest else [t])]}
+                     for k, o, t, *rest in runs]}
