@@ -112,11 +112,18 @@ def _resolve_init(cfg) -> None:
 def _resolve_resume(cfg) -> None:
     """``resume=latest``: the newest checkpoint of runs named ``run_name`` under
     ``runner.log_dir`` (one config-error line if there is none); ``resume=auto``: the same, or
-    a fresh start if there is none. Any other value is a path, checked as such."""
+    a fresh start if there is none. Any other value is a checkpoint, a run directory or a
+    run name's folder, as ``init_from`` and ``m2flow-eval checkpoint=`` take them."""
     from m2flow.configs import ConfigError
     from m2flow.runs import checkpoint
 
+    if cfg.resume is None:
+        return
     if cfg.resume not in ("latest", "auto"):
+        try:
+            cfg.resume = str(checkpoint.resolve(cfg.resume))
+        except checkpoint.CheckpointError as e:
+            raise ConfigError(f"config error: resume={cfg.resume}: {e}") from None
         return
     found = checkpoint.find_latest(cfg.runner.log_dir, cfg.run_name)
     where = Path(cfg.runner.log_dir) / cfg.run_name / "*" / "checkpoints" / checkpoint.LAST

@@ -79,8 +79,9 @@ def load(path: str | os.PathLike, workload: Optional[str] = None, mmap: bool = F
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(
-            f"checkpoint {str(path)!r} does not exist; pass the path of a .pt file written by "
-            "m2flow-train (runs/<name>/<time>/checkpoints/last.pt)."
+            f"checkpoint {str(path)!r} does not exist; pass a .pt file written by "
+            "m2flow-train (runs/<name>/<time>/checkpoints/last.pt), its run directory "
+            "(runs/<name>/<time>) or its run name's folder (runs/<name>: the newest run)."
         )
     try:
         state = torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)

@@ -36,15 +36,16 @@ def _machine() -> tuple[int, int]:
 
 
 def write_inputs(tmp: Path) -> dict[str, str]:
-    """Files the ``resume=`` cases point at: text, a torch file that is no checkpoint, and a
-    checkpoint of the other workload."""
+    """Files the ``resume=`` cases point at: text, a torch file that is no checkpoint, a
+    checkpoint of the other workload, a folder with no runs in it."""
     import torch
 
     (tmp / "notes.txt").write_text("not a checkpoint\n")
+    (tmp / "no_runs").mkdir(exist_ok=True)
     torch.save({"weights": torch.zeros(2)}, tmp / "weights.pt")
     torch.save({"workload": "embodied", "config": "{}", "learner": {}}, tmp / "embodied.pt")
     return {"{text}": str(tmp / "notes.txt"), "{plain}": str(tmp / "weights.pt"),
-            "{other}": str(tmp / "embodied.pt")}
+            "{other}": str(tmp / "embodied.pt"), "{empty}": str(tmp / "no_runs")}
 
 
 def case_table() -> list[tuple[str, str, list[str], str]]:
@@ -81,6 +82,7 @@ def case_table() -> list[tuple[str, str, list[str], str]]:
         ("gamma", TRAIN, ["algorithm.gamma=1.5"], "algorithm.gamma"),
         ("mlp_with_images", TRAIN, ["env.obs_mode=rgb"], "env.obs_mode=rgb"),
         ("resume_missing", TRAIN, ["resume=/nonexistent/ckpt.pt"], "resume="),
+        ("resume_folder_without_runs", TRAIN, ["resume={empty}"], "resume="),
         ("init_from_missing", TRAIN, ["init_from=/nonexistent/ckpt.pt"], "init_from="),
         ("init_from_text_file", TRAIN, ["init_from={text}"], "init_from="),
         ("num_iterations", TRAIN, ["runner.num_iterations=-1"], "runner.num_iterations=-1"),
