@@ -69,7 +69,7 @@ def measure_embodied(config, overrides, group, iterations, out):
             for k in range(iterations + 1):
                 times.append(runner.iterate(it)["perf/iteration_s"])
                 it += 1
-            out[pred.plan.label(planner_graph)] = statistics.median(times[1:])
+            out[pred.plan.label(planner_graph)] = statistics.fmean(times[1:])
             print(f"  {out[pred.plan.label(planner_graph)]:8.3f} s (predicted {pred.iteration_s:8.3f}; "
                   f"{', '.join(f'{t:.2f}' for t in times[1:])}) {pred.plan.label(planner_graph)}",
                   flush=True)
@@ -81,7 +81,7 @@ def measure_embodied(config, overrides, group, iterations, out):
 def measure_one(config, overrides, pred, graph, iterations):
     cfg = config_of(config, [*overrides, "runner.progress_bar=false"], pred.plan, graph)
     times = planner(cfg.workload).measure_iterations(cfg, iterations)
-    m = statistics.median(times)
+    m = statistics.fmean(times)
     print(f"  {m:8.3f} s (predicted {pred.iteration_s:8.3f}; {', '.join(f'{t:.2f}' for t in times)}) "
           f"{pred.plan.label(planner_graph)}", flush=True)
     return {pred.plan.label(planner_graph): m}
@@ -143,12 +143,12 @@ def report(preds, measured, chosen, graph, args, prof) -> None:
     rows = sorted((p for p in preds if p.plan.label(planner_graph) in measured),
                   key=lambda p: measured[p.plan.label(planner_graph)])
     print(f"\n== {args.config_name}: {prof.node.cores} cores, {prof.node.gpus} GPUs, "
-          f"{len(rows)} plans run, {args.iterations} iterations each (median, after a warm-up)")
+          f"{len(rows)} plans run, {args.iterations} iterations each (mean, after a warm-up)")
     for run in prof.facts.get("calibration", {}).get("runs", []):
         times = ", ".join(f"{t:.3f}" for t in run.get("times", [run["seconds"]]))
         print(f"calibration: the config's own plan at S={run['lanes']}"
               f"{' with overlap' if run['overlap'] else ''}: {run['seconds']:.3f} s "
-              f"(median of {times})")
+              f"(mean of {times})")
     print(f"{'measured':>9}  {'predicted':>9}  {'error':>6}  plan")
     for pr in rows:
         m = measured[pr.plan.label(planner_graph)]

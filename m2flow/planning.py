@@ -104,7 +104,7 @@ def make_plan(cfg, config_name: str, overrides: Sequence[str], *, output: Path,
         times = ", ".join(f"{t:.3f}" for t in run.get("times", [run["seconds"]]))
         say(f"  framework: {models.overhead(run['overlap']):.3f} s per iteration"
             f"{' with overlap' if run['overlap'] else ''} (the calibration run took "
-            f"{run['seconds']:.3f} s, the median of {times})")
+            f"{run['seconds']:.3f} s, the mean of {times})")
     preds = search(graph, models, prof.node)
     say(f"plan: {graph.workload} workload on {prof.node.cores} cores, {prof.node.gpus} GPUs; "
         f"{len(preds)} plans, {sum(p.feasible for p in preds)} feasible")
@@ -182,11 +182,11 @@ def verify(config_name: str, overrides: Sequence[str], preds: Sequence[Predictio
         cfg = config_of(config_name, overrides, pred.plan, graph)
         say(f"verify: {pred.plan.label(graph)}: {iterations} iterations after a warm-up")
         times = planner(cfg.workload).measure_iterations(cfg, iterations)
-        measured = statistics.median(times)
+        measured = statistics.fmean(times)
         rows.append({"plan": pred.plan.label(graph), "predicted_s": pred.iteration_s,
                      "measured_s": measured, "error": pred.iteration_s / measured - 1,
                      "times": times})
-    say(f"verify: predicted against measured seconds per iteration (median of {iterations})")
+    say(f"verify: predicted against measured seconds per iteration (mean of {iterations})")
     say(f"{'#':>3}  {'predicted':>9}  {'measured':>9}  {'error':>6}  plan")
     for i, r in enumerate(rows):
         say(f"{i + 1:>3}  {r['predicted_s']:>9.3f}  {r['measured_s']:>9.3f}  "

@@ -207,10 +207,10 @@ def _param_mb(module: torch.nn.Module) -> float:
 
 
 def calibrate(cfg: ReasoningConfig, iterations: int, warm: int = 1) -> list[tuple]:
-    """Real GRPO steps of ``cfg`` as it is: ``[(generate calls, False, median seconds, the
+    """Real GRPO steps of ``cfg`` as it is: ``[(generate calls, False, mean seconds, the
     timed steps' seconds)]``."""
     import statistics
 
     calls = max(1, cfg.algorithm.prompts_per_step // cfg.rollout.prompts_per_call)
     times = measure_iterations(cfg, iterations, warm)
-    return [(calls, False, statistics.median(times), times)]
+    return [(calls, False, statistics.fmean(times), times)]
