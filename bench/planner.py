@@ -96,8 +96,13 @@ def main() -> None:
     p.add_argument("--rollout-steps", type=int, default=0, help="0: the config's")
     p.add_argument("--limit", type=int, default=0,
                    help="run only the first N runner builds, best predicted first (0: all)")
+    p.add_argument("--from-log", default=None,
+                   help="report again from a log this script printed (each plan's timed "
+                        "iterations) and its --profile: nothing runs")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
+    if args.from_log:
+        return report_from_log(args)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     overrides = list(args.overrides)
     if args.rollout_steps:
@@ -139,7 +144,31 @@ def main() -> None:
     report(preds, measured, chosen, graph, args, prof)
 
 
-def report(preds, measured, chosen, graph, args, prof) -> None:
+def report_from_log(args) -> None:
+    """The report of an earlier run from its log (each plan's printed iterations, summarised
+    as the bench summarises them now) and its profile (the calibration's iterations likewise),
+    the plans predicted again."""
+    global planner_graph
+    import re
+
+    if not args.profile:
+        raise SystemExit("planner bench: --from-log needs the run's --profile "
+                         "(bench/planner_<config>.profile.json)")
+    prof = Profile.load(args.profile)
+    for run in prof.facts.get("calibration", {}).get("runs", []):
+        run["seconds"] = statistics.fmean(run.get("times", [run["seconds"]]))
+    graph = planner(prof.workload).graph_of(prof.facts)
+    planner_graph = graph
+    preds = search(graph, models_for(prof, graph), prof.node)
+    measured = {}
+    for line in Path(args.from_log).read_text().splitlines():
+        m = re.match(r"\s+[\d.]+ s \(predicted\s+[\d.]+; ([\d., ]+)\) (.*)", line)
+        if m:
+            measured[m[2].strip()] = statistics.fmean(float(x) for x in m[1].split(","))
+    report(preds, measured, preds[0].plan.label(graph), graph, args, prof, keep=False)
+
+
+def report(preds, measured, chosen, graph, args, prof, keep: bool = True) -> None:
     rows = sorted((p for p in preds if p.plan.label(planner_graph) in measured),
                   key=lambda p: measured[p.plan.label(planner_graph)])
     print(f"\n== {args.config_name}: {prof.node.cores} cores, {prof.node.gpus} GPUs, "
@@ -167,6 +196,8 @@ def report(preds, measured, chosen, graph, args, prof) -> None:
           f"{ratio:.2f}x ({'within' if ratio <= 1 + WITHIN_BEST else 'NOT within'} 10 %); "
           f"chosen plan predicted {100 * chosen_err:+.0f}%; {good} of {len(rows)} predictions "
           f"within 20 %")
+    if not keep:
+        return
     record.append("planner", [(args.config_name, 0, pr.plan.label(planner_graph),
                                graph.steps_per_iteration / measured[pr.plan.label(planner_graph)])
                               for pr in rows])
