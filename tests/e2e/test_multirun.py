@@ -9,6 +9,7 @@ import torch
 import yaml
 
 import m2flow.cli as cli
+import m2flow.sweep as sweep
 from m2flow.runs import checkpoint
 
 TINY = ["env=gym_pendulum", "cluster=inprocess", "env.num_envs=2", "runner.rollout_steps=8",
@@ -57,7 +58,7 @@ def test_a_job_that_fails_is_a_row_and_the_sweep_goes_on(tmp_path, capsys, monke
             return w.train(cfg)
         return dataclasses.replace(w, train=train)
 
-    monkeypatch.setattr(cli, "workload", failing_on_seed_1)
+    monkeypatch.setattr(sweep, "workload", failing_on_seed_1)  # what a sweep job trains with
     assert cli.train(["-m", *TINY, f"runner.log_dir={tmp_path}", "seed=0,1,2",
                       "runner.rollout_steps=4,8"]) == 1
     rows = table_rows(capsys.readouterr().out)
