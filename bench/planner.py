@@ -31,7 +31,8 @@ from m2flow.cli import load_run_config, planner
 from m2flow.pipelines import Cluster
 from m2flow.planning import config_of, measure
 from m2flow.pipelines.planner.profiles import Profile
-from m2flow.pipelines.planner.search import models_for, search
+from m2flow.pipelines.planner.calibration import models_for
+from m2flow.pipelines.planner.search import search
 
 WITHIN_BEST = 0.10  # the bar: the chosen plan within 10 % of the best measured
 WITHIN_PREDICTED = 0.20  # and predictions within 20 % of measured

@@ -297,7 +297,7 @@ def _interruptible(prog: str, run, command=None) -> int:
     """Runs ``run`` with Ctrl-C handled as ``runs.session.stop_on_ctrl_c`` says: it stops
     within seconds in any phase and ends with one line saying where; with ``command`` (the
     command line that resumes from a checkpoint, or starts again from None), that too."""
-    from m2flow.pipelines.worker import Stopped
+    from m2flow.pipelines.futures import Stopped
     from m2flow.runs.session import RunInterrupted, current_phase, stop_on_ctrl_c
 
     restore = stop_on_ctrl_c()

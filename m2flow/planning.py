@@ -27,8 +27,8 @@ from typing import Callable, Optional, Sequence
 from m2flow.pipelines.planner.planfile import (
     PlanFileError, cluster_group, read_plan, write_plan)
 from m2flow.pipelines.planner.profiles import Profile
-from m2flow.pipelines.planner.search import (
-    PlanError, Prediction, calibration, models_for, search, table)
+from m2flow.pipelines.planner.calibration import calibration, models_for
+from m2flow.pipelines.planner.search import PlanError, Prediction, search, table
 
 PLAN_DIR = "plans"
 """Where m2flow-plan writes plan files by default (relative to the working directory)."""
@@ -57,7 +57,7 @@ def _without_plan(overrides: Sequence[str]) -> list[str]:
 
 CALIBRATION_ITERATIONS = 3
 """Real iterations of the config's own plan (after a warm-up) that calibrate the framework's
-cost per iteration (``search.models_for``)."""
+cost per iteration (``calibration.models_for``)."""
 
 
 def measure(cfg, *, calibrate: bool = True, say: Callable[[str], None] = print):

@@ -79,7 +79,7 @@ class SweepJob:
 
         from hydra.core.hydra_config import HydraConfig
 
-        from m2flow.pipelines.worker import Stopped
+        from m2flow.pipelines.futures import Stopped
         from m2flow.runs.session import RunInterrupted, config_yaml
 
         hc = HydraConfig.get()

@@ -95,7 +95,8 @@ def monitor(cfg):
     from m2flow.pipelines.planner.monitor import PlanMonitor, lanes_within
     from m2flow.pipelines.planner.planfile import read_plan
     from m2flow.pipelines.planner.profiles import Profile
-    from m2flow.pipelines.planner.search import models_for, plan_of, predict
+    from m2flow.pipelines.planner.calibration import models_for, plan_of
+    from m2flow.pipelines.planner.search import predict
 
     if cfg.cluster.plan in (None, "auto"):
         return None

@@ -31,7 +31,7 @@ from m2flow.embodied.plan import monitor as plan_monitor
 from m2flow.embodied.rollout_worker import RolloutWorker
 from m2flow.embodied.stages import rollout_rank
 from m2flow.pipelines import Channel
-from m2flow.pipelines.worker import Futures, Stopped, gather
+from m2flow.pipelines.futures import Futures, Stopped, gather
 from m2flow.runs import checkpoint, seeding
 from m2flow.runs.logger import announce, log_field
 from m2flow.runs.session import RunSession

@@ -52,7 +52,8 @@ import numpy as np
 from m2flow import keys
 from m2flow.envs.base import EnvError
 from m2flow.envs.config import EnvConfig
-from m2flow.envs.procs import EnvRecipe, fork_server
+from m2flow.envs.fork import fork_server
+from m2flow.envs.procs import EnvRecipe
 from m2flow.envs.vector import GymVectorEnv
 
 SUITE_MAX_STEPS = {

@@ -27,7 +27,8 @@ from tensordict import TensorDict
 from m2flow import keys
 from m2flow.envs.base import BatchedEnv, EnvError, EnvSpec
 from m2flow.envs.config import EnvConfig
-from m2flow.envs.procs import EnvRecipe, fork_server
+from m2flow.envs.fork import fork_server
+from m2flow.envs.procs import EnvRecipe
 from m2flow.envs.registry import suggest
 from m2flow.envs.vector import GymVectorEnv
 

@@ -20,7 +20,8 @@ from m2flow.pipelines.placement import (
     RankResources,
 )
 from m2flow.pipelines.timer import Timer
-from m2flow.pipelines.worker import Futures, Worker, WorkerGroup, WorkerInfo
+from m2flow.pipelines.futures import Futures
+from m2flow.pipelines.worker import Worker, WorkerGroup, WorkerInfo
 
 __all__ = [
     "Channel",

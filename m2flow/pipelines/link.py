@@ -27,7 +27,8 @@ from m2flow.pipelines import distributed
 from m2flow.pipelines.cluster import WEIGHT_SYNC
 from m2flow.pipelines.errors import PlacementError
 from m2flow.pipelines.placement import RankResources
-from m2flow.pipelines.worker import Worker, WorkerGroup, gather
+from m2flow.pipelines.futures import gather
+from m2flow.pipelines.worker import Worker, WorkerGroup
 
 LEAVE_WAIT_S = 2.0  # members get this long to leave a link before their processes end
 

@@ -16,16 +16,14 @@ A worker class subclasses :class:`Worker` and takes a :class:`WorkerInfo` first:
 Calls name the method itself, not a string, so a reader (and an IDE) can follow a parameter
 from the caller into the worker; the group checks that the method belongs to its class.
 
-The driver waits on workers in slices of ``WAIT_SLICE_S``, so it stays responsive: a worker's
-failure is raised as soon as it happens, and after ``request_stop()`` (Ctrl-C) every wait
-raises :class:`Stopped` within a slice instead of running to the end of the phase.
+A call returns :class:`~m2flow.pipelines.futures.Futures`; waiting on them (and stopping a
+wait) is :mod:`m2flow.pipelines.futures`'.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import os
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
@@ -35,40 +33,13 @@ from m2flow.pipelines.cluster import VISIBLE_DEVICES, Cluster, gpu_names, visibl
 from m2flow.pipelines import distributed
 from m2flow.pipelines.context_switch import DeviceContext
 from m2flow.pipelines.errors import PlacementError, WorkerError
+from m2flow.pipelines.futures import Futures, _check_stop
 from m2flow.pipelines.placement import RankResources
 from m2flow.pipelines.timer import Timer
 
 MAX_CONCURRENT_CALLS = 16  # a worker serves channel puts while its own loop runs
-WAIT_SLICE_S = 0.2  # the driver looks for a stop request at least this often while it waits
 SHUTDOWN_WAIT_S = 5.0  # in-process calls of a worker with close() get this long to end
 LEAVE_GROUP_WAIT_S = 2.0  # ranks of a process group get this long to leave it before they end
-
-
-class Stopped(Exception):
-    """The run was asked to stop (``request_stop``, e.g. by Ctrl-C) while the driver waited on
-    workers; the calls it was waiting on (``waiting_on``: ``["env.collect()", ...]``) are
-    abandoned: they end when their group shuts down."""
-
-    def __init__(self, waiting_on: Sequence[str]):
-        super().__init__(f"stop requested while waiting on {', '.join(waiting_on) or 'nothing'}")
-        self.waiting_on = list(waiting_on)
-
-
-_STOP = threading.Event()
-
-
-def request_stop() -> None:
-    """From now on every stoppable wait on workers (``gather``, ``Futures.wait``) raises
-    :class:`Stopped` within ``WAIT_SLICE_S``; safe to call from a signal handler."""
-    _STOP.set()
-
-
-def clear_stop() -> None:
-    _STOP.clear()
-
-
-def stop_requested() -> bool:
-    return _STOP.is_set()
 
 
 @dataclass(frozen=True)
@@ -422,122 +393,6 @@ class WorkerGroup:
                 timeout=LEAVE_GROUP_WAIT_S, stoppable=False)
         except Exception:  # a dead or stuck rank: its process is killed next
             pass
-
-
-class Futures:
-    """Results of one call on several ranks. ``wait()`` fails fast on the first error."""
-
-    def __init__(self, group: str, method: str, items: list, backend: str):
-        self.group, self.method, self.items, self.backend = group, method, items, backend
-
-    def wait(self, timeout: Optional[float] = None, *, stoppable: bool = True) -> list:
-        """Per-rank results (see :func:`gather`)."""
-        return gather(self, timeout=timeout, stoppable=stoppable)[0]
-
-    def as_arg(self, index: int = 0):
-        """The result of item ``index``, to pass into another group's ``call``.
-
-        With Ray this is the ObjectRef itself: the callee fetches the data straight from the
-        producer's object store, so it moves in one hop and the driver never holds it.
-        """
-        if self.backend == "ray":
-            return self.items[index][1]
-        return self.wait()[index]
-
-
-def gather(*futures: Futures, timeout: Optional[float] = None,
-           stoppable: bool = True) -> list[list]:
-    """Waits for several calls at once, raising the first failure as soon as it happens.
-
-    Waiting on env and rollout together matters: if the env worker dies, the rollout worker
-    would otherwise block on its channel and the run would hang instead of failing.
-
-    Args:
-        timeout: seconds before a ``WorkerError`` naming a call still pending (None: no limit).
-        stoppable: raise :class:`Stopped` within ``WAIT_SLICE_S`` once a stop was requested
-            (``request_stop``); False for a wait that must end on its own (saving a checkpoint).
-    """
-    results = [[None] * len(f.items) for f in futures]
-    pending = {}
-    for i, f in enumerate(futures):
-        for j, (rank, fut) in enumerate(f.items):
-            pending[fut] = (i, j, rank, f)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    backends = {f.backend for f in futures}
-    if len(backends) > 1:
-        raise ValueError("gather() takes calls of one backend at a time.")
-    backend = backends.pop() if backends else "local"
-    while pending:
-        if stoppable:
-            _check_stop(list(dict.fromkeys(f"{f.group}.{f.method}()"
-                                           for _, _, _, f in pending.values())))
-        left = WAIT_SLICE_S if deadline is None else max(0.0, min(WAIT_SLICE_S,
-                                                                  deadline - time.monotonic()))
-        done = _wait_any(list(pending), left, backend)
-        if not done and deadline is not None and time.monotonic() >= deadline:
-            _, _, rank, f = next(iter(pending.values()))
-            raise WorkerError(
-                f"{f.group}[rank {rank}].{f.method}() did not finish within {timeout:g} s."
-            )
-        for fut in done:
-            i, j, rank, f = pending.pop(fut)
-            results[i][j] = _result(fut, f, rank)
-    return results
-
-
-def _check_stop(waiting_on: list[str]) -> None:
-    if _STOP.is_set():
-        raise Stopped(waiting_on)
-
-
-def _wait_any(futs: list, timeout: float, backend: str) -> list:
-    """The calls of ``futs`` that finished (or failed) within ``timeout`` seconds; returns as
-    soon as one does. Ray's wait does not return to Python until then, so a signal handler
-    runs only between calls: keep ``timeout`` short."""
-    if backend == "ray":
-        import ray
-
-        ready, _ = ray.wait(futs, num_returns=1, timeout=timeout)
-        return ready
-    done, _ = cf.wait(futs, timeout=timeout, return_when=cf.FIRST_COMPLETED)
-    return list(done)
-
-
-def _result(fut, f: Futures, rank: int):
-    where = f"worker {f.group}[rank {rank}] in {f.method}()"
-    if f.backend != "ray":
-        exc = fut.exception()
-        if exc is not None:
-            _note(exc, f"(raised by {where})")
-            raise exc
-        return fut.result()
-    import ray
-
-    try:
-        return ray.get(fut)
-    except ray.exceptions.RayActorError as e:
-        raise WorkerError(
-            f"{where}: the worker's process died ({type(e).__name__}); it crashed, ran out of "
-            "memory or was killed. Its log lines above say why."
-        ) from None
-    except ray.exceptions.RayTaskError as e:
-        cause = e.cause if isinstance(e.cause, BaseException) else None
-        if cause is None:
-            raise WorkerError(f"{where}: {e}") from None
-        _note(cause, f"(raised by {where}; there:)\n{_remote_traceback(e)}")
-        raise cause from None
-
-
-def _remote_traceback(e: Exception) -> str:
-    try:
-        return str(e)  # Ray's text: the worker-side traceback
-    except Exception:  # a dual-class RayTaskError can fail to render; the cause still stands
-        return ""
-
-
-def _note(exc: BaseException, note: str) -> None:
-    if note not in getattr(exc, "__notes__", []):
-        exc.add_note(note)
 
 
 def _launch_ray_actor(cluster: Cluster, worker_cls: type, info: WorkerInfo, args, kwargs):

@@ -25,7 +25,7 @@ from typing import Optional
 from tensordict import TensorDict
 
 from m2flow.pipelines import Channel, PlacementError
-from m2flow.pipelines.worker import Stopped, gather
+from m2flow.pipelines.futures import Stopped, gather
 from m2flow.reasoning.config import ReasoningConfig
 from m2flow.reasoning.learner_worker import ReasoningLearner
 from m2flow.reasoning.reward_worker import RewardWorker

@@ -38,7 +38,7 @@ from m2flow.pipelines import (
     switch_plan,
 )
 from m2flow.pipelines.link import LinkGroup, form_link, weight_sync_transport
-from m2flow.pipelines.worker import Stopped, clear_stop, request_stop
+from m2flow.pipelines.futures import Stopped, clear_stop, request_stop
 from m2flow.runs import checkpoint
 from m2flow.runs.logger import LogField, Progress, RunLogger, announce, log, terminal
 
@@ -258,7 +258,7 @@ def stop_on_ctrl_c() -> Callable[[], None]:
 
     The first Ctrl-C abandons the phase in flight (start-up, collection, learning,
     evaluation, generation): every wait of the driver on its workers ends within
-    ``pipelines.worker.WAIT_SLICE_S`` by raising ``Stopped``, and the runner ends its loop
+    ``pipelines.futures.WAIT_SLICE_S`` by raising ``Stopped``, and the runner ends its loop
     (``RunSession.stopped``). If no call of the learner is in flight (the Ctrl-C came during
     collection, evaluation or generation, not mid-update) and the last completed iteration
     has no checkpoint yet, that iteration is saved; a save already under way finishes;

@@ -454,7 +454,7 @@ def sync_groups(learner, rollout, sender: type, receiver: type, *, version: int,
     :func:`m2flow.pipelines.link.form_link`), learner rank 0 broadcasts every bucket over it
     (``sender.broadcast_weight_buckets``) while each rollout rank receives them
     (``receiver.receive_weight_broadcast``): two calls, whatever the number of buckets."""
-    from m2flow.pipelines.worker import gather
+    from m2flow.pipelines.futures import gather
 
     plan = learner.call(sender.plan_weight_sync, full=full, bucket_mb=bucket_mb,
                         ranks=[0]).wait()[0]

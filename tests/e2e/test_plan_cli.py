@@ -69,7 +69,8 @@ def test_a_run_with_an_auto_plan_logs_its_drift_and_re_plans_the_stages(tmp_path
                                                                        capsys):
     """A plan as cluster.plan=auto makes it (here from a profile that predicts a far slower
     machine: a 5 s update): the run logs the prediction, then re-plans once the drift shows."""
-    from m2flow.pipelines.planner.search import models_for, search
+    from m2flow.pipelines.planner.calibration import models_for
+    from m2flow.pipelines.planner.search import search
     from m2flow.pipelines.planner.planfile import write_plan
     from m2flow.embodied.plan import graph
 

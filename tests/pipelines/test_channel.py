@@ -16,7 +16,7 @@ from m2flow.pipelines import (
     WorkerGroup,
 )
 from m2flow.pipelines.channel import local_endpoint
-from m2flow.pipelines.worker import gather
+from m2flow.pipelines.futures import gather
 
 
 class Relay(Worker):

@@ -6,12 +6,12 @@ import math
 import pytest
 
 from m2flow.embodied.plan import graph as embodied_graph
-from m2flow.pipelines.planner.costmodel import fit, fit_memory, fit_time
+from m2flow.pipelines.planner.costmodel import fit_memory, fit_time
 from m2flow.pipelines.planner.graph import ComponentSpec, Graph, Phase
 from m2flow.pipelines.planner.planfile import read_plan, write_plan
 from m2flow.pipelines.planner.profiles import Memory, Node, Profile, Timing
-from m2flow.pipelines.planner.search import (
-    Block, PlanError, makespan, models_for, predict, search)
+from m2flow.pipelines.planner.calibration import models_for
+from m2flow.pipelines.planner.search import Block, PlanError, makespan, predict, search
 
 SIM_S = 0.010  # CPU seconds of one env step in its own process
 
@@ -215,7 +215,7 @@ def test_a_profile_survives_json():
 
 def test_a_calibration_run_adds_what_the_components_miss_to_every_plan():
     from m2flow.cli import load_run_config
-    from m2flow.pipelines.planner.search import calibration
+    from m2flow.pipelines.planner.calibration import calibration
 
     node = Node(cores=2)
     g = embodied_graph(FACTS)
