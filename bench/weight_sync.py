@@ -35,7 +35,8 @@ import torch
 from m2flow.pipelines import Cluster, ClusterConfig, Placement, PlacementConfig, Worker
 from m2flow.pipelines.link import form_link
 from m2flow.pipelines.placement import ComponentPlacement
-from m2flow.pipelines.worker import WorkerGroup, gather
+from m2flow.pipelines.futures import gather
+from m2flow.pipelines.worker import WorkerGroup
 from m2flow.runs.weights import WeightReceiver, WeightSender, sync_groups
 
 TENSOR_MB = 64  # the model's tensors (a large model's layers are tens to hundreds of MB)

@@ -22,6 +22,7 @@ likewise, so the runner asks every rank for it. Checkpoints are the unsharded on
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import torch
@@ -66,8 +67,8 @@ class LearnerWorker(Worker):
         self.num_iterations = num_iterations
         self.timeout = channel_timeout
         self.trainer = Trainer(
-            self.policy, lambda params: torch.optim.Adam(params, lr=algo_cfg.learning_rate,
-                                                         eps=ADAM_EPS),
+            self.policy, lambda params: torch.optim.Adam(self._param_groups(params),
+                                                         lr=algo_cfg.learning_rate, eps=ADAM_EPS),
             precision=algo_cfg.precision, max_grad_norm=algo_cfg.max_grad_norm,
             data_parallel=self.data_parallel, shard=info.resources.shard,
             forward_methods=POLICY_METHODS,
@@ -86,6 +87,24 @@ class LearnerWorker(Worker):
     @property
     def optimizer(self) -> torch.optim.Optimizer:
         return self.trainer.optimizer
+
+    def _param_groups(self, params: list) -> list:
+        """The optimiser's parameter groups: one, or with ``algorithm.critic_learning_rate``
+        the critic's parameters in a group of their own at that step size (``lr_scale``: its
+        ratio to ``learning_rate``, which annealing keeps)."""
+        critic_lr = getattr(self.cfg, "critic_learning_rate", None)
+        if critic_lr is None:
+            return params
+        names = set(self.policy.critic_parameter_names())
+        if not names:
+            raise ValueError(
+                f"algorithm.critic_learning_rate: policy {type(self.policy).__name__} has no "
+                "parameters of its own critic (Policy.critic_parameter_names); leave it null.")
+        critic = {id(p) for n, p in self.policy.named_parameters() if n in names}
+        scale = critic_lr / self.cfg.learning_rate
+        return [{"params": [p for p in params if id(p) not in critic]},
+                {"params": [p for p in params if id(p) in critic], "lr": critic_lr,
+                 "lr_scale": scale}]
 
     def offload(self) -> dict[str, float]:
         if self.trainer.sharded and self.context.active:
@@ -196,17 +215,57 @@ class LearnerWorker(Worker):
         return self.cfg.learning_rate * (1.0 - iteration / max(1, self.num_iterations))
 
     def _epochs(self, batch: TensorDict, iteration: int) -> dict:
-        """Epochs x minibatches x micro-batches of the algorithm's loss; ``loss/*`` metrics."""
+        """Epochs x minibatches x micro-batches of the algorithm's loss; ``loss/*`` metrics.
+        An update that trains the critic alone (``Algorithm.critic_only``) freezes every
+        other parameter for its length: they get no gradient, so the optimiser leaves them
+        (and their moments) as they are."""
         a, c = self.algorithm, self.cfg
-        terms = self.trainer.run_epochs(
-            batch, lambda mb: a.loss(self.policy, mb), epochs=c.update_epochs,
-            num_minibatches=c.num_minibatches, micro_batch_size=c.micro_batch_size,
-            seed=self.seed, iteration=iteration, minibatch=a.minibatch, stop_early=a.stop_early,
-        )
+        critic_only = a.critic_only(iteration)
+        if critic_only and not self.policy.critic_parameter_names():
+            raise ValueError(
+                f"algorithm.critic_warmup: policy {type(self.policy).__name__} has no parameters "
+                "of its own critic to train alone (Policy.critic_parameter_names); set "
+                "algorithm.critic_warmup=0.")
+        with frozen_but(self.policy, self.policy.critic_parameter_names() if critic_only
+                        else None):
+            terms = self.trainer.run_epochs(
+                batch, lambda mb: a.loss(self.policy, mb), epochs=c.update_epochs,
+                num_minibatches=c.num_minibatches, micro_batch_size=c.micro_batch_size,
+                seed=self.seed, iteration=iteration, minibatch=a.minibatch,
+                stop_early=a.stop_early,
+            )
         metrics = {f"loss/{k}": v for k, v in terms.items()}
+        if critic_only:
+            metrics["loss/critic_only"] = 1.0
         metrics["loss/total"] = sum(v for k, v in metrics.items() if k.startswith("loss/loss_"))
         metrics.update(a.batch_metrics(batch))
         return metrics
+
+
+@contextlib.contextmanager
+def frozen_but(model: torch.nn.Module, names: Optional[list[str]]):
+    """Within the block, only the parameters ``names`` of ``model`` require gradients (None:
+    nothing changes); each parameter's own ``requires_grad`` is put back after it.
+
+    >>> m = torch.nn.Sequential(torch.nn.Linear(1, 1), torch.nn.Linear(1, 1))
+    >>> with frozen_but(m, ["1.bias"]):
+    ...     [n for n, p in m.named_parameters() if p.requires_grad]
+    ['1.bias']
+    >>> all(p.requires_grad for p in m.parameters())
+    True
+    """
+    if names is None:
+        yield
+        return
+    keep = set(names)
+    saved = {n: p.requires_grad for n, p in model.named_parameters()}
+    try:
+        for n, p in model.named_parameters():
+            p.requires_grad_(saved[n] and n in keep)
+        yield
+    finally:
+        for n, p in model.named_parameters():
+            p.requires_grad_(saved[n])
 
 
 def learner_rank(env_rank: int, env_workers: int, learners: int) -> int:

@@ -26,6 +26,9 @@ from tensordict import TensorDict
 from torch import nn
 
 
+CRITIC_MODULES = frozenset({"critic", "value_head"})
+
+
 class PolicyError(ValueError):
     """Bad policy input: unknown name, an env whose observations the policy cannot read."""
 
@@ -45,3 +48,11 @@ class Policy(nn.Module, ABC):
 
     def observe(self, batch: TensorDict) -> None:
         """Updates running statistics from a training batch (default: none)."""
+
+    def critic_parameter_names(self) -> list[str]:
+        """Names of the parameters that compute ``value`` only (the critic's own network or
+        a value head on a shared backbone): what trains during PPO's ``critic_warmup``.
+        Default: those under a module named ``critic`` or ``value_head`` (at any depth, so
+        a LoRA wrapper's prefixes do not matter)."""
+        return [n for n, _ in self.named_parameters()
+                if CRITIC_MODULES & set(n.split(".")[:-1])]

@@ -175,8 +175,10 @@ class Trainer:
         return torch.autocast(self._device_type(), dtype=self.dtype)
 
     def set_lr(self, lr: float) -> None:
+        """Sets every parameter group's step size to ``lr`` times its ``lr_scale`` (1 when
+        the group has none: a critic with a step size of its own keeps its ratio)."""
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

@@ -133,6 +133,8 @@ def case_table() -> list[tuple[str, str, list[str], str]]:
          "algorithm.filter_low"),
         ("grpo_logprob_level", TRAIN, ["algorithm=grpo", "algorithm.logprob_level=word"],
          "algorithm.logprob_level"),
+        ("critic_learning_rate", TRAIN, ["algorithm.critic_learning_rate=0"],
+         "algorithm.critic_learning_rate"),
         ("overlap_without_staleness", TRAIN,
          ["runner.overlap_learner=true", "runner.max_staleness=0"], "runner.max_staleness"),
         ("cnn_without_images", TRAIN, [*LIBERO, "env.obs_mode=state"], "env.obs_mode=state"),

@@ -202,3 +202,40 @@ def _leaves(tree):
             yield from _leaves(v)
     else:
         yield tree
+
+
+def test_critic_warmup_trains_the_critic_alone_then_everything():
+    worker = _learner(critic_warmup=2)
+    critic = set(worker.policy.critic_parameter_names())
+    assert critic == {n for n, _ in worker.policy.named_parameters() if n.startswith("critic.")}
+    before = {n: p.detach().clone() for n, p in worker.policy.named_parameters()}
+    for it in (0, 1):
+        m = worker.update(_OneItem(trajectory(seed=it)), env_ranks=[0], iteration=it)
+        assert m["loss/critic_only"] == 1.0
+    after = dict(worker.policy.named_parameters())
+    for n, p in after.items():  # the actor bitwise as it was, every critic tensor moved
+        assert torch.equal(p, before[n]) == (n not in critic), n
+        assert p.requires_grad, n  # put back after the update
+    m = worker.update(_OneItem(trajectory(seed=2)), env_ranks=[0], iteration=2)
+    assert "loss/critic_only" not in m
+    assert not torch.equal(after["actor_mean.0.weight"], before["actor_mean.0.weight"])
+
+
+def test_the_critic_steps_at_its_own_learning_rate_and_annealing_keeps_the_ratio():
+    worker = _learner(critic_learning_rate=0.1, anneal_lr=True)
+    actor_group, critic_group = worker.optimizer.param_groups
+    critic = {id(p) for n, p in worker.policy.named_parameters() if n.startswith("critic.")}
+    assert {id(p) for p in critic_group["params"]} == critic
+    assert not critic & {id(p) for p in actor_group["params"]}
+    before = {n: p.detach().clone() for n, p in worker.policy.named_parameters()}
+    worker.cfg.update_epochs, worker.cfg.num_minibatches = 1, 1  # one Adam step
+    worker.update(_OneItem(trajectory()), env_ranks=[0], iteration=5)
+    assert actor_group["lr"] == pytest.approx(1e-2 * (1 - 5 / 10))
+    assert critic_group["lr"] == pytest.approx(0.1 * (1 - 5 / 10))
+    # Adam's first step moves an element by lr * |g| / (|g| + eps): at most its lr, about it
+    # where the gradient is large
+    after = dict(worker.policy.named_parameters())
+    critic_step = (after["critic.0.bias"] - before["critic.0.bias"]).abs().max().item()
+    actor_step = (after["actor_mean.0.bias"] - before["actor_mean.0.bias"]).abs().max().item()
+    assert critic_step == pytest.approx(0.05, rel=1e-2)
+    assert 0.002 < actor_step <= 0.005 * (1 + 1e-6)

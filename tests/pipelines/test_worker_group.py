@@ -16,7 +16,7 @@ from m2flow.pipelines import (
     WorkerError,
     WorkerGroup,
 )
-from m2flow.pipelines.worker import Stopped, clear_stop, gather, request_stop
+from m2flow.pipelines.futures import Stopped, clear_stop, gather, request_stop
 
 STOP_BOUND_S = 5.0  # a stop request ends a wait this soon; the calls below block 30 s or more
 

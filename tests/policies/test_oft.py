@@ -198,6 +198,7 @@ def test_under_lora_only_adapters_and_named_heads_train_and_a_step_leaves_the_re
     expected = {n for n in names if re.search(r"\.lora_[AB]\.", n)}
     expected |= {n for n in names if n.split(".")[0] in ("proprio", "value_head")}
     assert {n for n, t in p.named_parameters() if t.requires_grad} == expected
+    assert p.critic_parameter_names() == ["value_head.weight", "value_head.bias"]  # warm-up's
     dtypes = dict((n, t.dtype) for n, t in p.named_parameters())
     assert {dtypes[n] for n in names if ".lora_" in n} == {torch.float32}
     assert dtypes["vlm.projector.fc1.weight"] == torch.bfloat16

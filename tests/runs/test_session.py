@@ -13,7 +13,7 @@ from m2flow.pipelines import Worker
 from m2flow.runs import checkpoint
 from m2flow.runs.config import ClusterGroupConfig, RunnerBaseConfig
 from m2flow.runs.logger import RunLogger, log_field
-from m2flow.pipelines.worker import Stopped, clear_stop, stop_requested
+from m2flow.pipelines.futures import Stopped, clear_stop, stop_requested
 from m2flow.runs.session import RunSession, stop_on_ctrl_c
 
 

@@ -121,6 +121,11 @@ class Algorithm(ABC):
         """After an epoch, on its last minibatch's terms: True ends the update."""
         return False
 
+    def critic_only(self, iteration: int) -> bool:
+        """Whether the update of ``iteration`` trains the critic alone (the policy's other
+        parameters frozen): PPO's ``critic_warmup``."""
+        return False
+
     def batch_metrics(self, batch: TensorDict) -> dict:
         """Metrics of the whole prepared batch after the update (named with their prefix)."""
         return {}

@@ -44,6 +44,17 @@ class PPOConfig(AlgorithmConfig):
     """Normalise advantages per minibatch."""
     target_kl: Optional[float] = 0.1
     """Stop the epoch loop early once approx KL exceeds this (None: never)."""
+    critic_learning_rate: Optional[float] = None
+    """Adam step size of the critic's parameters (``Policy.critic_parameter_names``; None:
+    ``learning_rate``). A value head new to a warm-started VLA must fit returns of tens from
+    zero; at a VLA's 1e-4 that takes thousands of steps, while the value loss's gradient
+    through the shared backbone does not wait."""
+    critic_warmup: int = 0
+    """The first this many iterations train the critic alone: every parameter but the
+    critic's (``Policy.critic_parameter_names``: a value head on a VLA's backbone) frozen.
+    A run warm-started from behaviour cloning (``init_from``) gets a value head that BC never
+    trained; its first advantages are noise, and PPO steps on them (and the value loss's
+    gradient through the shared backbone) move the policy off what BC taught it."""
     logprob_level: str = "chunk"
     """The unit of the policy ratio: 'chunk' (everything one policy call decided, summed),
     'action' (the tokens of one action summed) or 'token' (each action token; VLA policies).
@@ -60,6 +71,11 @@ class PPOConfig(AlgorithmConfig):
         _check(self, "ent_coef", self.ent_coef >= 0, "must be >= 0.")
         _check(self, "target_kl", self.target_kl is None or self.target_kl > 0,
                "must be > 0, or null to never stop early.")
+        _check(self, "critic_learning_rate",
+               self.critic_learning_rate is None or self.critic_learning_rate > 0,
+               "must be > 0, or null for learning_rate.")
+        _check(self, "critic_warmup", self.critic_warmup >= 0,
+               "must be >= 0 (iterations that train the critic alone).")
 
 
 class PPO(Algorithm):
@@ -116,6 +132,9 @@ class PPO(Algorithm):
 
     def stop_early(self, terms: dict) -> bool:
         return self.cfg.target_kl is not None and terms["approx_kl"] > self.cfg.target_kl
+
+    def critic_only(self, iteration: int) -> bool:
+        return iteration < self.cfg.critic_warmup
 
     def batch_metrics(self, batch: TensorDict) -> dict:
         pred, target = batch[keys.VALUE], batch[keys.RETURN]
