@@ -354,7 +354,7 @@ def measure_iterations(cfg: TrainConfig, iterations: int, warm: int = 1) -> list
 def calibrate(cfg: TrainConfig, iterations: int, warm: int = 1) -> list[tuple]:
     """Real iterations of ``cfg`` as it is, then (one runner) with learner overlap if it has
     none and may have it: ``(stages, overlap, mean seconds per iteration, the timed
-    iterations' seconds)`` of each."""
+    iterations' seconds, each component phase's mean seconds per iteration)`` of each."""
     from m2flow.embodied.runner import EmbodiedRunner
 
     cfg.runner.progress_bar = False
@@ -366,14 +366,19 @@ def calibrate(cfg: TrainConfig, iterations: int, warm: int = 1) -> list[tuple]:
             modes.append(True)  # on after off only: data collected ahead cannot be un-staled
         for overlap in modes:
             cfg.runner.overlap_learner = overlap
-            times = []
+            times, phases = [], []
             for _ in range(warm + iterations):
-                times.append(runner.iterate(it)["perf/iteration_s"])
+                metrics = runner.iterate(it)
+                times.append(metrics["perf/iteration_s"])
+                phases.append({k.removeprefix("time/"): v for k, v in metrics.items()
+                               if k.startswith("time/") and not k.startswith("time/driver")})
                 it += 1
             # the mean, not the median: with overlap an iteration's boundary moves work to the
             # next (measured 0.89, 5.95, 0.28 s for a CNN plan), so only the total is its rate
+            timed = phases[warm:]
             out.append((cfg.rollout.pipeline_stages, overlap, statistics.fmean(times[warm:]),
-                        times[warm:]))
+                        times[warm:], {k: statistics.fmean(p.get(k, 0.0) for p in timed)
+                                       for k in timed[0]}))
         runner.drain()
         return out
     finally:

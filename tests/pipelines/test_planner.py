@@ -237,6 +237,37 @@ def test_a_calibration_run_adds_what_the_components_miss_to_every_plan():
         assert calibrated[k].iteration_s == pytest.approx(v + (0.1 if "overlap" in k else 0.5))
 
 
+def test_the_updates_time_inside_a_calibration_run_corrects_the_update_at_its_threads():
+    """The config's learner has 2 threads; inside the real run its update took 0.5 s where
+    the profile timed 0.2 s alone (threads on shared cores): the update at 2 threads is
+    predicted at 0.5 s in every plan, the 1-thread update keeps its profiled 0.2 s, and only
+    what is still missing becomes the per-iteration overhead (a constant overhead of 0.3 s
+    would have slowed the 1-thread plans as much)."""
+    from m2flow.cli import load_run_config
+    from m2flow.pipelines.planner.calibration import calibration
+
+    node = Node(cores=2)
+    g = embodied_graph(FACTS)
+    p = profile(node, learn=0.2)
+    label = "collocated: env any core, rollout any core 1t, learner any core 2t; S=1"
+    one_thread = label.replace("learner any core 2t", "learner any core 1t")
+    plain = {pr.plan.label(g): pr for pr in search(g, models_for(p, g), node) if pr.feasible}
+    assert plain[label].busy["learner"] == pytest.approx(0.2)
+    cfg = load_run_config("maniskill_pushcube_ppo_mlp")  # cluster=local: learner on 2 cores
+    measured = plain[label].iteration_s + 0.3 + 0.1  # 0.3 s slower update, 0.1 s framework
+    p.facts["calibration"] = calibration(cfg.cluster, g, [
+        (1, False, measured, [measured], {"learner_learn": 0.5, "env_step": 1.0})])
+    models = models_for(p, g)
+    assert models.in_situ == {("learner", "learn", 2.0): pytest.approx(2.5)}
+    assert models.overhead_s == pytest.approx(0.1)
+    calibrated = {pr.plan.label(g): pr for pr in search(g, models, node) if pr.feasible}
+    assert calibrated[label].busy["learner"] == pytest.approx(0.5)
+    assert calibrated[label].iteration_s == pytest.approx(measured)
+    assert calibrated[one_thread].busy["learner"] == pytest.approx(0.2)
+    assert calibrated[one_thread].iteration_s == pytest.approx(
+        plain[one_thread].iteration_s + 0.1)
+
+
 def test_a_run_drifting_from_its_prediction_re_plans_its_stages():
     """Planned with a tiny policy (S=1 on split cores), the run finds inference as slow as
     simulation: its measured component times make S=2 the better plan, and the watch

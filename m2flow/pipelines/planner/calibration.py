@@ -1,8 +1,13 @@
 """Calibration: a profile's cost models corrected by real iterations of the config's own plan.
 
-The fitted models predict each component's calls; what a real iteration costs beyond them
-(Ray hand-offs, the runner's bookkeeping, the learner's first-touch costs) is measured by
-running the config's plan for a few iterations, and added to every plan's prediction.
+The fitted models predict each component's calls from the profile, which times each one
+alone. A few real iterations of the config's own plan correct them twice: the update's time
+inside those iterations against its time alone becomes a factor on the update at that thread
+count (threads of a torch update on cores that simulators, Ray and the driver also use are
+slower than alone: 1.5x for the tiny VLA's 2-thread learner on 2 cores, while its 1-thread
+learner ran as fast as alone), and what the corrected prediction still misses of the
+iteration (Ray hand-offs, the runner's bookkeeping) is the framework's own cost per
+iteration, added to every plan.
 """
 
 from __future__ import annotations
@@ -10,32 +15,50 @@ from __future__ import annotations
 from m2flow.pipelines.placement import ComponentPlacement
 from m2flow.pipelines.planner.costmodel import CostModels, fit
 from m2flow.pipelines.planner.graph import Graph
-from m2flow.pipelines.planner.search import Plan, predict
+from m2flow.pipelines.planner.search import Plan, _ranks, predict
 
 
 def models_for(profile, graph: Graph) -> CostModels:
     """The profile's cost models, with a one-process-per-item component's cores capped, and
     calibrated when the profile holds calibration runs (``facts["calibration"]``: the
     config's own placement and, per run, its lanes, overlap and measured seconds per
-    iteration): what a run's prediction misses of its measurement is the framework's own
-    cost per iteration, added to every plan (plans with overlap: what the overlapped run
-    missed, when there was one)."""
+    iteration): the update's measured time in a run without overlap against its predicted
+    time is a factor on the update at that run's thread count (``CostModels.in_situ``); what
+    a run's prediction still misses of its measurement is the framework's own cost per
+    iteration, added to every plan (plans with overlap: what the overlapped run missed, when
+    there was one)."""
     models = fit(profile, caps={c.name: "size" for c in graph.components
                                 if c.processes_per_item})
     cal = profile.facts.get("calibration")
     if not cal:
         return models
+    plan_of_run = lambda run: Plan(  # noqa: E731
+        cal["mode"], tuple((n, ComponentPlacement(**cal["components"][n])) for n in graph.names),
+        run["lanes"], run["overlap"])
+    train = graph.train
+    for run in cal["runs"]:  # the update's time inside a real iteration, at its threads
+        measured = (run.get("phases") or {}).get(f"{train.component}_{train.phase}")
+        if run["overlap"] or not measured:
+            continue
+        pred = predict(plan_of_run(run), graph, models, profile.node)
+        if pred.feasible and pred.busy.get(train.component):
+            threads = _threads(plan_of_run(run), graph, train.component, profile.node)
+            models.in_situ[(train.component, train.phase, float(threads))] = (
+                measured / pred.busy[train.component])
     missed: dict[bool, float] = {}
     for run in cal["runs"]:
-        plan = Plan(cal["mode"], tuple((n, ComponentPlacement(**cal["components"][n]))
-                                       for n in graph.names), run["lanes"], run["overlap"])
-        pred = predict(plan, graph, models, profile.node)
+        pred = predict(plan_of_run(run), graph, models, profile.node)
         if pred.feasible:
             missed[bool(run["overlap"])] = max(0.0, run["seconds"] - pred.iteration_s)
     if missed:
         models.overhead_s = missed.get(False, missed.get(True, 0.0))
         models.overhead_overlap_s = missed.get(True)
     return models
+
+
+def _threads(plan: Plan, graph: Graph, name: str, node) -> int:
+    """The threads a component's rank runs with under ``plan`` (as the search sees them)."""
+    return _ranks(plan, graph, node)[name][0].threads
 
 
 def plan_of(cluster_cfg, graph: Graph, *, lanes: int, overlap: bool) -> Plan:
@@ -49,8 +72,9 @@ def plan_of(cluster_cfg, graph: Graph, *, lanes: int, overlap: bool) -> Plan:
 def calibration(cluster_cfg, graph: Graph, runs) -> dict:
     """What ``models_for`` needs of calibration runs of a config: its placement of the
     graph's components and ``runs``, each ``(lanes, overlap, seconds per iteration)`` and
-    optionally the timed iterations' seconds (kept to show the spread). A JSON-able dict,
-    kept in the profile's facts."""
+    optionally the timed iterations' seconds (kept to show the spread) and the mean seconds
+    per iteration of each component phase (``{"learner_learn": s, ...}``, a run's
+    ``time/<component>_<phase>``). A JSON-able dict, kept in the profile's facts."""
     comps = {}
     for name in graph.names:
         c = cluster_cfg.placement.components.get(name) or ComponentPlacement()
@@ -59,5 +83,7 @@ def calibration(cluster_cfg, graph: Graph, runs) -> dict:
                        "cpu_ids": list(c.cpu_ids) if c.cpu_ids else None}
     return {"mode": cluster_cfg.placement.mode, "components": comps,
             "runs": [{"lanes": k, "overlap": bool(o), "seconds": float(t),
-                      "times": [float(x) for x in (rest[0] if rest else [t])]}
+                      "times": [float(x) for x in (rest[0] if rest else [t])],
+                      "phases": {n: float(v) for n, v in (rest[1] if len(rest) > 1
+                                                          else {}).items()}}
                      for k, o, t, *rest in runs]}

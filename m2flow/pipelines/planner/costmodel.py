@@ -177,6 +177,11 @@ class CostModels:
     scale: dict[str, float] = field(default_factory=dict)
     """Per component, a factor on its fitted times (a run's measured component times
     against the predicted ones: see ``monitor``); 1 where absent."""
+    in_situ: dict[tuple[str, str, float], float] = field(default_factory=dict)
+    """(component, phase, cores) -> a factor on that phase's fitted time on that many cores:
+    what a calibration run measured it at inside a real iteration against the profile's
+    time alone (a 2-thread learner on 2 cores beside idle simulators and Ray: 1.5x its time
+    alone measured for the tiny VLA); 1 where absent."""
 
     def scaled(self, factors: Mapping[str, float], overhead_s: float) -> "CostModels":
         """These models with ``factors`` on top of the present scale and ``overhead_s`` for
@@ -184,7 +189,7 @@ class CostModels:
         scale = dict(self.scale)
         for name, f in factors.items():
             scale[name] = scale.get(name, 1.0) * f
-        return CostModels(self.times, self.memory, overhead_s, None, scale)
+        return CostModels(self.times, self.memory, overhead_s, None, scale, dict(self.in_situ))
 
     def overhead(self, overlap: bool) -> float:
         if overlap and self.overhead_overlap_s is not None:
@@ -205,11 +210,15 @@ class CostModels:
 
     def seconds(self, component: str, phase: str, size: float, cores: float = 1,
                 device: str = "cpu") -> float:
-        f = self.scale.get(component, 1.0)
+        f = self.scale.get(component, 1.0) * self._in_situ(component, phase, cores, device)
         return f * self.time_model(component, phase, device).seconds(size, cores)
 
     def work(self, component: str, phase: str, size: float, device: str = "cpu") -> float:
-        return self.scale.get(component, 1.0) * self.time_model(component, phase, device).work(size)
+        f = self.scale.get(component, 1.0) * self._in_situ(component, phase, 1, device)
+        return f * self.time_model(component, phase, device).work(size)
+
+    def _in_situ(self, component: str, phase: str, cores: float, device: str) -> float:
+        return 1.0 if device != "cpu" else self.in_situ.get((component, phase, float(cores)), 1.0)
 
     def mb(self, component: str, size: float, device: str = "cpu") -> float:
         model = self.memory.get((component, device))
