@@ -82,7 +82,8 @@ def _learner(**algo):
 
     info = WorkerInfo("learner", 0, 1, RankResources(0, 1.0, ()), "local")
     return LearnerWorker(info, PolicyConfig(name="mlp", hidden_sizes=[16]),
-                         PPOConfig(learning_rate=1e-2, target_kl=None, **algo), SPEC, seed=0,
+                         PPOConfig(**{"learning_rate": 1e-2, "target_kl": None, **algo}), SPEC,
+                         seed=0,
                          num_iterations=10)
 
 
@@ -239,3 +240,27 @@ def test_the_critic_steps_at_its_own_learning_rate_and_annealing_keeps_the_ratio
     actor_step = (after["actor_mean.0.bias"] - before["actor_mean.0.bias"]).abs().max().item()
     assert critic_step == pytest.approx(0.05, rel=1e-2)
     assert 0.002 < actor_step <= 0.005 * (1 + 1e-6)
+
+
+def test_the_profiler_times_every_epoch_of_an_update_target_kl_would_stop():
+    """The profiler's timed updates reuse one batch, soon stale to the moved policy: PPO's
+    target_kl would end them after one epoch, and the planner would time a quarter of the
+    run's update (the tiny VLA: 0.69 s profiled, 3.0 s in the run)."""
+    from m2flow.embodied.profile import _every_epoch
+
+    def losses(worker, its):
+        calls = []
+        real = worker.algorithm.loss
+        worker.algorithm.loss = lambda policy, mb: calls.append(1) or real(policy, mb)
+        for it in its:
+            worker.update(_OneItem(trajectory()), env_ranks=[0], iteration=it)
+        return len(calls)
+
+    # (update_epochs 4, num_minibatches 4: PPOConfig's defaults; random log-probs: far off)
+    stopped = _learner(target_kl=1e-6, critic_warmup=1)
+    assert losses(stopped, [1]) == 4  # one epoch of 4 minibatches, then stopped
+    full = _learner(target_kl=1e-6, critic_warmup=1)
+    _every_epoch(full.algorithm)
+    actor = full.policy.actor_mean[0].weight.detach().clone()
+    assert losses(full, [0]) == 4 * 4  # every epoch, at the warm-up's iteration
+    assert not torch.equal(full.policy.actor_mean[0].weight, actor)  # and the whole policy
