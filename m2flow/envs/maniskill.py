@@ -18,6 +18,7 @@ batch.
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Optional, Sequence
 
 import gymnasium as gym
@@ -31,6 +32,8 @@ from m2flow.envs.fork import fork_server
 from m2flow.envs.procs import EnvRecipe
 from m2flow.envs.registry import suggest
 from m2flow.envs.vector import GymVectorEnv
+
+log = logging.getLogger(__name__)
 
 OBS_MODES = {"state": "state", "rgb": "rgb"}  # m2flow obs_mode -> ManiSkill obs_mode
 REBUILD = {"reconfigure": True}  # rebuilds the SAPIEN scene: PhysX state does not survive
@@ -55,6 +58,11 @@ class ManiSkillEnv(BatchedEnv):
             raise EnvError(
                 f"env.obs_mode={cfg.obs_mode!r}: the ManiSkill adapter renders "
                 f"{sorted(OBS_MODES)}; pick one of those."
+            )
+        if not 0.0 < cfg.visual_mesh_fraction <= 1.0:
+            raise EnvError(
+                f"env.visual_mesh_fraction={cfg.visual_mesh_fraction!r}: keep a fraction of "
+                "the visual-mesh triangles in (0, 1]; 1.0 renders the published meshes."
             )
         rewards = getattr(spec.cls, "SUPPORTED_REWARD_MODES", None)
         if cfg.reward_mode is not None and rewards and cfg.reward_mode not in rewards:
@@ -91,8 +99,10 @@ class ManiSkillEnv(BatchedEnv):
             **dict(cfg.kwargs),
         )
         if backend == "cpu":
+            fraction = cfg.visual_mesh_fraction if kw["render_backend"] != "none" else 1.0
             make = EnvRecipe(
-                functools.partial(_make_cpu_env, task, cfg.obs_mode, cfg.ignore_terminations, kw),
+                functools.partial(_make_cpu_env, task, cfg.obs_mode, cfg.ignore_terminations, kw,
+                                  fraction),
                 preload=PRELOAD,
             )
             self._impl: BatchedEnv = GymVectorEnv(
@@ -101,6 +111,9 @@ class ManiSkillEnv(BatchedEnv):
                 shared_memory=cfg.shared_memory,
             )
         else:
+            if cfg.visual_mesh_fraction < 1.0 and cfg.obs_mode != "state":
+                log.warning("env.visual_mesh_fraction=%s is for CPU rendering; the GPU backend "
+                            "renders the published meshes.", cfg.visual_mesh_fraction)
             self._impl = _ManiSkillGPU(task, cfg, kw, device, limit)
         self.num_envs, self.spec, self.device = cfg.num_envs, self._impl.spec, self._impl.device
         self.steps_in_background = self._impl.steps_in_background
@@ -190,13 +203,18 @@ def _render_backend(cfg: EnvConfig, sim_backend: str) -> str:
     return "gpu" if sim_backend == "gpu" else "cpu"
 
 
-def _make_cpu_env(task: str, obs_mode: str, ignore_terminations: bool, kw: dict) -> gym.Env:
+def _make_cpu_env(task: str, obs_mode: str, ignore_terminations: bool, kw: dict,
+                  visual_mesh_fraction: float = 1.0) -> gym.Env:
     """Runs in a subprocess: one single-env ManiSkill task with numpy, unbatched I/O."""
     import mani_skill.envs  # noqa: F401
     from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
 
     torch.set_num_threads(1)  # one core per env process; the placement counts them
     env = gym.make(task, num_envs=1, sim_backend="physx_cpu", **kw)
+    if visual_mesh_fraction < 1.0:
+        from m2flow.envs import meshes
+
+        meshes.install(env, visual_mesh_fraction)
     return CPUGymWrapper(_flatten(env, obs_mode), ignore_terminations=ignore_terminations)
 
 

@@ -99,6 +99,8 @@ def case_table() -> list[tuple[str, str, list[str], str]]:
         ("channel_timeout", TRAIN, ["runner.channel_timeout_s=0"], "runner.channel_timeout_s"),
         ("image_size", TRAIN, ["env.image_size=0"], "env.image_size"),
         ("step_timeout", TRAIN, ["env.step_timeout_s=0"], "env.step_timeout_s"),
+        ("visual_mesh_fraction", TRAIN, ["env.visual_mesh_fraction=0"],
+         "env.visual_mesh_fraction"),
         ("max_episode_steps", TRAIN, ["env.max_episode_steps=0"], "env.max_episode_steps"),
         ("sim_backend", TRAIN, ["env.sim_backend=cuda"], "env.sim_backend"),
         ("seed", TRAIN, ["seed=-1"], "seed=-1"),
