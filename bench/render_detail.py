@@ -6,7 +6,7 @@ once, times them in interleaved rounds of random-action steps (this machine's sp
 from minute to minute), and reports env steps/s, the speed-up against the published meshes
 (1.0), the triangles drawn, and how far the images move (mean absolute difference of the
 first observation over the same seeds, in levels of 255). With ``--frame PNG`` it also
-writes one camera frame per fraction side by side (128 px, 4x enlarged).
+writes one camera frame per fraction side by side (128 px, 2x enlarged).
 
     python bench/render_detail.py [--task ManiSkill/PushCube-v1] [--num-envs 8]
         [--image-size 64] [--fractions 1.0 0.1 0.05 0.02] [--steps 50] [--rounds 3]
@@ -65,7 +65,8 @@ def frame(args, fractions) -> None:
         images.append(env.reset(seed=[0])["obs", "rgb"][0].numpy())
         env.close()
     row = np.concatenate(images, axis=1)
-    Image.fromarray(row).resize((row.shape[1] * 2, row.shape[0] * 2), Image.NEAREST).save(args.frame)
+    big = (row.shape[1] * 2, row.shape[0] * 2)
+    Image.fromarray(row).resize(big, Image.NEAREST).save(args.frame)
     print(f"frames ({', '.join(map(str, fractions))}, left to right) -> {args.frame}")
 
 

@@ -39,9 +39,6 @@ RULES: list[Rule] = [
     ("env.max_episode_steps", optional(at_least(1), "the simulator's limit"),
      "set the episode time limit in steps"),
     ("env.image_size", at_least(1), "set the camera width and height in pixels (e.g. 64)"),
-    ("env.visual_mesh_fraction", within(0, 1, open_low=True),
-     "keep a fraction of the visual-mesh triangles in (0, 1]: 1.0 the published meshes, "
-     "0.05 ~5x faster CPU rendering"),
     ("env.step_timeout_s", above(0),
      "give the seconds a step may take before its process counts as hung (default 300)"),
     ("env.sim_backend", one_of(SIM_BACKENDS),

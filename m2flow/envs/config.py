@@ -35,9 +35,9 @@ class EnvConfig:
     """Camera width and height for image obs modes."""
     visual_mesh_fraction: float = 1.0
     """Fraction of the visual-mesh triangles kept when a CPU renders (ManiSkill): 1.0 draws
-    the published meshes; 0.05 draws 5 % of the robot's, ~5x faster through software Vulkan
-    at a 64 px image change of ~1/255 (``m2flow.envs.meshes``). Physics is unchanged. The
-    GPU backend always renders the published meshes."""
+    the published meshes; 0.05 draws 5 % of the robot's, ~3.8x the env steps/s through
+    software Vulkan at a 64 px image change of ~1/255 (``m2flow.envs.meshes``). Physics is unchanged. The
+    GPU backend always renders the published meshes. Checked by the ManiSkill adapter."""
     step_timeout_s: float = 300.0
     """Envs with one simulator process each: a step or reset that takes longer counts as a
     hung process, which is killed and restarted (its episode is discarded)."""

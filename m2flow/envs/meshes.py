@@ -24,8 +24,8 @@ import numpy as np
 
 MIN_TRIANGLES = 500
 """Parts with fewer triangles are kept as they are (boxes, small parts: nothing to gain)."""
-_TEXTURES = ("base_color_texture", "diffuse_texture", "normal_texture", "roughness_texture", "metallic_texture",
-             "emission_texture", "transmission_texture")
+_TEXTURES = ("base_color_texture", "diffuse_texture", "normal_texture", "roughness_texture",
+             "metallic_texture", "emission_texture", "transmission_texture")
 
 
 def simplify(vertices: np.ndarray, triangles: np.ndarray, fraction: float
