@@ -16,7 +16,8 @@ speed drifts from minute to minute; numbers taken minutes apart are not comparab
   overhead    1 - S=1 throughput / plain-loop throughput (what the framework costs)
 
 The placement is cluster=split_cores: env (and its simulator processes) on core 0, rollout on
-core 1, so simulation and inference have resources of their own to overlap on.
+core 1, so simulation and inference have resources of their own to overlap on. On a GPU machine
+(no Ray there), ``--cluster gpu_inprocess``: rollout on GPU 0, simulators rendering on it.
 
     python bench/pipeline.py                  # the default case (rgb 128 px, ResNet-50 CNN)
     python bench/pipeline.py --case state     # state obs, MLP: inference is tiny
@@ -78,7 +79,9 @@ class Local:
         pin_process(self.rollout_cores)
         torch.set_num_threads(placement.ranks("rollout")[0].threads)
         self.n = self.env.num_envs
-        self.policy = make_policy(cfg.policy, self.env.spec).eval()
+        # the rollout's device (cluster=gpu_inprocess: GPU 0), as the runner's rollout worker
+        self.device = "cuda:0" if placement.ranks("rollout")[0].gpu_ids else "cpu"
+        self.policy = make_policy(cfg.policy, self.env.spec, device=self.device).eval()
         self.obs = self.env.reset(seed=list(range(self.n)))["obs"]
         self.recorded = [self.obs]
 
@@ -92,8 +95,8 @@ class Local:
     def infer(self, k: int) -> None:
         with torch.no_grad():
             for i in range(k):
-                obs = self.recorded[i % len(self.recorded)]
-                self.policy.act(TensorDict({"obs": obs}, batch_size=[self.n]))
+                obs = self.recorded[i % len(self.recorded)].to(self.device)
+                self.policy.act(TensorDict({"obs": obs}, batch_size=[self.n]))["action"].cpu()
 
     def plain(self, k: int) -> None:
         """cleanRL style: preallocated storage, act, step, write."""
@@ -106,7 +109,8 @@ class Local:
         }
         for t in range(k):
             with torch.no_grad():
-                act = self.policy.act(TensorDict({"obs": self.obs}, batch_size=[self.n]))
+                act = self.policy.act(TensorDict({"obs": self.obs.to(self.device)},
+                                                 batch_size=[self.n])).cpu()
             out = self.env.step(act["action"])
             buf["obs"][t] = self.obs
             buf["action"][t], buf["log_prob"][t], buf["value"][t] = (
@@ -146,8 +150,8 @@ class M2flow:
 def bench_case(case: str, args) -> dict:
     name, overrides = CASES[case]
     cfg = load_run_config(name, [
-        *overrides, f"env.num_envs={args.num_envs}", "cluster=split_cores",
-        "rollout.env_groups=4", "runner.progress_bar=false",
+        *overrides, f"env.num_envs={args.num_envs}", f"cluster={args.cluster}",
+        "rollout.env_groups=4", "runner.progress_bar=false", *args.set,
     ])
     m2 = M2flow(cfg)  # first: its workers must not inherit this process's pinning
     local = Local(cfg, m2.runner.placement)
@@ -186,7 +190,7 @@ def bench_case(case: str, args) -> dict:
     bound = (t_sim + t_infer) / max(t_sim, t_infer)
     speedup = rate[f"S={best}"] / seq
     result = {
-        "case": case, "config": name, "num_envs": n, "steps": steps, "rounds": args.rounds,
+        "case": case, "config": name, "cluster": args.cluster, "num_envs": n, "steps": steps, "rounds": args.rounds,
         "t_sim_ms": 1e3 * t_sim, "t_infer_ms": 1e3 * t_infer, "bound": bound,
         "rates": rate, "best": best, "speedup": speedup, "efficiency": speedup / bound,
         "overhead_pct": 100 * (1 - seq / rate["plain"]),
@@ -202,7 +206,7 @@ def _print(r: dict, cfg) -> None:
           f"{cfg.env.image_size if cfg.env.obs_mode != 'state' else ''} policy={cfg.policy.name}"
           f"{' ' + str(cfg.policy.kwargs.get('encoder')) if cfg.policy.kwargs else ''}, "
           f"{r['num_envs']} envs, {r['rounds']} interleaved rounds of {r['steps']} steps, "
-          f"{os.cpu_count()} CPUs, env on core 0 / rollout on core 1")
+          f"{os.cpu_count()} CPUs, cluster={r['cluster']}")
     print(f"T_sim {r['t_sim_ms']:.1f} ms/step   T_infer {r['t_infer_ms']:.1f} ms/step   "
           f"bound (T_sim+T_infer)/max = {r['bound']:.2f}")
     print(f"{'mode':<8}{'env steps/s':>12}{'vs S=1':>9}{'vs plain':>10}")
@@ -223,6 +227,9 @@ def main() -> None:
     p.add_argument("--num-envs", type=int, default=8)
     p.add_argument("--steps", type=int, default=0, help="steps per mode per round (0: per case)")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--cluster", default="split_cores",
+                   help="gpu_inprocess: rollout on GPU 0, simulators render there (no Ray)")
+    p.add_argument("--set", nargs="*", default=[], help="more config overrides (key=value)")
     args = p.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     cases = list(CASES) if args.case == "all" else [args.case]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from pathlib import Path
 from typing import Optional, Sequence
 
 import gymnasium as gym
@@ -99,7 +100,7 @@ class ManiSkillEnv(BatchedEnv):
             **dict(cfg.kwargs),
         )
         if backend == "cpu":
-            fraction = cfg.visual_mesh_fraction if kw["render_backend"] != "none" else 1.0
+            fraction = _mesh_fraction(cfg, kw["render_backend"])
             make = EnvRecipe(
                 functools.partial(_make_cpu_env, task, cfg.obs_mode, cfg.ignore_terminations, kw,
                                   fraction),
@@ -195,6 +196,38 @@ def _sim_backend(requested: str, device: str) -> str:
     return requested
 
 
+def _mesh_fraction(cfg: EnvConfig, render_backend: str) -> float:
+    """``env.visual_mesh_fraction`` where a CPU renders (lavapipe), else 1.0: a GPU draws the
+    published meshes at no cost worth saving (and state obs render nothing)."""
+    if render_backend == "cpu":
+        return cfg.visual_mesh_fraction
+    if render_backend == "gpu" and cfg.visual_mesh_fraction < 1.0:
+        log.warning("env.visual_mesh_fraction=%s is for CPU rendering; rendering on the GPU "
+                    "draws the published meshes.", cfg.visual_mesh_fraction)
+    return 1.0
+
+
+def enable_gpu_physx() -> None:
+    """Loads SAPIEN's GPU PhysX (``physx_cuda``) or raises one EnvError line saying how to get it.
+    SAPIEN fetches ``libPhysXGpu_64.so`` from GitHub at first use, which fails on a machine
+    without network (seen on the GPU machine of scripts/gpu_check.sh)."""
+    import sapien
+
+    try:
+        sapien.physx.enable_gpu()
+    except Exception as e:  # requests' ConnectionError, a bad zip, a failed dlopen
+        version = sapien.physx.version()
+        where = Path.home() / ".sapien" / "physx" / version
+        url = ("https://github.com/sapien-sim/physx-precompiled/releases/download/"
+               f"{version}/linux-so.zip")
+        raise EnvError(
+            f"env.sim_backend=gpu: SAPIEN's GPU PhysX library could not be loaded "
+            f"({type(e).__name__}); SAPIEN downloads libPhysXGpu_64.so from GitHub on first "
+            f"use: unzip {url} into {where} (on a machine without network, copy it there), "
+            "or set env.sim_backend=cpu."
+        ) from None
+
+
 def _render_backend(cfg: EnvConfig, sim_backend: str) -> str:
     if cfg.render_backend != "auto":
         return cfg.render_backend
@@ -234,6 +267,7 @@ class _ManiSkillGPU(BatchedEnv):
         from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
 
         sim = "physx_cuda" if device == "cuda" else device.replace("cuda", "physx_cuda")
+        enable_gpu_physx()
         env = gym.make(task, num_envs=cfg.num_envs, sim_backend=sim, **kw)
         self.vec = ManiSkillVectorEnv(
             _flatten(env, cfg.obs_mode), auto_reset=True,

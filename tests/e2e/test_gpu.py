@@ -12,7 +12,20 @@ pytestmark = [
 ]
 
 
-def test_maniskill_gpu_backend_steps_a_native_batch():
+@pytest.fixture
+def gpu_physx():
+    """SAPIEN's GPU PhysX, or a skip that says why (it is downloaded from GitHub at first use:
+    the GPU machine of scripts/gpu_check.sh has no network)."""
+    from m2flow.envs.base import EnvError
+    from m2flow.envs.maniskill import enable_gpu_physx
+
+    try:
+        enable_gpu_physx()
+    except EnvError as e:
+        pytest.skip(str(e))
+
+
+def test_maniskill_gpu_backend_steps_a_native_batch(gpu_physx):
     cfg = EnvConfig(name="ManiSkill/PushCube-v1", num_envs=16, sim_backend="gpu",
                     ignore_terminations=True)
     env = make_env(cfg, device="cuda")
@@ -27,7 +40,7 @@ def test_maniskill_gpu_backend_steps_a_native_batch():
         env.close()
 
 
-def test_maniskill_gpu_envs_of_one_seed_start_alike_and_groups_differ():
+def test_maniskill_gpu_envs_of_one_seed_start_alike_and_groups_differ(gpu_physx):
     cfg = EnvConfig(name="ManiSkill/PickCube-v1", num_envs=8, sim_backend="gpu")
     env = make_env(cfg, device="cuda")
     seeds = [101] * 3 + [202] * 3 + [303, 404]
@@ -109,7 +122,7 @@ def test_bucketed_weight_sync_from_a_cuda_learner_to_a_cuda_rollout_copy():
 # -- issue 13: action chunks and placement GPU ids on a real GPU ---------------------------
 
 
-def test_action_chunks_on_a_maniskill_gpu_batch_combine_on_the_gpu():
+def test_action_chunks_on_a_maniskill_gpu_batch_combine_on_the_gpu(gpu_physx):
     from m2flow.envs.chunked import ChunkedEnv, combine
     from tests.envs.test_chunked import steps
 

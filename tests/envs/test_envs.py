@@ -119,3 +119,24 @@ def test_importing_envs_imports_no_simulator():
     code = "import sys, m2flow.envs; print('mani_skill' in sys.modules or 'sapien' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_gpu_physx_that_cannot_load_is_one_line_naming_the_library_and_the_fix(monkeypatch):
+    """On the GPU machine without network (scripts/gpu_check.sh), SAPIEN's download of its GPU
+    PhysX library failed with a requests traceback from inside the env worker."""
+    import requests
+    import sapien
+
+    from m2flow.envs.base import EnvError
+    from m2flow.envs.maniskill import enable_gpu_physx
+
+    def offline():
+        raise requests.ConnectionError("Failed to resolve 'github.com'")
+
+    monkeypatch.setattr(sapien.physx, "enable_gpu", offline)
+    with pytest.raises(EnvError) as e:
+        enable_gpu_physx()
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("env.sim_backend=gpu: ")
+    assert "ConnectionError" in msg and f"/.sapien/physx/{sapien.physx.version()}" in msg
+    assert "linux-so.zip" in msg and msg.endswith("or set env.sim_backend=cpu.")

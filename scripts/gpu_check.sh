@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The GPU check, in one command on a CUDA machine without network (Python 3.12 with torch,
+# transformers, timm and peft installed) that has this repository with .kit/ and .gl/ from
+# scripts/device_kit.sh beside it:
+#   bash scripts/gpu_check.sh OUT_DIR [STEP ...]
+# Installs the kit under /tmp/site and the loader libraries, then runs each step with its own
+# time limit (a failing step does not stop the others): pytest -m gpu, the full-size VLAs in
+# bf16, the context switch, GPU rendering, GPU PhysX, pipelined collection on the GPU, and GRPO
+# with a Qwen2.5-0.5B-shaped model. Writes OUT_DIR/<step>.log, OUT_DIR/results.jsonl and
+# OUT_DIR/summary.txt (one line per step: status, seconds). Whole run: ~5 minutes on an H100
+# (at most 10).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:?usage: gpu_check.sh OUT_DIR [STEP ...]}
+shift
+mkdir -p "$OUT"
+STEPS=${*:-"env vla_oft context_switch physx render reasoning pytest pipeline vla_openvla"}
+export RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1 MUJOCO_GL=egl TOKENIZERS_PARALLELISM=false
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+PY=${PYTHON:-python3}
+
+if [ ! -d /tmp/site/mani_skill ]; then
+  for f in .gl/*.deb; do dpkg -x "$f" /; done
+  ldconfig
+  mkdir -p /tmp && tar -C /tmp -xJf .kit/site.tar.xz
+fi
+export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+# the NVIDIA driver's Vulkan/EGL manifests, where the machine keeps them
+for f in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json /usr/share/vulkan/icd.d/nvidia_icd.json \
+         /etc/vulkan/icd.d/nvidia_icd.json; do
+  [ -f "$f" ] && { export VK_DRIVER_FILES=$f VK_ICD_FILENAMES=$f; break; }
+done
+for f in /usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json /usr/share/glvnd/egl_vendor.d/10_nvidia.json; do
+  [ -f "$f" ] && { export __EGL_VENDOR_LIBRARY_FILENAMES=$f; break; }
+done
+
+step() {  # step NAME SECONDS COMMAND...
+  local name=$1 limit=$2 t0 rc
+  shift 2
+  case " $STEPS " in *" $name "*) ;; *) return ;; esac
+  echo "== $name (limit ${limit}s)"
+  t0=$(date +%s)
+  timeout -k 5 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  rc=$?
+  local status=ok
+  [ $rc -eq 124 ] || [ $rc -eq 137 ] && status="timed out"
+  [ $rc -ne 0 ] && [ "$status" = ok ] && status="failed (rc $rc)"
+  printf '%-16s %-16s %4ss\n' "$name" "$status" "$(( $(date +%s) - t0 ))" | tee -a "$OUT/summary.txt"
+  tail -n 4 "$OUT/$name.log"
+}
+
+R="$OUT/results.jsonl"
+step env 30 bash -c "nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; \
+  $PY -c 'import torch, transformers, timm, peft, sapien, mani_skill, hydra, tensordict, gymnasium, math_verify, m2flow; \
+print(\"torch\", torch.__version__, \"transformers\", transformers.__version__, \"timm\", timm.__version__, \"peft\", peft.__version__, \"cuda\", torch.cuda.is_available())'; \
+  nproc; free -g | head -2"
+step vla_oft 80 $PY bench/gpu.py --results "$R" vla --kind oft
+step context_switch 35 $PY bench/context_switch.py --sizes 1e8 5e8 --repeats 3
+step physx 15 $PY bench/gpu.py --results "$R" physx
+step render 40 $PY bench/gpu.py --results "$R" render --num-envs 16 --steps 60
+step reasoning 110 bash -c "$PY bench/gpu.py --results $R qwen --out /tmp/qwen05 && \
+  $PY -c 'from m2flow.cli import train; raise SystemExit(train())' --config-name reasoning_arith_grpo_tiny \
+  model.path=/tmp/qwen05 model.dtype=bfloat16 cluster=reasoning_inprocess_gpu algorithm.reward=math_verify \
+  warm_start.steps=60 warm_start.learning_rate=3e-4 algorithm.learning_rate=1e-6 runner.num_steps=4 \
+  runner.max_minutes=null runner.eval_interval=2 runner.checkpoint_interval=0 runner.progress_bar=false \
+  runner.log_dir=/tmp/runs data.test_size=64"
+step pytest 90 $PY -m pytest -m gpu -p no:cacheprovider -q --timeout 60 -o addopts="" \
+  --ignore=tests/plugin tests
+step pipeline 120 $PY bench/pipeline.py --case vla128 --num-envs 16 --rounds 1 --steps 20 \
+  --cluster gpu_inprocess --set env.render_backend=gpu env.sim_backend=cpu
+step vla_openvla 60 $PY bench/gpu.py --results "$R" vla --kind openvla --batches 8 32 64 --train-batches 8
+cat "$OUT/summary.txt"
