@@ -6,7 +6,7 @@
         bf16 on the GPU, LoRA rank 32 on the LM (fp32 adapters): ``act`` latency per batch size
         (median of 5 after a warm-up) and peak memory; then one learner step per batch size
         (``evaluate_actions``, a PPO-shaped loss, backward, AdamW on the trainable parameters):
-        time and peak memory. ``oft``: OpenVLA-OFT's parallel decoding of an 8-action chunk with
+        time and peak memory (``--gradient-checkpointing``: with the LM's layers recomputed). ``oft``: OpenVLA-OFT's parallel decoding of an 8-action chunk with
         a proprio token; ``openvla``: one action per call, 7 tokens decoded one by one.
         The LM's vocabulary is the tiny BPE's (768), not Llama-2's 32,064: the embedding and
         output rows it lacks are 0.26 B parameters (0.5 GB in bf16).
@@ -63,7 +63,8 @@ def vla(args) -> None:
     size = TINY if args.tiny else {**LLAMA2_7B, "vision": OPENVLA_VISION, "image_size": 224}
     kwargs = {**size, "image_keys": ["rgb"],
               "chunk": 8 if oft else 1, "lora_rank": 32, "dtype": "float32" if args.tiny else "bfloat16",
-              "use_proprio": oft, "trainable": ["proprio", "value_head"]}
+              "use_proprio": oft, "trainable": ["proprio", "value_head"],
+              "gradient_checkpointing": args.gradient_checkpointing}
     spec = EnvSpec({"rgb": (224, 224, 3), "state": (8,), "task": ()}, 7, (-1.0,) * 7,
                    (1.0,) * 7, 200, tasks=("pick up the red cube and place it on the plate",))
     torch.cuda.reset_peak_memory_stats()
@@ -76,7 +77,8 @@ def vla(args) -> None:
     n_params = sum(p.numel() for p in policy.parameters())
     n_train = sum(p.numel() for p in policy.parameters() if p.requires_grad)
     weights = torch.cuda.memory_allocated()
-    rec = {"bench": f"vla_{args.kind}", "params_b": round(n_params / 1e9, 2),
+    rec = {"bench": f"vla_{args.kind}" + ("_ckpt" if args.gradient_checkpointing else ""),
+           "params_b": round(n_params / 1e9, 2),
            "trainable_m": round(n_train / 1e6, 1), "build_s": round(build_s, 1),
            "weights_gib": _gib(weights), "act": {}, "learn": {}}
 
@@ -216,6 +218,8 @@ def main() -> None:
     s.add_argument("--batches", type=int, nargs="+", default=[8, 32, 64])
     s.add_argument("--train-batches", type=int, nargs="+", default=[8, 32])
     s.add_argument("--tiny", action="store_true", help="tiny sizes on the CPU (a smoke run)")
+    s.add_argument("--gradient-checkpointing", action="store_true",
+                   help="policy.kwargs.gradient_checkpointing: recompute LM layers in backward")
     s = sub.add_parser("render")
     s.add_argument("--num-envs", type=int, default=16)
     s.add_argument("--steps", type=int, default=60)
