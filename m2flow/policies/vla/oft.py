@@ -236,10 +236,10 @@ class OpenVLAOFTPolicy(Policy):
         if self.proprio is not None and proprio_file is not None:
             self.proprio.load_state_dict(oft_checkpoint.load_proprio(proprio_file))
         if o.lora_rank > 0:
-            _add_lora(self.vlm.llm, o.lora_rank, o.lora_alpha)
+            self.vlm.add_lora(o.lora_rank, o.lora_alpha)
             self._freeze_all_but(o.trainable)
         if o.gradient_checkpointing:
-            _checkpoint_layers(self.vlm.llm)
+            self.vlm.checkpoint_layers()
         self._set_prompts(env_spec, o, device)
 
     def _load_checkpoint(self, o: OFTOptions, dtype: torch.dtype, device) -> Optional[Path]:
@@ -437,30 +437,6 @@ class OpenVLAOFTPolicy(Policy):
         if self.value_head is None:
             return torch.zeros(obs.batch_size[0], device=self.vlm.projector.fc1.weight.device)
         return self._forward(obs)[1]
-
-
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-def _add_lora(llm: nn.Module, rank: int, alpha: int) -> None:
-    """LoRA adapters in place (peft's ``inject_adapter_in_model``: the module tree keeps its
-    names); the LM's own weights stop training."""
-    from peft import LoraConfig, inject_adapter_in_model
-
-    inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0,
-                                       target_modules=LORA_TARGETS), llm)
-    for name, param in llm.named_parameters():
-        param.requires_grad = "lora_" in name
-
-
-def _checkpoint_layers(llm: nn.Module) -> None:
-    """Hugging Face activation checkpointing of every decoder layer, non-reentrant (inputs that
-    need no gradient, as under LoRA, still get their adapters' gradients)."""
-    kw = {"use_reentrant": False}
-    if hasattr(llm, "activation_checkpointing_enable"):  # transformers >= 5.x's name
-        llm.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
-    else:
-        llm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
 
 
 def _dtype(name: str, device="cpu") -> torch.dtype:

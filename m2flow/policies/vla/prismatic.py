@@ -18,6 +18,7 @@ from torch import nn
 from m2flow.policies.base import PolicyError
 
 PIXEL_MAX = 255.0
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def vision_backbone(name: str, image_size: int, **overrides) -> nn.Module:
@@ -171,3 +172,23 @@ class Prismatic(nn.Module):
         last ids of the tokenizer's vocabulary; the LM's may be padded beyond it)."""
         w = self.llm.get_output_embeddings().weight[first_id : first_id + n_bins]
         return F.linear(hidden, w)
+
+    def add_lora(self, rank: int, alpha: int) -> None:
+        """LoRA adapters on the LM's linear layers, in place (peft's
+        ``inject_adapter_in_model``: the module tree keeps its names); the LM's own weights
+        stop training."""
+        from peft import LoraConfig, inject_adapter_in_model
+
+        inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0,
+                                           target_modules=LORA_TARGETS), self.llm)
+        for name, param in self.llm.named_parameters():
+            param.requires_grad = "lora_" in name
+
+    def checkpoint_layers(self) -> None:
+        """Hugging Face activation checkpointing of every LM decoder layer, non-reentrant
+        (inputs that need no gradient, as under LoRA, still get their adapters' gradients)."""
+        kw = {"use_reentrant": False}
+        if hasattr(self.llm, "activation_checkpointing_enable"):  # transformers >= 5.x's name
+            self.llm.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
+        else:
+            self.llm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
