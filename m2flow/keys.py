@@ -14,6 +14,7 @@ key                               dtype      shape (per row)  written by
 ("obs", "state")                  float32    (D,)             envs: proprio/state vector
 ("obs", "rgb")                    uint8      (H, W, 3)        envs: camera image (rgb obs modes)
 ("obs", "wrist_rgb")              uint8      (H, W, 3)        envs: wrist camera (LIBERO)
+("obs", "privileged")             float32    (P,)             envs: simulator state, critic only
 ("obs", "task")                   int64      ()               multi-task envs: index in spec.tasks
 "action"                          float32    (A,) | (K, A)    policies.act (raw sample; K: chunk)
 "action_tokens"                   int64      (Q,)             token policies (VLA): the action bins
@@ -72,6 +73,7 @@ NEXT = "next"
 STATE = (OBS, "state")
 RGB = (OBS, "rgb")
 WRIST_RGB = (OBS, "wrist_rgb")
+PRIVILEGED = (OBS, "privileged")  # env.privileged_state: for an asymmetric critic, never the actor
 TASK = (OBS, "task")
 
 # policy outputs

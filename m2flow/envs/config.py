@@ -38,6 +38,11 @@ class EnvConfig:
     the published meshes; 0.05 draws 5 % of the robot's, ~3.8x the env steps/s through
     software Vulkan at a 64 px image change of ~1/255 (``m2flow.envs.meshes``). Physics is unchanged. The
     GPU backend always renders the published meshes. Checked by the ManiSkill adapter."""
+    privileged_state: bool = False
+    """ManiSkill: also return ``("obs", "privileged")``, the simulator's full state (every
+    actor's pose and velocities, the robot's joints: ManiSkill's ``get_state()``), for an
+    asymmetric critic (``policy=cnn`` with ``policy.kwargs.critic=privileged``); no actor reads
+    it, so the policy still acts from what the camera and proprio show."""
     step_timeout_s: float = 300.0
     """Envs with one simulator process each: a step or reset that takes longer counts as a
     hung process, which is killed and restarted (its episode is discarded)."""

@@ -41,6 +41,11 @@ class GymnasiumEnv(GymVectorEnv):
                 f"env.obs_mode={cfg.obs_mode!r}: the gymnasium adapter only passes 'state' "
                 "observations; set env.obs_mode=state."
             )
+        if cfg.privileged_state:
+            raise EnvError(
+                "env.privileged_state=true: a gymnasium env's observation is its whole state "
+                "already; set env.privileged_state=false for gym/* envs."
+            )
         if cfg.ignore_terminations:
             raise EnvError(
                 "env.ignore_terminations=true: a generic gymnasium env cannot be stepped past "

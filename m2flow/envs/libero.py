@@ -274,6 +274,11 @@ def check_config(cfg: EnvConfig) -> tuple[str, LiberoOptions]:
             f"env.obs_mode={cfg.obs_mode!r}: LIBERO renders {list(OBS_MODES)} ('rgb': agent "
             "view + wrist images + proprio; 'state': proprio only, nothing rendered)."
         )
+    if cfg.privileged_state:
+        raise EnvError(
+            "env.privileged_state=true: the LIBERO adapter returns no simulator state for a "
+            "critic (ManiSkill's does); set env.privileged_state=false."
+        )
     if cfg.reward_mode not in (None, "sparse"):
         raise EnvError(
             f"env.reward_mode={cfg.reward_mode!r}: LIBERO only has its tasks' success "

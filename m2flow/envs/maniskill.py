@@ -4,7 +4,8 @@ Task: any registered ManiSkill3 task whose assets are on this machine (PushCube,
 StackCube, PullCube, PegInsertionSide, ... need none).
 Observations: ``("obs", "state")`` (D,) float32; with ``obs_mode=rgb`` also ``("obs", "rgb")``
 (H, W, 3) uint8 from the task's camera (``image_size`` square) and ``state`` without the
-privileged object poses ManiSkill keeps out of image modes.
+privileged object poses ManiSkill keeps out of image modes; with ``privileged_state`` also
+``("obs", "privileged")`` (P,) float32, the simulator's full state, for a critic only.
 Actions: the controller's normalised Box (``control_mode``; e.g. 4 for pd_ee_delta_pos).
 Success: the task's own ``evaluate()["success"]``; an episode terminates on success unless
 ``ignore_terminations`` (then it runs to the time limit).
@@ -65,6 +66,12 @@ class ManiSkillEnv(BatchedEnv):
                 f"env.visual_mesh_fraction={cfg.visual_mesh_fraction!r}: keep a fraction of "
                 "the visual-mesh triangles in (0, 1]; 1.0 renders the published meshes."
             )
+        if cfg.privileged_state and cfg.obs_mode == "state":
+            raise EnvError(
+                "env.privileged_state=true adds the simulator state beside camera images; with "
+                "env.obs_mode=state the policy sees that state already. Set env.obs_mode=rgb "
+                "or env.privileged_state=false."
+            )
         rewards = getattr(spec.cls, "SUPPORTED_REWARD_MODES", None)
         if cfg.reward_mode is not None and rewards and cfg.reward_mode not in rewards:
             raise EnvError(
@@ -103,7 +110,7 @@ class ManiSkillEnv(BatchedEnv):
             fraction = _mesh_fraction(cfg, kw["render_backend"])
             make = EnvRecipe(
                 functools.partial(_make_cpu_env, task, cfg.obs_mode, cfg.ignore_terminations, kw,
-                                  fraction),
+                                  fraction, cfg.privileged_state),
                 preload=PRELOAD,
             )
             self._impl: BatchedEnv = GymVectorEnv(
@@ -237,7 +244,7 @@ def _render_backend(cfg: EnvConfig, sim_backend: str) -> str:
 
 
 def _make_cpu_env(task: str, obs_mode: str, ignore_terminations: bool, kw: dict,
-                  visual_mesh_fraction: float = 1.0) -> gym.Env:
+                  visual_mesh_fraction: float = 1.0, privileged: bool = False) -> gym.Env:
     """Runs in a subprocess: one single-env ManiSkill task with numpy, unbatched I/O."""
     import mani_skill.envs  # noqa: F401
     from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
@@ -248,15 +255,31 @@ def _make_cpu_env(task: str, obs_mode: str, ignore_terminations: bool, kw: dict,
         from m2flow.envs import meshes
 
         meshes.install(env, visual_mesh_fraction)
-    return CPUGymWrapper(_flatten(env, obs_mode), ignore_terminations=ignore_terminations)
+    return CPUGymWrapper(_flatten(env, obs_mode, privileged),
+                         ignore_terminations=ignore_terminations)
 
 
-def _flatten(env: gym.Env, obs_mode: str) -> gym.Env:
+def _flatten(env: gym.Env, obs_mode: str, privileged: bool = False) -> gym.Env:
     if obs_mode == "state":
         return env
     from mani_skill.utils.wrappers.flatten import FlattenRGBDObservationWrapper
 
-    return FlattenRGBDObservationWrapper(env, rgb=True, depth=False, state=True)
+    env = FlattenRGBDObservationWrapper(env, rgb=True, depth=False, state=True)
+    return PrivilegedState(env) if privileged else env
+
+
+class PrivilegedState(gym.ObservationWrapper):
+    """Adds ``privileged``: the simulator's flat state (ManiSkill's ``get_state()``: every
+    actor's pose and velocities, each articulation's root pose, joint positions and
+    velocities), (num_envs, P) float32, to the flattened rgb observations."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        base = env.unwrapped
+        base.update_obs_space(self.observation(dict(base._init_raw_obs)))
+
+    def observation(self, observation: dict) -> dict:
+        return {**observation, keys.leaf(keys.PRIVILEGED): self.env.unwrapped.get_state().float()}
 
 
 class _ManiSkillGPU(BatchedEnv):
@@ -270,7 +293,7 @@ class _ManiSkillGPU(BatchedEnv):
         enable_gpu_physx()
         env = gym.make(task, num_envs=cfg.num_envs, sim_backend=sim, **kw)
         self.vec = ManiSkillVectorEnv(
-            _flatten(env, cfg.obs_mode), auto_reset=True,
+            _flatten(env, cfg.obs_mode, cfg.privileged_state), auto_reset=True,
             ignore_terminations=cfg.ignore_terminations,
         )
         self.num_envs = cfg.num_envs

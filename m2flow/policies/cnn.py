@@ -22,7 +22,7 @@ from torch import nn
 from m2flow import keys
 from m2flow.policies.base import PolicyError
 from m2flow.policies.config import PolicyConfig
-from m2flow.policies.mlp import ACTIVATIONS, GaussianActorCritic, _layer
+from m2flow.policies.mlp import ACTIVATIONS, CRITIC_OUT_GAIN, GaussianActorCritic, _layer, mlp
 from m2flow.policies.normalizer import RunningNorm
 
 # The unpadded convs need this many pixels per side to leave a 1x1 map; smaller images are
@@ -33,6 +33,7 @@ PIXEL_MAX = 255.0
 NATURE_ENCODER = "nature"
 TIMM_PREFIX = "timm/"
 TIMM_EXAMPLE = "timm/resnet18"
+SHARED_CRITIC, PRIVILEGED_CRITIC = "shared", "privileged"
 
 
 @dataclass
@@ -45,6 +46,11 @@ class CNNOptions:
     """Image encoder: 'nature' (NatureCNN) or 'timm/<model>', e.g. 'timm/resnet18' (random init)."""
     encoder_weights: str | None = None
     """Local file of a state_dict (torch.save) for the timm backbone, loaded strictly; or None."""
+    critic: str = SHARED_CRITIC
+    """'shared': the critic reads the encoder's features (ManiSkill's rgb baseline); 'privileged':
+    an asymmetric critic, an MLP of its own over the normalised ``("obs", "privileged")``
+    simulator state (``env.privileged_state=true``), while the actor still reads only the image
+    and proprio; the encoder then learns from the actor's loss alone."""
 
 
 def _options(kwargs) -> CNNOptions:
@@ -60,6 +66,11 @@ def _options(kwargs) -> CNNOptions:
         raise PolicyError(
             f"policy.kwargs.encoder={opts.encoder!r}: use {NATURE_ENCODER!r} or "
             f"'{TIMM_PREFIX}<model>', e.g. {TIMM_EXAMPLE!r}."
+        )
+    if opts.critic not in (SHARED_CRITIC, PRIVILEGED_CRITIC):
+        raise PolicyError(
+            f"policy.kwargs.critic={opts.critic!r}: use {SHARED_CRITIC!r} (the image encoder's "
+            f"features) or {PRIVILEGED_CRITIC!r} (the simulator state, env.privileged_state=true)."
         )
     if opts.encoder_weights is not None and not is_timm:
         raise PolicyError(
@@ -223,6 +234,12 @@ class GaussianCNNPolicy(GaussianActorCritic):
         opts = _options(policy_cfg.kwargs)
         if opts.feature_dim < 1:
             raise PolicyError(f"policy.kwargs.feature_dim={opts.feature_dim}: must be >= 1.")
+        if opts.critic == PRIVILEGED_CRITIC and not getattr(env_cfg, "privileged_state", False):
+            raise PolicyError(
+                "policy.kwargs.critic=privileged reads ('obs','privileged'), which the env returns "
+                "only with env.privileged_state=true (ManiSkill); set it, or use "
+                "policy.kwargs.critic=shared."
+            )
 
     def __init__(self, cfg: PolicyConfig, env_spec):
         super().__init__()
@@ -248,6 +265,17 @@ class GaussianCNNPolicy(GaussianActorCritic):
         self._build_heads(opts.feature_dim + state_dim, env_spec.action_dim, cfg)
         use_norm = cfg.normalize_obs and self.has_state
         self.state_norm = RunningNorm(state_dim) if use_norm else nn.Identity()
+        self.privileged_critic = opts.critic == PRIVILEGED_CRITIC
+        if self.privileged_critic:
+            key = keys.leaf(keys.PRIVILEGED)
+            if key not in shapes or len(shapes[key]) != 1:
+                raise PolicyError(
+                    "policy.kwargs.critic=privileged needs a flat ('obs', 'privileged') vector; "
+                    f"this env gives {shapes}. Set env.privileged_state=true (ManiSkill)."
+                )
+            n_priv = shapes[key][0]
+            self.critic = mlp(n_priv, list(cfg.hidden_sizes), 1, cfg.activation, CRITIC_OUT_GAIN)
+            self.privileged_norm = RunningNorm(n_priv)
 
     def _features(self, obs: TensorDict) -> torch.Tensor:
         features = self.encoder(obs[keys.leaf(keys.RGB)])
@@ -255,6 +283,14 @@ class GaussianCNNPolicy(GaussianActorCritic):
             features = torch.cat([features, self.state_norm(obs[keys.leaf(keys.STATE)])], dim=-1)
         return features  # (B, feature_dim + D)
 
+    def _value(self, obs: TensorDict, features: torch.Tensor) -> torch.Tensor:
+        if not self.privileged_critic:
+            return super()._value(obs, features)
+        privileged = self.privileged_norm(obs[keys.leaf(keys.PRIVILEGED)])
+        return self.critic(privileged).squeeze(-1)
+
     def observe(self, batch: TensorDict) -> None:
         if isinstance(self.state_norm, RunningNorm):
             self.state_norm.update(batch[keys.STATE])
+        if self.privileged_critic:
+            self.privileged_norm.update(batch[keys.PRIVILEGED])

@@ -78,8 +78,12 @@ class GaussianActorCritic(Policy):
         mean = self.actor_mean(features)
         return Normal(mean, self.actor_log_std.expand_as(mean).exp())
 
+    def _value(self, obs: TensorDict, features: torch.Tensor) -> torch.Tensor:
+        """The critic's value; subclasses with a critic of its own inputs override it."""
+        return self.critic(features).squeeze(-1)
+
     def value(self, obs: TensorDict) -> torch.Tensor:
-        return self.critic(self._features(obs)).squeeze(-1)
+        return self._value(obs, self._features(obs))
 
     def act(self, batch: TensorDict, deterministic: bool = False) -> TensorDict:
         features = self._features(batch[keys.OBS])
@@ -89,7 +93,7 @@ class GaussianActorCritic(Policy):
             {
                 keys.ACTION: action,
                 keys.LOG_PROB: dist.log_prob(action).sum(-1),
-                keys.VALUE: self.critic(features).squeeze(-1),
+                keys.VALUE: self._value(batch[keys.OBS], features),
             },
             batch_size=batch.batch_size,
         )
@@ -101,7 +105,7 @@ class GaussianActorCritic(Policy):
             {
                 keys.LOG_PROB: dist.log_prob(batch[keys.ACTION]).sum(-1),
                 keys.ENTROPY: dist.entropy().sum(-1),
-                keys.VALUE: self.critic(features).squeeze(-1),
+                keys.VALUE: self._value(batch[keys.OBS], features),
             },
             batch_size=batch.batch_size,
         )

@@ -112,6 +112,48 @@ def test_maniskill_rgb_observations_render_on_this_machine():
         env.close()
 
 
+def test_maniskill_privileged_state_is_the_simulators_state_now():
+    """``env.privileged_state``: ("obs", "privileged") equals ManiSkill's own get_state() of an
+    independent env given the same seed and actions, at the reset and after steps."""
+    import gymnasium as gym
+    import mani_skill.envs  # noqa: F401
+
+    cfg = EnvConfig(name="ManiSkill/PushCube-v1", num_envs=2, obs_mode="rgb", image_size=32,
+                    control_mode="pd_ee_delta_pos", privileged_state=True)
+    env = make_env(cfg)
+    ref = gym.make("PushCube-v1", num_envs=1, obs_mode="state", control_mode="pd_ee_delta_pos",
+                   sim_backend="physx_cpu", render_backend="none")
+    try:
+        assert env.spec.obs_shapes["privileged"] == tuple(ref.unwrapped.get_state().shape[1:])
+        obs = env.reset(seed=[7, 8])["obs"]
+        ref.reset(seed=8)
+        torch.testing.assert_close(obs["privileged"][1], ref.unwrapped.get_state()[0].float())
+        cube = ref.unwrapped.obj.pose.p[0].float()  # the cube's position is in it
+        assert any(torch.allclose(obs["privileged"][1][i:i + 3], cube)
+                   for i in range(obs["privileged"].shape[1] - 2))
+        action = torch.tensor([[0.0, 0.0, -1.0, 0.0], [0.5, -0.5, -1.0, 0.0]])
+        for _ in range(3):
+            out = env.step(action)
+            ref.step(action[1:])
+        moved = out["obs"]["privileged"][1]
+        torch.testing.assert_close(moved, ref.unwrapped.get_state()[0].float(), atol=1e-4, rtol=0)
+        assert (moved - obs["privileged"][1]).abs().max() > 1e-3  # the arm moved: not the reset's
+    finally:
+        env.close()
+        ref.close()
+
+
+@pytest.mark.parametrize("name,obs_mode,fix", [
+    ("ManiSkill/PushCube-v1", "state", "env.obs_mode=rgb"),
+    ("gym/Pendulum-v1", "state", "gym/\\* envs"),
+    ("LIBERO/libero_spatial", "rgb", "ManiSkill's does"),
+])
+def test_privileged_state_where_it_cannot_be_given_is_one_line(name, obs_mode, fix):
+    with pytest.raises(EnvError, match=f"env.privileged_state=true.*{fix}"):
+        env_class(name).check_config(EnvConfig(name=name, obs_mode=obs_mode,
+                                               privileged_state=True))
+
+
 def test_importing_envs_imports_no_simulator():
     import subprocess
     import sys

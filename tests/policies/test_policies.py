@@ -4,6 +4,7 @@ from tensordict import TensorDict
 
 from m2flow.envs import EnvSpec
 from m2flow.policies import PolicyConfig, PolicyError, make_policy, registered_policies
+from m2flow.policies.registry import policy_class
 
 STATE_SPEC = EnvSpec({"state": (7,)}, 3, (-1.0,) * 3, (1.0,) * 3, 50)
 RGB_SPEC = EnvSpec({"rgb": (64, 64, 3), "state": (5,)}, 3, (-1.0,) * 3, (1.0,) * 3, 50)
@@ -111,6 +112,49 @@ def test_cnn_gradients_reach_the_conv_weights_through_evaluate():
     (ev["log_prob"].sum() + ev["value"].sum()).backward()
     for conv in (m for m in pi.encoder.modules() if isinstance(m, torch.nn.Conv2d)):
         assert conv.weight.grad is not None and conv.weight.grad.abs().sum() > 0
+
+
+PRIV_SPEC = EnvSpec({"rgb": (36, 36, 3), "state": (5,), "privileged": (9,)}, 3, (-1.0,) * 3,
+                    (1.0,) * 3, 50)
+
+
+def test_cnn_privileged_critic_reads_only_the_simulator_state_and_the_actor_never_does():
+    torch.manual_seed(0)
+    pi = make_policy(PolicyConfig(name="cnn", hidden_sizes=[16],
+                                  kwargs={"critic": "privileged"}), PRIV_SPEC)
+    b = random_obs(PRIV_SPEC, 4)
+    pi.observe(b)  # the privileged vector is normalised by what the policy has seen
+    other_image = b.clone()
+    other_image["obs", "rgb"] = torch.randint(0, 256, (4, 36, 36, 3), dtype=torch.uint8)
+    other_image["obs", "state"] = torch.randn(4, 5)
+    torch.testing.assert_close(pi.value(other_image["obs"]), pi.value(b["obs"]))
+    other_priv = b.clone()
+    other_priv["obs", "privileged"] = torch.randn(4, 9)
+    assert not torch.allclose(pi.value(other_priv["obs"]), pi.value(b["obs"]))
+    det = pi.act(b, deterministic=True)["action"]
+    torch.testing.assert_close(pi.act(other_priv, deterministic=True)["action"], det)
+    # by hand: the critic MLP over (x - mean) / std of the privileged vector
+    x = b["obs", "privileged"]
+    z = (x - x.mean(0)) / torch.sqrt(x.var(0, unbiased=False) + 1e-8)
+    torch.testing.assert_close(pi.value(b["obs"]), pi.critic(z).squeeze(-1))
+    # the value loss trains the critic alone: no gradient reaches the image encoder
+    b["action"] = torch.randn(4, 3)
+    pi.evaluate_actions(b)["value"].sum().backward()
+    assert all(p.grad is None for p in pi.encoder.parameters())
+    assert all(p.grad is not None for p in pi.critic.parameters())
+
+
+def test_cnn_privileged_critic_needs_the_envs_privileged_state():
+    from m2flow.envs import EnvConfig
+
+    cfg = PolicyConfig(name="cnn", kwargs={"critic": "privileged"})
+    env_cfg = EnvConfig(name="ManiSkill/PushCube-v1", obs_mode="rgb")
+    with pytest.raises(PolicyError, match="env.privileged_state=true"):
+        policy_class("cnn").check_config(cfg, env_cfg)
+    with pytest.raises(PolicyError, match="env.privileged_state=true"):
+        make_policy(cfg, RGB_SPEC)
+    with pytest.raises(PolicyError, match="policy.kwargs.critic='actor'"):
+        make_policy(PolicyConfig(name="cnn", kwargs={"critic": "actor"}), PRIV_SPEC)
 
 
 def test_cnn_refuses_state_only_observations():
