@@ -22,7 +22,8 @@ from torch import nn
 from m2flow import keys
 from m2flow.policies.base import PolicyError
 from m2flow.policies.config import PolicyConfig
-from m2flow.policies.mlp import ACTIVATIONS, CRITIC_OUT_GAIN, GaussianActorCritic, _layer, mlp
+from m2flow.policies import critics
+from m2flow.policies.mlp import ACTIVATIONS, GaussianActorCritic, _layer
 from m2flow.policies.normalizer import RunningNorm
 
 # The unpadded convs need this many pixels per side to leave a 1x1 map; smaller images are
@@ -33,7 +34,7 @@ PIXEL_MAX = 255.0
 NATURE_ENCODER = "nature"
 TIMM_PREFIX = "timm/"
 TIMM_EXAMPLE = "timm/resnet18"
-SHARED_CRITIC, PRIVILEGED_CRITIC = "shared", "privileged"
+SHARED_CRITIC, PRIVILEGED_CRITIC = "shared", critics.PRIVILEGED
 
 
 @dataclass
@@ -234,12 +235,8 @@ class GaussianCNNPolicy(GaussianActorCritic):
         opts = _options(policy_cfg.kwargs)
         if opts.feature_dim < 1:
             raise PolicyError(f"policy.kwargs.feature_dim={opts.feature_dim}: must be >= 1.")
-        if opts.critic == PRIVILEGED_CRITIC and not getattr(env_cfg, "privileged_state", False):
-            raise PolicyError(
-                "policy.kwargs.critic=privileged reads ('obs','privileged'), which the env returns "
-                "only with env.privileged_state=true (ManiSkill); set it, or use "
-                "policy.kwargs.critic=shared."
-            )
+        if opts.critic == PRIVILEGED_CRITIC:
+            critics.check_env(env_cfg, "policy.kwargs.critic")
 
     def __init__(self, cfg: PolicyConfig, env_spec):
         super().__init__()
@@ -266,16 +263,9 @@ class GaussianCNNPolicy(GaussianActorCritic):
         use_norm = cfg.normalize_obs and self.has_state
         self.state_norm = RunningNorm(state_dim) if use_norm else nn.Identity()
         self.privileged_critic = opts.critic == PRIVILEGED_CRITIC
-        if self.privileged_critic:
-            key = keys.leaf(keys.PRIVILEGED)
-            if key not in shapes or len(shapes[key]) != 1:
-                raise PolicyError(
-                    "policy.kwargs.critic=privileged needs a flat ('obs', 'privileged') vector; "
-                    f"this env gives {shapes}. Set env.privileged_state=true (ManiSkill)."
-                )
-            n_priv = shapes[key][0]
-            self.critic = mlp(n_priv, list(cfg.hidden_sizes), 1, cfg.activation, CRITIC_OUT_GAIN)
-            self.privileged_norm = RunningNorm(n_priv)
+        if self.privileged_critic:  # replaces the critic over the encoder's features
+            n_priv = critics.privileged_dim(shapes, "policy.kwargs.critic")
+            self.critic = critics.PrivilegedCritic(n_priv, cfg.hidden_sizes, cfg.activation)
 
     def _features(self, obs: TensorDict) -> torch.Tensor:
         features = self.encoder(obs[keys.leaf(keys.RGB)])
@@ -286,11 +276,10 @@ class GaussianCNNPolicy(GaussianActorCritic):
     def _value(self, obs: TensorDict, features: torch.Tensor) -> torch.Tensor:
         if not self.privileged_critic:
             return super()._value(obs, features)
-        privileged = self.privileged_norm(obs[keys.leaf(keys.PRIVILEGED)])
-        return self.critic(privileged).squeeze(-1)
+        return self.critic(obs)
 
     def observe(self, batch: TensorDict) -> None:
         if isinstance(self.state_norm, RunningNorm):
             self.state_norm.update(batch[keys.STATE])
         if self.privileged_critic:
-            self.privileged_norm.update(batch[keys.PRIVILEGED])
+            self.critic.observe(batch)

@@ -137,8 +137,9 @@ def test_a_grpo_update_where_some_episodes_succeed_trains_on_hand_computed_advan
 
 
 def test_maniskill_pushcube_ppo_openvla_oft_tiny_runs_token_level_ppo(tmp_path, capsys):
-    """The OFT PPO config (per-token ratios, the value head, rgb + wrist camera) runs an update
-    on real ManiSkill envs: its learner reads the rollout's per-token log-probs."""
+    """The OFT PPO config (per-token ratios, the privileged critic on the simulator state, rgb
+    + wrist camera) runs an update on real ManiSkill envs: its learner reads the rollout's
+    per-token log-probs."""
     rc = train(["--config-name", "maniskill_pushcube_ppo_openvla_oft_tiny", "cluster=inprocess",
                 "runner.num_iterations=1", "runner.rollout_steps=2", "env.num_envs=2",
                 "runner.eval_interval=0", "env.max_episode_steps=16",

@@ -224,6 +224,46 @@ def test_under_lora_only_adapters_and_named_heads_train_and_a_step_leaves_the_re
     assert {"proprio.fc1.weight", "value_head.weight"} <= changed
 
 
+def test_privileged_critic_scores_the_simulator_state_trains_under_lora_and_needs_the_env():
+    """``critic=privileged``: the value is an MLP of the normalised ("obs", "privileged")
+    vector (computed here by hand), no value head exists, the actor's tokens do not depend on
+    it, and under LoRA it is what trains during the critic warm-up."""
+    from m2flow.envs import EnvConfig
+
+    torch.manual_seed(0)
+    priv_spec = EnvSpec({"rgb": (32, 32, 3), "state": (8,), "task": (), "privileged": (11,)}, 7,
+                        (-1.0,) * 7, (1.0,) * 7, 10, tasks=TASKS)
+    cfg = PolicyConfig(name="openvla_oft", kwargs={**KW, "lora_rank": 4, "critic": "privileged"})
+    p = make_policy(cfg, priv_spec)
+    assert p.value_head is None
+    assert set(p.critic_parameter_names()) == {n for n, _ in p.named_parameters()
+                                               if n.startswith("critic.")}
+    assert all(t.requires_grad for t in p.critic.parameters())
+    o = obs(4)
+    o["privileged"] = torch.randn(4, 11) * 3 + 1
+    p.observe(TensorDict({"obs": o}, batch_size=[4]))
+    x = o["privileged"]
+    z = ((x - x.mean(0)) / torch.sqrt(x.var(0, unbiased=False) + 1e-8)).clamp(-10, 10)
+    h = torch.tanh(F.linear(z, p.critic.net[0].weight, p.critic.net[0].bias))
+    h = torch.tanh(F.linear(h, p.critic.net[2].weight, p.critic.net[2].bias))
+    by_hand = F.linear(h, p.critic.net[4].weight, p.critic.net[4].bias).squeeze(-1)
+    out = p.act(TensorDict({"obs": o}, batch_size=[4]), deterministic=True)
+    torch.testing.assert_close(out["value"], by_hand)
+    torch.testing.assert_close(p.value(o), by_hand)
+    o2 = o.clone()
+    o2["privileged"] = torch.randn(4, 11)
+    out2 = p.act(TensorDict({"obs": o2}, batch_size=[4]), deterministic=True)
+    assert torch.equal(out2["action_tokens"], out["action_tokens"])
+    assert not torch.allclose(out2["value"], out["value"])
+    with pytest.raises(PolicyError, match="env.privileged_state=true"):
+        registry.policy_class("openvla_oft").check_config(
+            cfg, EnvConfig(name="ManiSkill/PushCube-v1", obs_mode="rgb"))
+    with pytest.raises(PolicyError, match="env.privileged_state=true"):
+        make_policy(cfg, spec())
+    with pytest.raises(PolicyError, match="policy.kwargs.critic='value'"):
+        make_policy(PolicyConfig(name="openvla_oft", kwargs={**KW, "critic": "value"}), spec())
+
+
 def test_trainable_names_are_checked():
     with pytest.raises(PolicyError, match=r"policy.kwargs.trainable: 'projektor' .*projector"):
         tiny_policy(lora_rank=4, trainable=["projektor"])

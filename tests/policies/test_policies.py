@@ -136,7 +136,7 @@ def test_cnn_privileged_critic_reads_only_the_simulator_state_and_the_actor_neve
     # by hand: the critic MLP over (x - mean) / std of the privileged vector
     x = b["obs", "privileged"]
     z = (x - x.mean(0)) / torch.sqrt(x.var(0, unbiased=False) + 1e-8)
-    torch.testing.assert_close(pi.value(b["obs"]), pi.critic(z).squeeze(-1))
+    torch.testing.assert_close(pi.value(b["obs"]), pi.critic.net(z).squeeze(-1))
     # the value loss trains the critic alone: no gradient reaches the image encoder
     b["action"] = torch.randn(4, 3)
     pi.evaluate_actions(b)["value"].sum().backward()

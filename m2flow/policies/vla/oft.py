@@ -18,7 +18,8 @@ sampled with temperature and top-k for RL, argmax when deterministic. Log-probs 
 sampled bins under ``softmax(logits / temperature)`` over all 256 bins, computed the same way at
 rollout and in training (RLinf's ``compute_logprobs_from_logits``; with ``top_k`` > 0 RLinf
 scores under the top-k-truncated distribution instead, the same at its published ``top_k: -1``).
-An optional value head reads the last prompt token's state (RLinf's critic input).
+An optional value head reads the last prompt token's state (RLinf's critic input), or a
+privileged critic the simulator state (``critic``).
 
 Images go through OpenVLA's evaluation preprocessing first (:mod:`.preprocess`: JPEG round trip
 and Lanczos3 resize for frames of another size, centre crop); decoded actions are un-normalised
@@ -44,6 +45,7 @@ from torch import nn
 from m2flow import keys
 from m2flow.policies.action_tokenizer import N_BINS, ActionStats, ActionTokenizer
 from m2flow.policies.base import Policy, PolicyError
+from m2flow.policies import critics
 from m2flow.policies.config import PolicyConfig
 from m2flow.policies.vla import checkpoint as vla_checkpoint
 from m2flow.policies.vla import oft_checkpoint
@@ -54,6 +56,8 @@ from m2flow.policies.vla.text import prompt, tiny_tokenizer
 TRAINABLE = ("proprio", "value_head", "queries", "projector", "vision")
 """Parts that may train beside the LoRA adapters (``policy.kwargs.trainable``)."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+CRITICS = ("head", critics.PRIVILEGED)
+PRIVILEGED_HIDDEN = [256, 256]
 
 
 @dataclass
@@ -84,6 +88,8 @@ class OFTOptions:
     """Sample among the k likeliest bins (0: all)."""
     value_head: bool = True
     """A critic on the last prompt token's state (PPO); GRPO does not need it."""
+    critic: str = "head"
+    """'privileged': an MLP over the simulator state instead (:mod:`m2flow.policies.critics`)."""
     unnorm: Optional[dict] = None
     """{q01, q99, mask}: un-normalise actions into env units (None: actions are in [-1, 1])."""
     checkpoint: Optional[str] = None
@@ -144,6 +150,9 @@ def _options(kwargs) -> OFTOptions:
         if getattr(opts, name) not in allowed:
             raise PolicyError(f"policy.kwargs.{name}={getattr(opts, name)!r}: use one of "
                               f"{list(allowed)}.")
+    if opts.critic not in CRITICS:
+        raise PolicyError(f"policy.kwargs.critic={opts.critic!r}: use one of {list(CRITICS)} "
+                          "('head': a value head on the LM; 'privileged': the simulator state).")
     bad = [t for t in opts.trainable if t not in TRAINABLE]
     if bad:
         raise PolicyError(f"policy.kwargs.trainable: {bad[0]!r} is not a part of the policy; "
@@ -188,6 +197,8 @@ class OpenVLAOFTPolicy(Policy):
             )
         if o.lora_rank < 0:
             raise PolicyError(f"policy.kwargs.lora_rank={o.lora_rank}: must be >= 0 (0: no LoRA).")
+        if o.critic == critics.PRIVILEGED:
+            critics.check_env(env_cfg, "policy.kwargs.critic")
         if o.checkpoint is not None:
             _check_checkpoint(o)
 
@@ -232,7 +243,11 @@ class OpenVLAOFTPolicy(Policy):
             self.proprio = ProprioProjector(shapes["state"][0], h) if self.use_proprio else None
             # the placeholders' embeddings: zero, as openvla-oft's masked input embeddings
             self.queries = nn.Parameter(torch.zeros(self.num_queries, h))
-            self.value_head = nn.Linear(h, 1) if o.value_head else None
+            privileged = o.critic == critics.PRIVILEGED
+            self.value_head = nn.Linear(h, 1) if o.value_head and not privileged else None
+            self.critic = (critics.PrivilegedCritic(
+                critics.privileged_dim(shapes, "policy.kwargs.critic"), PRIVILEGED_HIDDEN)
+                if privileged else None)
         if self.proprio is not None and proprio_file is not None:
             self.proprio.load_state_dict(oft_checkpoint.load_proprio(proprio_file))
         if o.lora_rank > 0:
@@ -268,7 +283,8 @@ class OpenVLAOFTPolicy(Policy):
 
     def trainable_parts(self, names) -> dict[str, nn.Module]:
         """The modules (or parameters) ``policy.kwargs.trainable`` names, those this policy has."""
-        parts = {"proprio": self.proprio, "value_head": self.value_head,
+        value = self.value_head if self.critic is None else self.critic
+        parts = {"proprio": self.proprio, "value_head": value,
                  "queries": self.queries, "projector": self.vlm.projector,
                  "vision": self.vlm.backbones}
         return {n: parts[n] for n in names if parts.get(n) is not None}
@@ -314,9 +330,16 @@ class OpenVLAOFTPolicy(Policy):
         first = embeds.shape[1] - tail.shape[1] - 1
         hidden = hidden[:, first : first + q]  # (B, Q, h)
         logits = self.vlm.action_logits(hidden, self.actions.first_id, N_BINS).float()
-        value = (self.value_head(hidden[:, 0].float()).squeeze(-1) if self.value_head
-                 else None)
-        return logits, value
+        return logits, self._value(obs, hidden[:, 0])
+
+    def _value(self, obs: TensorDict, hidden_last_prompt: torch.Tensor) -> Optional[torch.Tensor]:
+        """The critic's (B,) values: the privileged critic's, the value head's on the last
+        prompt token's state, or None without either."""
+        if self.critic is not None:
+            return self.critic(obs)
+        if self.value_head is None:
+            return None
+        return self.value_head(hidden_last_prompt.float()).squeeze(-1)
 
     def _hidden(self, obs: TensorDict, tail: torch.Tensor, bidirectional_tail: bool,
                 keep: Optional[int] = None) -> torch.Tensor:
@@ -434,9 +457,15 @@ class OpenVLAOFTPolicy(Policy):
         }, batch_size=[b])
 
     def value(self, obs: TensorDict) -> torch.Tensor:
+        if self.critic is not None:  # no LM forward for it
+            return self.critic(obs)
         if self.value_head is None:
             return torch.zeros(obs.batch_size[0], device=self.vlm.projector.fc1.weight.device)
         return self._forward(obs)[1]
+
+    def observe(self, batch: TensorDict) -> None:
+        if self.critic is not None:
+            self.critic.observe(batch)
 
 
 def _dtype(name: str, device="cpu") -> torch.dtype:

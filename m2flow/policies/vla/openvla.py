@@ -54,11 +54,6 @@ class OpenVLAPolicy(OpenVLAOFTPolicy):
         hidden = self._hidden(obs, tail, bidirectional_tail=False, keep=keep)
         return hidden, self.vlm.action_logits(hidden, self.actions.first_id, N_BINS).float()
 
-    def _value(self, hidden_last_prompt: torch.Tensor) -> Optional[torch.Tensor]:
-        if self.value_head is None:
-            return None
-        return self.value_head(hidden_last_prompt.float()).squeeze(-1)
-
     def _forward(self, obs: TensorDict, bins: Optional[torch.Tensor] = None):
         """Teacher-forced: logits (B, A, 256) of each of ``bins``' tokens, and the value."""
         b, a = obs.batch_size[0], self.action_dim
@@ -66,7 +61,7 @@ class OpenVLAPolicy(OpenVLAOFTPolicy):
         if bins is None:
             bins = torch.zeros(b, a, dtype=torch.long, device=dev)
         hidden, logits = self._step(obs, bins[:, : a - 1].to(dev), keep=a)
-        return logits, self._value(hidden[:, 0])
+        return logits, self._value(obs, hidden[:, 0])
 
     @torch.no_grad()
     def act(self, batch: TensorDict, deterministic: bool = False) -> TensorDict:
@@ -80,7 +75,7 @@ class OpenVLAPolicy(OpenVLAOFTPolicy):
         embeds, allowed, positions, valid = self._sequence(obs, empty, bidirectional_tail=False)
         cache = DynamicCache(config=self.vlm.llm.config)
         hidden = self.vlm.hidden_states(embeds, allowed, positions, cache=cache)[:, -1:]
-        value = self._value(hidden[:, 0])
+        value = self._value(obs, hidden[:, 0])
         keys_valid, pos = valid, positions[:, -1:]
         chosen = []
         for j in range(self.action_dim):

@@ -1,0 +1,55 @@
+"""An asymmetric critic: an MLP over the simulator state (``("obs", "privileged")``,
+``env.privileged_state=true``) that no actor reads, shared by the image policies.
+
+The actor of a policy from pixels must act on what its camera shows, but its critic only
+scores states during training, so it may read the simulator's full state: advantages then
+come from a value function as good as a state policy's, instead of one the critic must first
+learn to read from images (or, on a VLA, from the first action query of a backbone trained
+by behaviour cloning). Evaluation never calls it.
+"""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from m2flow import keys
+from m2flow.policies.base import PolicyError
+from m2flow.policies.mlp import CRITIC_OUT_GAIN, mlp
+from m2flow.policies.normalizer import RunningNorm
+
+PRIVILEGED = "privileged"
+
+
+def privileged_dim(obs_shapes: dict, option: str) -> int:
+    """The width of the flat privileged vector the env gives; PolicyError naming the fix."""
+    key = keys.leaf(keys.PRIVILEGED)
+    if key not in obs_shapes or len(obs_shapes[key]) != 1:
+        raise PolicyError(f"{option}=privileged needs a flat ('obs', 'privileged') vector; this "
+                          f"env gives {obs_shapes}. Set env.privileged_state=true (ManiSkill).")
+    return obs_shapes[key][0]
+
+
+def check_env(env_cfg, option: str) -> None:
+    """At start-up: the env config must ask for the privileged state."""
+    if not getattr(env_cfg, "privileged_state", False):
+        raise PolicyError(f"{option}=privileged reads ('obs','privileged'), which the env "
+                          "returns only with env.privileged_state=true (ManiSkill); set it, or "
+                          f"use another {option}.")
+
+
+class PrivilegedCritic(nn.Module):
+    """``value(obs)``: an MLP over the running-normalised privileged vector, (B,) float32."""
+
+    def __init__(self, dim: int, hidden: list[int], activation: str = "tanh"):
+        super().__init__()
+        self.norm = RunningNorm(dim)
+        self.net = mlp(dim, list(hidden), 1, activation, CRITIC_OUT_GAIN)
+
+    def forward(self, obs: TensorDict) -> torch.Tensor:
+        x = obs[keys.leaf(keys.PRIVILEGED)].float()
+        return self.net(self.norm(x)).squeeze(-1)
+
+    def observe(self, batch: TensorDict) -> None:
+        self.norm.update(batch[keys.PRIVILEGED].float())
