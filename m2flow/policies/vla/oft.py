@@ -200,7 +200,7 @@ class OpenVLAOFTPolicy(Policy):
         if o.critic == critics.PRIVILEGED:
             critics.check_env(env_cfg, "policy.kwargs.critic")
         if o.checkpoint is not None:
-            _check_checkpoint(o)
+            oft_checkpoint.check_options(o)
 
     def __init__(self, cfg: PolicyConfig, env_spec, device: str = "cpu"):
         super().__init__()
@@ -260,7 +260,7 @@ class OpenVLAOFTPolicy(Policy):
     def _load_checkpoint(self, o: OFTOptions, dtype: torch.dtype, device) -> Optional[Path]:
         """The VLM (in ``dtype`` on ``device``), tokenizer and statistics of
         ``o.checkpoint``; returns its proprio projector file (or None)."""
-        proprio_file = _check_checkpoint(o)
+        proprio_file = oft_checkpoint.check_options(o)
         self.vlm, _ = vla_checkpoint.load(o.checkpoint, dtype=dtype, device=device)
         self.tokenizer = vla_checkpoint.load_tokenizer(o.checkpoint)
         self.norm_stats = vla_checkpoint.norm_stats(o.checkpoint)
@@ -480,29 +480,3 @@ def _dtype(name: str, device="cpu") -> torch.dtype:
     if name not in DTYPES:
         raise PolicyError(f"policy.kwargs.dtype={name!r}: use 'auto', 'float32' or 'bfloat16'.")
     return DTYPES[name]
-
-
-def _check_checkpoint(o: OFTOptions) -> Optional[Path]:
-    """Start-up checks of ``policy.kwargs.checkpoint`` (file names and config.json only);
-    returns its proprio projector file or None."""
-    ckpt = o.checkpoint
-    if not (Path(ckpt).expanduser() / "config.json").is_file():
-        raise PolicyError(
-            f"policy.kwargs.checkpoint={ckpt!r}: no config.json there; give a local "
-            "directory in OpenVLA's Hugging Face layout, or null for the tiny model."
-        )
-    proprio = oft_checkpoint.check_layout(ckpt)
-    if o.use_proprio and proprio is None:
-        raise PolicyError(
-            f"policy.kwargs.use_proprio=true, but {ckpt!r} has no proprio_projector--*.pt; "
-            "set policy.kwargs.use_proprio: false (or null: follow the checkpoint)."
-        )
-    if o.unnorm_key is not None:
-        vla_checkpoint.check_unnorm_key(ckpt, o.unnorm_key)
-    elif proprio is not None and o.use_proprio is not False:
-        raise PolicyError(
-            f"policy.kwargs.unnorm_key is needed: {ckpt!r} has a proprio projector, and the state "
-            "is normalised with a dataset's statistics; set unnorm_key (e.g. "
-            "libero_spatial_no_noops) or use_proprio: false."
-        )
-    return proprio

@@ -26,6 +26,7 @@ from typing import Optional
 import torch
 
 from m2flow.policies.base import PolicyError
+from m2flow.policies.vla import checkpoint as vla_checkpoint
 
 PROPRIO = "proprio_projector"
 REFUSED = {  # file prefix -> what it is
@@ -84,3 +85,29 @@ def proprio_bounds(stats: dict, key: str, path: str) -> dict:
             "false or use the checkpoint's own dataset_statistics.json."
         )
     return entry
+
+
+def check_options(o) -> Optional[Path]:
+    """Start-up checks of ``policy.kwargs.checkpoint`` against the other options ``o``
+    (``OFTOptions``; file names and config.json only): its proprio projector file or None."""
+    ckpt = o.checkpoint
+    if not (Path(ckpt).expanduser() / "config.json").is_file():
+        raise PolicyError(
+            f"policy.kwargs.checkpoint={ckpt!r}: no config.json there; give a local "
+            "directory in OpenVLA's Hugging Face layout, or null for the tiny model."
+        )
+    proprio = check_layout(ckpt)
+    if o.use_proprio and proprio is None:
+        raise PolicyError(
+            f"policy.kwargs.use_proprio=true, but {ckpt!r} has no proprio_projector--*.pt; "
+            "set policy.kwargs.use_proprio: false (or null: follow the checkpoint)."
+        )
+    if o.unnorm_key is not None:
+        vla_checkpoint.check_unnorm_key(ckpt, o.unnorm_key)
+    elif proprio is not None and o.use_proprio is not False:
+        raise PolicyError(
+            f"policy.kwargs.unnorm_key is needed: {ckpt!r} has a proprio projector, and the state "
+            "is normalised with a dataset's statistics; set unnorm_key (e.g. "
+            "libero_spatial_no_noops) or use_proprio: false."
+        )
+    return proprio
