@@ -58,7 +58,8 @@ class PPOConfig(AlgorithmConfig):
     logprob_level: str = "chunk"
     """The unit of the policy ratio: 'chunk' (everything one policy call decided, summed),
     'action' (the tokens of one action summed) or 'token' (each action token; VLA policies).
-    A chunk's 56 tokens summed make a ratio one update moves far past ``clip_coef``."""
+    A chunk's tokens summed (LIBERO's 8 x 7: 56) make a ratio one update moves far past
+    ``clip_coef``."""
 
     def validate(self) -> None:
         super().validate()
