@@ -20,9 +20,9 @@ from tensordict import TensorDict
 from torch import nn
 
 from m2flow import keys
+from m2flow.policies import critics
 from m2flow.policies.base import PolicyError
 from m2flow.policies.config import PolicyConfig
-from m2flow.policies import critics
 from m2flow.policies.mlp import ACTIVATIONS, GaussianActorCritic, _layer
 from m2flow.policies.normalizer import RunningNorm
 
@@ -277,6 +277,11 @@ class GaussianCNNPolicy(GaussianActorCritic):
         if not self.privileged_critic:
             return super()._value(obs, features)
         return self.critic(obs)
+
+    def value(self, obs: TensorDict) -> torch.Tensor:
+        if self.privileged_critic:  # no image encoder forward for it
+            return self.critic(obs)
+        return super().value(obs)
 
     def observe(self, batch: TensorDict) -> None:
         if isinstance(self.state_norm, RunningNorm):
