@@ -3,6 +3,8 @@
 ``test/Counter``: env i's observation is ``[seed_i, t, last action]``; episodes last 5 steps.
 ``test/CounterProc``: the same env, one subprocess per env (steps in the background, like
 ManiSkill's CPU backend).
+``test/Rendezvous``: a process env whose reset waits until ``kwargs.parties`` resets (of any
+env object) have started, so it fails unless resets of separate envs run at the same time.
 ``test/echo``: action = 0.1 * (seed + t) of the observation; deterministic, no sampling.
 """
 
@@ -88,6 +90,33 @@ class CounterProcEnv(GymVectorEnv):
         super().__init__([CounterGym] * cfg.num_envs, processes=True, max_episode_steps=EPISODE)
 
 
+class RendezvousGym(CounterGym):
+    """Its reset marks ``folder`` and waits (up to 30 s) for ``parties`` marks."""
+
+    def __init__(self, folder: str, parties: int):
+        super().__init__()
+        self.folder, self.parties = folder, parties
+
+    def reset(self, *, seed=None, options=None):
+        import os
+        import time
+        open(os.path.join(self.folder, f"{os.getpid()}-{seed}"), "w").close()
+        deadline = time.monotonic() + 30
+        while len(os.listdir(self.folder)) < self.parties:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"reset alone: {len(os.listdir(self.folder))} of "
+                                   f"{self.parties} resets started")
+            time.sleep(0.05)
+        return super().reset(seed=seed, options=options)
+
+
+class RendezvousProcEnv(GymVectorEnv):
+    def __init__(self, cfg, device: str = "cpu"):
+        from functools import partial
+        fn = partial(RendezvousGym, cfg.kwargs["folder"], cfg.kwargs["parties"])
+        super().__init__([fn] * cfg.num_envs, processes=True, max_episode_steps=EPISODE)
+
+
 class EchoPolicy(Policy):
     def __init__(self, cfg, env_spec):
         super().__init__()
@@ -115,4 +144,5 @@ class EchoPolicy(Policy):
 def register() -> None:
     register_env("test/Counter", CounterEnv, override=True)
     register_env("test/CounterProc", CounterProcEnv, override=True)
+    register_env("test/Rendezvous", RendezvousProcEnv, override=True)
     register_policy("test/echo", EchoPolicy, override=True)

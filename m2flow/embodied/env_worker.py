@@ -227,13 +227,12 @@ class EnvWorker(Worker):
         if tasks is None:
             tasks = resets.train_tasks(len(self.spec().tasks), num_envs=self.num_envs,
                                        rank=self.rank, iteration=iteration, group_size=g)
-        out = []
-        with self.timer("sim"):
+        with self.timer("sim"):  # every group's resets at once, then their first obs
             for env, s, t in zip(self.envs, resets.split(seeds, self.sizes),
                                  resets.split(tasks, self.sizes)):
                 kw = {} if t is None else {"task": t}
-                out.append(env.reset(seed=s, rebuild=rebuild, **kw)[keys.OBS])
-        return out
+                env.reset_async(seed=s, rebuild=rebuild, **kw)
+            return [env.reset_wait()[keys.OBS] for env in self.envs]
 
     def close(self) -> None:
         for env in self.envs:

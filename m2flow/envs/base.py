@@ -75,6 +75,18 @@ class BatchedEnv(ABC):
         obs of a fresh episode, and the step and the episode it ended are not data.
         """
 
+    def reset_async(self, seed: Optional[Sequence[int]] = None, *, rebuild: bool = False,
+                    **kw) -> None:
+        """Starts ``reset`` and returns at once where the simulators run elsewhere
+        (processes); ``reset_wait`` returns its result. Lets several envs reset at the same
+        time (an env worker's groups). Default: the reset runs in ``reset_wait``."""
+        self._pending_reset = (seed, rebuild, kw)
+
+    def reset_wait(self) -> TensorDict:
+        """The result of the reset started by ``reset_async``."""
+        (seed, rebuild, kw), self._pending_reset = self._pending_reset, None
+        return self.reset(seed, rebuild=rebuild, **kw)
+
     def step_async(self, action: torch.Tensor) -> None:
         """Starts a step and returns at once where the simulator runs elsewhere (processes);
         ``step_wait`` returns its result. Lets several envs simulate at the same time.

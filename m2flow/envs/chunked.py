@@ -48,6 +48,13 @@ class ChunkedEnv(BatchedEnv):
     def reset(self, seed: Optional[Sequence[int]] = None, *, rebuild: bool = False, **kw):
         return self.env.reset(seed, rebuild=rebuild, **kw)
 
+    def reset_async(self, seed: Optional[Sequence[int]] = None, *, rebuild: bool = False,
+                    **kw) -> None:
+        self.env.reset_async(seed, rebuild=rebuild, **kw)
+
+    def reset_wait(self) -> TensorDict:
+        return self.env.reset_wait()
+
     def step(self, action: torch.Tensor) -> TensorDict:
         self.step_async(action)
         return self.step_wait()

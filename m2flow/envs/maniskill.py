@@ -132,6 +132,13 @@ class ManiSkillEnv(BatchedEnv):
     def step(self, action: torch.Tensor) -> TensorDict:
         return self._impl.step(action)
 
+    def reset_async(self, seed: Optional[Sequence[int]] = None, *,
+                    rebuild: bool = False) -> None:
+        self._impl.reset_async(seed, rebuild=rebuild)
+
+    def reset_wait(self) -> TensorDict:
+        return self._impl.reset_wait()
+
     def step_async(self, action: torch.Tensor) -> None:
         self._impl.step_async(action)
 

@@ -109,6 +109,14 @@ class LocalSlots:
     def reset(self, seeds: Sequence[Optional[int]], options: Sequence[Optional[dict]]) -> list:
         return [env.reset(seed=s, options=o)[0] for env, s, o in zip(self.envs, seeds, options)]
 
+    def reset_async(self, seeds: Sequence[Optional[int]],
+                    options: Sequence[Optional[dict]]) -> None:
+        self._reset_args = (seeds, options)
+
+    def reset_wait(self) -> list:
+        (seeds, options), self._reset_args = self._reset_args, None
+        return self.reset(seeds, options)
+
     def step_async(self, actions: np.ndarray) -> None:
         self._actions = actions
 
@@ -188,9 +196,17 @@ class ProcessSlots:
         return [b.name if b else None for b in self._blocks]
 
     def reset(self, seeds: Sequence[Optional[int]], options: Sequence[Optional[dict]]) -> list:
+        self.reset_async(seeds, options)
+        return self.reset_wait()
+
+    def reset_async(self, seeds: Sequence[Optional[int]],
+                    options: Sequence[Optional[dict]]) -> None:
+        """Sends every process its reset; ``reset_wait`` collects the first obs."""
         for i, (s, o) in enumerate(zip(seeds, options)):
             self._seeds[i], self._options[i] = s, o
             self._send(i, ("reset", (s, o)))
+
+    def reset_wait(self) -> list:
         out = []
         for i in range(len(self.env_fns)):
             try:

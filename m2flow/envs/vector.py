@@ -62,6 +62,22 @@ class GymVectorEnv(BatchedEnv):
 
     def reset(self, seed: Optional[Sequence[int]] = None, *, rebuild: bool = False,
               task: Optional[Sequence[int]] = None) -> TensorDict:
+        self._send_resets(seed, rebuild, task)
+        return self._first_obs()
+
+    def reset_async(self, seed: Optional[Sequence[int]] = None, *, rebuild: bool = False,
+                    task: Optional[Sequence[int]] = None) -> None:
+        if type(self).reset is not GymVectorEnv.reset:  # a subclass's own reset runs whole
+            kw = {} if task is None else {"task": task}
+            return super().reset_async(seed, rebuild=rebuild, **kw)
+        self._send_resets(seed, rebuild, task)
+
+    def reset_wait(self) -> TensorDict:
+        if getattr(self, "_pending_reset", None) is not None:
+            return super().reset_wait()
+        return self._first_obs()
+
+    def _send_resets(self, seed, rebuild: bool, task) -> None:
         seeds = [None] * self.num_envs if seed is None else [int(s) for s in seed]
         options = []
         for i in range(self.num_envs):
@@ -69,8 +85,11 @@ class GymVectorEnv(BatchedEnv):
             if task is not None:
                 o["task"] = int(task[i])
             options.append(o or None)
-        obs = self.slots.reset(seeds, options)
-        return TensorDict({keys.OBS: self._obs(obs)}, batch_size=[self.num_envs])
+        self.slots.reset_async(seeds, options)
+
+    def _first_obs(self) -> TensorDict:
+        return TensorDict({keys.OBS: self._obs(self.slots.reset_wait())},
+                          batch_size=[self.num_envs])
 
     def step(self, action: torch.Tensor) -> TensorDict:
         self.step_async(action)
