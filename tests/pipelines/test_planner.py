@@ -17,7 +17,7 @@ SIM_S = 0.010  # CPU seconds of one env step in its own process
 
 
 def profile(node, *, infer_per_item=0.001, infer_fixed=0.0, infer_threads_help=False,
-            learn=0.2, sizes=(2, 4, 8, 16), gpu_infer=None, gpu_learn=None):
+            learn=0.2, sizes=(2, 4, 8, 16), gpu_infer=None, gpu_learn=None, reset_s=0.0):
     """A synthetic embodied profile: simulators one process per env, inference linear in
     the batch (on one thread; more threads help only with ``infer_threads_help``)."""
     p = Profile("embodied", node)
@@ -25,7 +25,7 @@ def profile(node, *, infer_per_item=0.001, infer_fixed=0.0, infer_threads_help=F
     for n in sizes:
         for c in counts:
             p.add_time("env", "step", size=n, cores=c, seconds=0.001 + SIM_S * n / min(c, n))
-            p.add_time("env", "reset", size=n, cores=c, seconds=0.0)
+            p.add_time("env", "reset", size=n, cores=c, seconds=reset_s * n / min(c, n))
             speed = c if infer_threads_help else 1
             p.add_time("rollout", "infer", size=n, cores=c,
                        seconds=infer_fixed + infer_per_item * n / speed)
@@ -114,6 +114,21 @@ def test_inference_as_slow_as_simulation_on_cores_of_its_own_pipelines():
     # per step: the env worker's two stages one after another (2 x 41 ms) bound it
     assert piped.breakdown["loop"] == pytest.approx(50 * 2 * (0.001 + 4 * SIM_S))
     assert piped.iteration_s < seq.iteration_s
+
+
+def test_resets_of_every_lane_start_at_once_for_envs_in_processes():
+    """4 env processes, 0.5 CPU-s per reset: on 2 cores they reset in 1 s at any stage
+    count (the env worker starts every group's reset before it waits for any); one after
+    another, 4 lanes of one env would take 4 x 0.5 s. On one core: 2 s either way."""
+    node = Node(cores=2)
+    g = embodied_graph(dict(FACTS, num_envs=4))
+    p = profile(node, sizes=(1, 2, 4), reset_s=0.5)
+    preds = {pr.plan.label(g): pr for pr in search(g, models_for(p, g), node) if pr.feasible}
+    for s in (1, 2, 4):
+        both = preds[f"collocated: env any core, rollout any core 1t, learner any core 1t; S={s}"]
+        assert both.breakdown["before"] == pytest.approx(1.0)
+        one = preds[f"hybrid: env core 0, rollout core 1, learner any core 1t; S={s}"]
+        assert one.breakdown["before"] == pytest.approx(2.0)
 
 
 def test_learner_overlap_pays_on_a_gpu_of_its_own_not_on_shared_cores():
@@ -266,6 +281,30 @@ def test_the_updates_time_inside_a_calibration_run_corrects_the_update_at_its_th
     assert calibrated[one_thread].busy["learner"] == pytest.approx(0.2)
     assert calibrated[one_thread].iteration_s == pytest.approx(
         plain[one_thread].iteration_s + 0.1)
+
+
+def test_on_a_predicted_tie_the_plan_pinning_more_components_is_chosen():
+    """Equal predictions (the model has no term for what pinning saves): the hybrid plan,
+    its loop components on cores of their own, goes first; fewer lanes still come before
+    pinning, and a pinned plan more than 2 % slower is not taken."""
+    from m2flow.pipelines.placement import ComponentPlacement as C
+    from m2flow.pipelines.planner.search import Plan, Prediction, _chosen_first
+
+    def pred(mode, pinned, lanes, s):
+        env, rollout = ((C(cpu_ids=[0], cpus=1), C(cpu_ids=[1], cpus=1)) if pinned
+                        else (C(cpus=2), C(cpus=1)))
+        plan = Plan(mode, (("env", env), ("rollout", rollout), ("learner", C(cpus=1))),
+                    lanes=lanes, overlap=True)
+        return Prediction(plan, iteration_s=s)
+
+    floating = pred("collocated", False, 1, 3.104)
+    pinned = pred("hybrid", True, 1, 3.104)
+    staged = pred("hybrid", True, 2, 3.050)
+    assert _chosen_first([floating, pinned])[0] is pinned
+    assert _chosen_first([staged, floating, pinned])[0] is pinned
+    assert _chosen_first([staged, floating])[0] is floating  # S=1 before pinning
+    slower = pred("hybrid", True, 1, 3.104 * 1.03)
+    assert _chosen_first([floating, slower])[0] is floating
 
 
 def test_a_run_drifting_from_its_prediction_re_plans_its_stages():

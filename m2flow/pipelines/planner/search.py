@@ -41,7 +41,11 @@ __all__ = ["Block", "Plan", "PlanError", "Prediction", "makespan", "plans", "pre
 
 SIMPLER_WITHIN = 0.02
 """A simpler plan (fewer lanes, workers) within this fraction of the fastest one is chosen
-instead: predictions are not that exact, and simpler plans fail less."""
+instead: predictions are not that exact, and simpler plans fail less. Among equally simple
+ones the plan that pins more components to cores of their own comes first: the cost model
+has no term for what pinning saves (no migrations, warm caches, no torch thread landing on
+a simulator's core; measured 10 % on the rgb + tiny VLA case, bench/README.md), so on a
+predicted tie it is the safer side."""
 OVERLAP_GAIN = 0.10
 """Learner overlap trains on data one update stale, which costs iterations: the default
 job needed 24 % more to reach 0.9 (bench/README.md, to_target.py). It is chosen only when it
@@ -230,11 +234,15 @@ def _time(plan: Plan, graph: Graph, costs: _Costs, ranks: dict,
     lanes = e * s
     size = graph.items / lanes  # per lane (one call of each loop phase)
     env_ranks = ranks[first]
-    # before the loop: each worker's lanes one after another, the workers at once
+    # before the loop (resets), the workers at once; a worker starts every lane's at once
+    # where each item has a process of its own (EnvWorker: reset_async, then reset_wait),
+    # else its lanes one after another
     before = [Block(0.0)]
     for r in env_ranks:
         for p in graph.before:
-            before.append(costs.block(p, size, r, calls=s))
+            together = graph.component(p.component).processes_per_item
+            before.append(costs.block(p, size * s, r) if together
+                          else costs.block(p, size, r, calls=s))
     t_before = makespan(before)
     learner = ranks[graph.train.component][0]
     train = costs.block(graph.train, graph.samples, learner)
@@ -328,7 +336,8 @@ def search(graph: Graph, models: CostModels, node: Node) -> list[Prediction]:
 
 def _chosen_first(ok: list[Prediction]) -> list[Prediction]:
     """``ok`` (fastest first) with the chosen plan moved to the front: without overlap
-    unless it gains ``OVERLAP_GAIN``, then the simplest within ``SIMPLER_WITHIN``."""
+    unless it gains ``OVERLAP_GAIN``, then the simplest within ``SIMPLER_WITHIN`` (fewest
+    lanes, then workers, then floating components)."""
     plain = [p for p in ok if not p.plan.overlap]
     pool = ok
     if plain and ok[0].plan.overlap and \
@@ -336,10 +345,15 @@ def _chosen_first(ok: list[Prediction]) -> list[Prediction]:
         pool = plain
     best = pool[0]
     simple = min((p for p in pool if p.iteration_s <= best.iteration_s * (1 + SIMPLER_WITHIN)),
-                 key=lambda p: (p.plan.lanes, p.plan.workers, p.iteration_s))
+                 key=lambda p: (p.plan.lanes, p.plan.workers, _floating(p.plan), p.iteration_s))
     rest = list(ok)
     rest.remove(simple)
     return [simple, *rest]
+
+
+def _floating(plan: Plan) -> int:
+    """How many of the plan's components run on any core (neither pinned cores nor a GPU)."""
+    return sum(1 for _, c in plan.components if not c.cpu_ids and not c.gpus)
 
 
 def _gb(mb: float) -> str:
