@@ -83,6 +83,7 @@ LOG_PROB = "log_prob"
 TOKEN_LOG_PROB = "token_log_prob"
 ENTROPY = "entropy"
 VALUE = "value"
+AUX_LOSS = "aux_loss"  # per sample, from evaluate_actions: a policy's own auxiliary loss
 POLICY_VERSION = "policy_version"
 
 # step results

@@ -52,6 +52,11 @@ class CNNOptions:
     an asymmetric critic, an MLP of its own over the normalised ``("obs", "privileged")``
     simulator state (``env.privileged_state=true``), while the actor still reads only the image
     and proprio; the encoder then learns from the actor's loss alone."""
+    state_aux: float = 0.0
+    """> 0: an auxiliary loss, this coefficient x the mean squared error of a linear head that
+    predicts the normalised ``("obs", "privileged")`` simulator state from the actor's features
+    (``env.privileged_state=true``): the encoder learns where cube and goal are from a dense
+    supervised signal. Training only; the actor reads what it read before. 0: off."""
 
 
 def _options(kwargs) -> CNNOptions:
@@ -73,6 +78,8 @@ def _options(kwargs) -> CNNOptions:
             f"policy.kwargs.critic={opts.critic!r}: use {SHARED_CRITIC!r} (the image encoder's "
             f"features) or {PRIVILEGED_CRITIC!r} (the simulator state, env.privileged_state=true)."
         )
+    if not (opts.state_aux >= 0 and np.isfinite(opts.state_aux)):
+        raise PolicyError(f"policy.kwargs.state_aux={opts.state_aux}: must be >= 0 (0: off).")
     if opts.encoder_weights is not None and not is_timm:
         raise PolicyError(
             "policy.kwargs.encoder_weights loads a timm backbone; set policy.kwargs.encoder to "
@@ -236,7 +243,11 @@ class GaussianCNNPolicy(GaussianActorCritic):
         if opts.feature_dim < 1:
             raise PolicyError(f"policy.kwargs.feature_dim={opts.feature_dim}: must be >= 1.")
         if opts.critic == PRIVILEGED_CRITIC:
-            critics.check_env(env_cfg, "policy.kwargs.critic")
+            critics.check_env(env_cfg, "policy.kwargs.critic=privileged",
+                              "use another policy.kwargs.critic")
+        if opts.state_aux > 0:
+            critics.check_env(env_cfg, f"policy.kwargs.state_aux={opts.state_aux}",
+                              "set policy.kwargs.state_aux=0")
 
     def __init__(self, cfg: PolicyConfig, env_spec):
         super().__init__()
@@ -264,8 +275,13 @@ class GaussianCNNPolicy(GaussianActorCritic):
         self.state_norm = RunningNorm(state_dim) if use_norm else nn.Identity()
         self.privileged_critic = opts.critic == PRIVILEGED_CRITIC
         if self.privileged_critic:  # replaces the critic over the encoder's features
-            n_priv = critics.privileged_dim(shapes, "policy.kwargs.critic")
+            n_priv = critics.privileged_dim(shapes, "policy.kwargs.critic=privileged")
             self.critic = critics.PrivilegedCritic(n_priv, cfg.hidden_sizes, cfg.activation)
+        self.state_aux = None
+        if opts.state_aux > 0:
+            n_priv = critics.privileged_dim(shapes, "policy.kwargs.state_aux")
+            self.state_aux = critics.StateAux(opts.feature_dim + state_dim, n_priv,
+                                              opts.state_aux)
 
     def _features(self, obs: TensorDict) -> torch.Tensor:
         features = self.encoder(obs[keys.leaf(keys.RGB)])
@@ -278,6 +294,9 @@ class GaussianCNNPolicy(GaussianActorCritic):
             return super()._value(obs, features)
         return self.critic(obs)
 
+    def _aux_loss(self, obs: TensorDict, features: torch.Tensor):
+        return None if self.state_aux is None else self.state_aux.loss(obs, features)
+
     def value(self, obs: TensorDict) -> torch.Tensor:
         if self.privileged_critic:  # no image encoder forward for it
             return self.critic(obs)
@@ -288,3 +307,5 @@ class GaussianCNNPolicy(GaussianActorCritic):
             self.state_norm.update(batch[keys.STATE])
         if self.privileged_critic:
             self.critic.observe(batch)
+        if self.state_aux is not None:
+            self.state_aux.observe(batch)

@@ -22,21 +22,22 @@ from m2flow.policies.normalizer import RunningNorm
 PRIVILEGED = "privileged"
 
 
-def privileged_dim(obs_shapes: dict, option: str) -> int:
-    """The width of the flat privileged vector the env gives; PolicyError naming the fix."""
+def privileged_dim(obs_shapes: dict, setting: str) -> int:
+    """The width of the flat privileged vector the env gives; PolicyError naming the fix.
+    ``setting``: what asks for it, e.g. ``policy.kwargs.critic=privileged``."""
     key = keys.leaf(keys.PRIVILEGED)
     if key not in obs_shapes or len(obs_shapes[key]) != 1:
-        raise PolicyError(f"{option}=privileged needs a flat ('obs', 'privileged') vector; this "
+        raise PolicyError(f"{setting} needs a flat ('obs', 'privileged') vector; this "
                           f"env gives {obs_shapes}. Set env.privileged_state=true (ManiSkill).")
     return obs_shapes[key][0]
 
 
-def check_env(env_cfg, option: str) -> None:
-    """At start-up: the env config must ask for the privileged state."""
+def check_env(env_cfg, setting: str, instead: str) -> None:
+    """At start-up: the env config must ask for the privileged state ``setting`` reads
+    (e.g. ``policy.kwargs.critic=privileged``); ``instead``: the other way out."""
     if not getattr(env_cfg, "privileged_state", False):
-        raise PolicyError(f"{option}=privileged reads ('obs','privileged'), which the env "
-                          "returns only with env.privileged_state=true (ManiSkill); set it, or "
-                          f"use another {option}.")
+        raise PolicyError(f"{setting} reads ('obs','privileged'), which the env returns only "
+                          f"with env.privileged_state=true (ManiSkill); set it, or {instead}.")
 
 
 class PrivilegedCritic(nn.Module):
@@ -50,6 +51,27 @@ class PrivilegedCritic(nn.Module):
     def forward(self, obs: TensorDict) -> torch.Tensor:
         x = obs[keys.leaf(keys.PRIVILEGED)].float()
         return self.net(self.norm(x)).squeeze(-1)
+
+    def observe(self, batch: TensorDict) -> None:
+        self.norm.update(batch[keys.PRIVILEGED].float())
+
+
+class StateAux(nn.Module):
+    """An auxiliary task for an image encoder: predict the running-normalised privileged
+    vector from the actor's features (a linear head); ``loss`` is ``coef`` x the per-sample
+    mean squared error. The encoder then learns where the objects are from a dense,
+    supervised signal instead of from the policy gradient alone; the actor still reads only
+    its image and proprio, and evaluation never calls it."""
+
+    def __init__(self, n_features: int, dim: int, coef: float):
+        super().__init__()
+        self.coef = coef
+        self.norm = RunningNorm(dim)
+        self.head = nn.Linear(n_features, dim)
+
+    def loss(self, obs: TensorDict, features: torch.Tensor) -> torch.Tensor:
+        target = self.norm(obs[keys.leaf(keys.PRIVILEGED)].float()).detach()
+        return self.coef * ((self.head(features) - target) ** 2).mean(-1)
 
     def observe(self, batch: TensorDict) -> None:
         self.norm.update(batch[keys.PRIVILEGED].float())

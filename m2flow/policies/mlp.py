@@ -101,7 +101,7 @@ class GaussianActorCritic(Policy):
     def evaluate_actions(self, batch: TensorDict) -> TensorDict:
         features = self._features(batch[keys.OBS])
         dist = self._dist(features)
-        return TensorDict(
+        out = TensorDict(
             {
                 keys.LOG_PROB: dist.log_prob(batch[keys.ACTION]).sum(-1),
                 keys.ENTROPY: dist.entropy().sum(-1),
@@ -109,6 +109,14 @@ class GaussianActorCritic(Policy):
             },
             batch_size=batch.batch_size,
         )
+        aux = self._aux_loss(batch[keys.OBS], features)
+        if aux is not None:
+            out[keys.AUX_LOSS] = aux
+        return out
+
+    def _aux_loss(self, obs: TensorDict, features: torch.Tensor):
+        """A per-sample auxiliary loss on the features (None: none); the RL losses add it."""
+        return None
 
 
 class GaussianMLPPolicy(GaussianActorCritic):

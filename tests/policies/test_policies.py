@@ -157,6 +157,57 @@ def test_cnn_privileged_critic_needs_the_envs_privileged_state():
         make_policy(PolicyConfig(name="cnn", kwargs={"critic": "actor"}), PRIV_SPEC)
 
 
+def test_cnn_state_aux_predicts_the_normalised_simulator_state_from_the_actors_features():
+    """policy.kwargs.state_aux: a linear head on the actor's features regresses the
+    normalised privileged vector; its loss (by hand) reaches PPO's terms and trains the
+    encoder, and the actor's outputs are what they are without it."""
+    from m2flow.embodied.algorithms.ppo import ppo_loss
+
+    torch.manual_seed(0)
+    pi = make_policy(PolicyConfig(name="cnn", hidden_sizes=[16],
+                                  kwargs={"critic": "privileged", "state_aux": 0.5}), PRIV_SPEC)
+    torch.manual_seed(0)
+    plain = make_policy(PolicyConfig(name="cnn", hidden_sizes=[16],
+                                     kwargs={"critic": "privileged"}), PRIV_SPEC)
+    b = random_obs(PRIV_SPEC, 4)
+    pi.observe(b)
+    plain.observe(b)
+    torch.testing.assert_close(pi.act(b, deterministic=True)["action"],
+                               plain.act(b, deterministic=True)["action"])
+    b["action"] = torch.randn(4, 3)
+    out = pi.evaluate_actions(b)
+    # by hand: the features (NatureCNN image features, then the normalised proprio state)
+    s = b["obs", "state"]
+    feats = torch.cat([pi.encoder(b["obs", "rgb"]),
+                       (s - s.mean(0)) / torch.sqrt(s.var(0, unbiased=False) + 1e-8)], -1)
+    x = b["obs", "privileged"]
+    z = (x - x.mean(0)) / torch.sqrt(x.var(0, unbiased=False) + 1e-8)
+    by_hand = 0.5 * ((feats @ pi.state_aux.head.weight.T + pi.state_aux.head.bias - z) ** 2).mean(-1)
+    torch.testing.assert_close(out["aux_loss"], by_hand)
+    assert float(by_hand.detach().mean()) > 0.01
+    b["log_prob"], b["value"] = out["log_prob"].detach(), out["value"].detach()
+    b["advantage"], b["return"] = torch.randn(4), torch.randn(4)
+    terms = ppo_loss(pi, b, clip_coef=0.2, vf_coef=0.5, ent_coef=0.0)
+    torch.testing.assert_close(terms["loss_aux"], by_hand.mean())
+    assert "loss_aux" not in ppo_loss(plain, b, clip_coef=0.2, vf_coef=0.5, ent_coef=0.0).keys()
+    pi.zero_grad()
+    out["aux_loss"].sum().backward()  # the auxiliary loss alone trains the encoder
+    conv = next(m for m in pi.encoder.modules() if isinstance(m, torch.nn.Conv2d))
+    assert conv.weight.grad is not None and conv.weight.grad.abs().sum() > 0
+    assert all(p.grad is None for p in pi.actor_mean.parameters())
+
+
+def test_cnn_state_aux_is_refused_without_the_envs_privileged_state_or_below_zero():
+    from m2flow.envs import EnvConfig
+
+    env_cfg = EnvConfig(name="ManiSkill/PushCube-v1", obs_mode="rgb")
+    with pytest.raises(PolicyError, match="state_aux=1.0 reads.*env.privileged_state=true"):
+        policy_class("cnn").check_config(PolicyConfig(name="cnn", kwargs={"state_aux": 1.0}),
+                                         env_cfg)
+    with pytest.raises(PolicyError, match="policy.kwargs.state_aux=-1.0: must be >= 0"):
+        make_policy(PolicyConfig(name="cnn", kwargs={"state_aux": -1.0}), PRIV_SPEC)
+
+
 def test_cnn_refuses_state_only_observations():
     with pytest.raises(PolicyError, match="env.obs_mode=rgb"):
         make_policy(PolicyConfig(name="cnn"), STATE_SPEC)

@@ -122,7 +122,7 @@ def grpo_loss(policy, mb: TensorDict, *, clip_coef: float, ent_coef: float,
     log_ratio = new - old
     adv = per_ratio(mb[keys.ADVANTAGE], log_ratio)
     entropy = out[keys.ENTROPY].mean()
-    return TensorDict(
+    terms = TensorDict(
         {
             "loss_policy": clipped_surrogate(log_ratio, adv, clip_coef),
             "loss_entropy": -ent_coef * entropy,
@@ -131,6 +131,9 @@ def grpo_loss(policy, mb: TensorDict, *, clip_coef: float, ent_coef: float,
         },
         batch_size=[],
     )
+    if keys.AUX_LOSS in out.keys():  # the policy's own (e.g. policy.kwargs.state_aux)
+        terms["loss_aux"] = out[keys.AUX_LOSS].mean()
+    return terms
 
 
 ALGORITHM = GRPO  # what the registry finds under "grpo"

@@ -204,7 +204,7 @@ def ppo_loss(policy, mb: TensorDict, *, clip_coef: float, vf_coef: float, ent_co
     else:
         v_loss = 0.5 * ((value - ret) ** 2).mean()
     entropy = out[keys.ENTROPY].mean()
-    return TensorDict(
+    terms = TensorDict(
         {
             "loss_policy": pg_loss,
             "loss_value": vf_coef * v_loss,
@@ -214,6 +214,9 @@ def ppo_loss(policy, mb: TensorDict, *, clip_coef: float, vf_coef: float, ent_co
         },
         batch_size=[],
     )
+    if keys.AUX_LOSS in out.keys():  # the policy's own (e.g. policy.kwargs.state_aux)
+        terms["loss_aux"] = out[keys.AUX_LOSS].mean()
+    return terms
 
 
 def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:

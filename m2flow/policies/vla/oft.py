@@ -198,7 +198,8 @@ class OpenVLAOFTPolicy(Policy):
         if o.lora_rank < 0:
             raise PolicyError(f"policy.kwargs.lora_rank={o.lora_rank}: must be >= 0 (0: no LoRA).")
         if o.critic == critics.PRIVILEGED:
-            critics.check_env(env_cfg, "policy.kwargs.critic")
+            critics.check_env(env_cfg, "policy.kwargs.critic=privileged",
+                              "use another policy.kwargs.critic")
         if o.checkpoint is not None:
             oft_checkpoint.check_options(o)
 
@@ -246,7 +247,7 @@ class OpenVLAOFTPolicy(Policy):
             privileged = o.critic == critics.PRIVILEGED
             self.value_head = nn.Linear(h, 1) if o.value_head and not privileged else None
             self.critic = (critics.PrivilegedCritic(
-                critics.privileged_dim(shapes, "policy.kwargs.critic"), PRIVILEGED_HIDDEN)
+                critics.privileged_dim(shapes, "policy.kwargs.critic=privileged"), PRIVILEGED_HIDDEN)
                 if privileged else None)
         if self.proprio is not None and proprio_file is not None:
             self.proprio.load_state_dict(oft_checkpoint.load_proprio(proprio_file))
