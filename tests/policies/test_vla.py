@@ -148,6 +148,18 @@ def test_openvla_greedy_kv_cached_decode_is_llamas_argmax_at_each_step():
     assert len(set(out["action_tokens"].flatten().tolist())) > 1  # not one bin everywhere
 
 
+def test_openvla_cached_decode_passes_the_cache_as_the_installed_transformers_names_it():
+    """No deprecated ``past_key_values=`` on a transformers that calls it ``cache`` (5.40
+    removes the old name; where the old name is the only one, it is what is passed)."""
+    import warnings
+
+    p = ar_policy()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*past_key_values.*")
+        out = p.act(TensorDict({"obs": obs()}, batch_size=[3]), deterministic=True)
+    assert out["action_tokens"].shape[0] == 3
+
+
 def test_openvla_tokens_depend_on_earlier_ones_only():
     p = ar_policy(value_head=True)
     o = obs()

@@ -9,6 +9,8 @@ built from a config (random weights) or loaded from a local directory.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Optional
 
 import torch
@@ -163,8 +165,9 @@ class Prismatic(nn.Module):
         (B, L) are the rotary positions. ``cache``: a ``DynamicCache`` to read and extend."""
         mask = torch.zeros(allowed.shape, dtype=embeds.dtype, device=embeds.device)
         mask = mask.masked_fill(~allowed, torch.finfo(embeds.dtype).min)[:, None]  # (B,1,L,K)
+        kw = {_cache_kwarg(type(self.llm.model).forward): cache}
         out = self.llm.model(inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
-                             past_key_values=cache, use_cache=cache is not None)
+                             use_cache=cache is not None, **kw)
         return out.last_hidden_state
 
     def action_logits(self, hidden: torch.Tensor, first_id: int, n_bins: int) -> torch.Tensor:
@@ -192,3 +195,11 @@ class Prismatic(nn.Module):
             self.llm.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
         else:
             self.llm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_kwarg(forward) -> str:
+    """The name the installed transformers gives the KV cache argument of a decoder's
+    ``forward``: ``cache`` in newer releases (5.24 here, where ``past_key_values`` still maps
+    to it with a FutureWarning until 5.40 removes it), ``past_key_values`` in older ones."""
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
