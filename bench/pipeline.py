@@ -46,7 +46,10 @@ from m2flow.policies import make_policy
 
 CASES = {
     "rgb": ("maniskill_pushcube_ppo_cnn",
-            ["env.image_size=128", "policy=cnn_resnet18", "policy.kwargs.encoder=timm/resnet50"]),
+            ["env.image_size=128", "policy=cnn_resnet18", "policy.kwargs.encoder=timm/resnet50",
+             # as measured (bench/README.md): the image critic, no auxiliary loss
+             "env.privileged_state=false", "policy.kwargs.critic=shared",
+             "policy.kwargs.state_aux=0"]),
     "state": ("maniskill_pushcube_ppo_mlp", []),
     # the tiny OpenVLA-OFT-style VLA (ViT-tiny 64 px + 2-layer Llama, chunk 1) on PickCube rgb
     "vla": ("maniskill_pickcube_ppo_openvla_tiny", []),
