@@ -14,7 +14,7 @@ key                               dtype      shape (per row)  written by
 ("obs", "state")                  float32    (D,)             envs: proprio/state vector
 ("obs", "rgb")                    uint8      (H, W, 3)        envs: camera image (rgb obs modes)
 ("obs", "wrist_rgb")              uint8      (H, W, 3)        envs: wrist camera (LIBERO)
-("obs", "privileged")             float32    (P,)             envs: simulator state, critic only
+("obs", "privileged")             float32    (P,)             envs: simulator state, training only
 ("obs", "task")                   int64      ()               multi-task envs: index in spec.tasks
 "action"                          float32    (A,) | (K, A)    policies.act (raw sample; K: chunk)
 "action_tokens"                   int64      (Q,)             token policies (VLA): the action bins
@@ -22,6 +22,7 @@ key                               dtype      shape (per row)  written by
 "token_log_prob"                  float32    (Q,)             token policies: per action token
 "entropy"                         float32    ()               policies.evaluate_actions
 "value"                           float32    ()               policies.act (critic at "obs")
+"aux_loss"                        float32    ()               policies.evaluate_actions: own aux loss
 "policy_version"                  int64      ()               rollout workers: weights' version
 ("next", "obs", ...)              as obs     as obs           envs.step: obs the step ended in
 ("next", "reward")                float32    ()               envs.step (chunks: summed)
@@ -73,7 +74,7 @@ NEXT = "next"
 STATE = (OBS, "state")
 RGB = (OBS, "rgb")
 WRIST_RGB = (OBS, "wrist_rgb")
-PRIVILEGED = (OBS, "privileged")  # env.privileged_state: for an asymmetric critic, never the actor
+PRIVILEGED = (OBS, "privileged")  # env.privileged_state: critic, aux loss; never the actor
 TASK = (OBS, "task")
 
 # policy outputs
