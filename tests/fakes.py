@@ -4,7 +4,8 @@
 ``test/CounterProc``: the same env, one subprocess per env (steps in the background, like
 ManiSkill's CPU backend).
 ``test/Rendezvous``: a process env whose reset waits until ``kwargs.parties`` resets (of any
-env object) have started, so it fails unless resets of separate envs run at the same time.
+env object) have started, so it fails unless resets of separate envs run at the same time;
+with ``kwargs.steps``, each step after an episode's first likewise.
 ``test/echo``: action = 0.1 * (seed + t) of the observation; deterministic, no sampling.
 """
 
@@ -91,29 +92,41 @@ class CounterProcEnv(GymVectorEnv):
 
 
 class RendezvousGym(CounterGym):
-    """Its reset marks ``folder`` and waits (up to 30 s) for ``parties`` marks."""
+    """Its reset marks ``folder`` and waits (up to 30 s) for ``parties`` marks; with
+    ``steps``, so does each step t after the first of an episode (marks ``step<t>-<pid>``)."""
 
-    def __init__(self, folder: str, parties: int):
+    def __init__(self, folder: str, parties: int, steps: bool = False):
         super().__init__()
-        self.folder, self.parties = folder, parties
+        self.folder, self.parties, self.steps = folder, parties, steps
+
+    def _meet(self, mark: str, prefix: str, what: str) -> None:
+        import os
+        import time
+        open(os.path.join(self.folder, mark), "w").close()
+        deadline = time.monotonic() + 30
+        count = lambda: sum(f.startswith(prefix) for f in os.listdir(self.folder))  # noqa: E731
+        while count() < self.parties:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what} alone: {count()} of {self.parties} started")
+            time.sleep(0.02)
 
     def reset(self, *, seed=None, options=None):
         import os
-        import time
-        open(os.path.join(self.folder, f"{os.getpid()}-{seed}"), "w").close()
-        deadline = time.monotonic() + 30
-        while len(os.listdir(self.folder)) < self.parties:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"reset alone: {len(os.listdir(self.folder))} of "
-                                   f"{self.parties} resets started")
-            time.sleep(0.05)
+        self._meet(f"r{os.getpid()}-{seed}", "r", "reset")
         return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        import os
+        if self.steps and self.t >= 1:
+            self._meet(f"step{self.t}-{os.getpid()}", f"step{self.t}-", f"step {self.t}")
+        return super().step(action)
 
 
 class RendezvousProcEnv(GymVectorEnv):
     def __init__(self, cfg, device: str = "cpu"):
         from functools import partial
-        fn = partial(RendezvousGym, cfg.kwargs["folder"], cfg.kwargs["parties"])
+        fn = partial(RendezvousGym, cfg.kwargs["folder"], cfg.kwargs["parties"],
+                     cfg.kwargs.get("steps", False))
         super().__init__([fn] * cfg.num_envs, processes=True, max_episode_steps=EPISODE)
 
 

@@ -22,7 +22,7 @@ from m2flow.embodied.env_eval import EvalRecorder, EvalRound
 from m2flow.embodied.episodes import EpisodeStats, EvalEpisode, RunningEpisodes
 from m2flow.embodied.stages import stage_groups, stage_sizes
 from m2flow.envs import EnvConfig, make_env
-from m2flow.envs.chunked import ChunkedEnv
+from m2flow.envs.chunked import ChunkedEnv, step_wait_all
 from m2flow.pipelines import Channel, Worker
 from m2flow.runs import seeding
 
@@ -197,7 +197,7 @@ class EnvWorker(Worker):
 
     def _wait(self, loop: _Loop, k: int) -> list:
         with self.timer("sim"):
-            return [self.envs[g].step_wait() for g in loop.plan[k]]
+            return step_wait_all([self.envs[g] for g in loop.plan[k]])
 
     def _record(self, loop: _Loop, started: StageStep, outs: list) -> None:
         """Records the stage's step per group and sends its next obs if asked."""

@@ -31,16 +31,19 @@ from tensordict import TensorDict
 
 from m2flow import keys
 from m2flow.embodied import plan as embodied_plan
+from m2flow.embodied import resets
+from m2flow.embodied.algorithms import algorithm_class
 from m2flow.embodied.buffer import TrajectoryBuffer
 from m2flow.embodied.config import TrainConfig
 from m2flow.embodied.learner_worker import LearnerWorker
 from m2flow.embodied.rollout_worker import RolloutWorker
 from m2flow.envs import make_env
-from m2flow.envs.chunked import ChunkedEnv
+from m2flow.envs.chunked import ChunkedEnv, step_wait_all
 from m2flow.pipelines import Cluster, ClusterConfig, RankResources, WorkerGroup
 from m2flow.pipelines.planner import measure
 from m2flow.pipelines.planner.graph import Graph
 from m2flow.pipelines.planner.profiles import Node, Profile
+from m2flow.runs import seeding
 from m2flow.runs.weights import sync_groups
 
 RECORDED_STEPS = 4
@@ -83,7 +86,8 @@ def profile(cfg: TrainConfig, *, say: Callable[[str], None] = print,
     say(f"profile: {n} envs of {cfg.env.name} as groups of {_groups(sizes)}, policy "
         f"{cfg.policy.name}, on {node.cores} cores and {node.gpus} GPUs")
     cluster = Cluster(ClusterConfig(backend="local", num_gpus=0))
-    envs = _Envs(cfg, sizes)
+    group = max(1, algorithm_class(cfg.algorithm.name).reset_group_size(cfg.algorithm))
+    envs = _Envs(cfg, sizes, group=group)
     rollout = learner = None
     try:
         spec = envs.spec
@@ -98,7 +102,7 @@ def profile(cfg: TrainConfig, *, say: Callable[[str], None] = print,
                     prof.add_time("env", "step", size=s, cores=c,
                                   seconds=measure.median_seconds(lambda: envs.step(s, chunk)))
                     prof.add_time("env", "reset", size=s, cores=c,
-                                  seconds=measure.median_seconds(envs.reset, warm=1,
+                                  seconds=measure.median_seconds(lambda: envs.reset(s), warm=1,
                                                                  min_calls=1, min_s=0.0))
         sim_mb = measure.pss_mb(measure.descendants())
         for s in sizes:
@@ -217,8 +221,9 @@ def _groups(sizes: list[int]) -> list[int]:
 class _Envs:
     """The envs as groups whose first k add up to each measured size."""
 
-    def __init__(self, cfg: TrainConfig, sizes: list[int]):
-        self.cfg, self.sizes = cfg, sizes
+    def __init__(self, cfg: TrainConfig, sizes: list[int], group: int = 1):
+        self.cfg, self.sizes, self.group = cfg, sizes, group
+        self.iteration = 0
         self.groups: list[ChunkedEnv] = []
         self.pids: list[list[int]] = []  # each group's processes (simulators, servers)
         try:
@@ -248,13 +253,26 @@ class _Envs:
         groups = self._first(s)
         for g in groups:
             g.step_async(self._random(g.num_envs, chunk))
-        return [g.step_wait() for g in groups]
+        return step_wait_all(groups)  # as the env worker waits for a stage's groups
 
-    def reset(self) -> None:
-        seed = 0
-        for g in self.groups:
-            g.reset(seed=list(range(seed, seed + g.num_envs)))
-            seed += g.num_envs
+    def reset(self, s: Optional[int] = None) -> None:
+        """Resets the first groups adding up to ``s`` envs (default: all) as an env worker
+        of ``s`` envs resets at an iteration: every group's reset started before any is
+        waited for, to the seeds and tasks the worker's next iteration gets (a multi-task
+        env switching task rebuilds its scene, as it does in training)."""
+        groups = self._first(s) if s is not None else self.groups
+        n = sum(g.num_envs for g in groups)
+        size = self.group if n % self.group == 0 else 1
+        seeds = resets.env_seeds(self.cfg.seed, seeding.TRAIN, iteration=self.iteration,
+                                 rank=0, num_envs=n, group_size=size)
+        tasks = resets.train_tasks(len(self.spec.tasks), num_envs=n, rank=0,
+                                   iteration=self.iteration, group_size=size)
+        self.iteration += 1
+        sizes = [g.num_envs for g in groups]
+        for g, sd, t in zip(groups, resets.split(seeds, sizes), resets.split(tasks, sizes)):
+            g.reset_async(seed=sd, **({} if t is None else {"task": t}))
+        for g in groups:
+            g.reset_wait()
 
     def _random(self, n: int, chunk: int) -> torch.Tensor:
         low = torch.as_tensor(self.spec.action_low, dtype=torch.float32)

@@ -68,18 +68,32 @@ class ChunkedEnv(BatchedEnv):
             self.env.step_async(action[:, 0])
 
     def step_wait(self) -> TensorDict:
-        chunk, self._chunk = self._chunk, None
-        if chunk is None:
-            return self.env.step_wait()
-        outs = []
-        for j in range(chunk.shape[1]):
-            outs.append(self.env.step_wait())
-            if j + 1 < chunk.shape[1]:
-                self.env.step_async(chunk[:, j + 1])
-        return combine(outs, self.frames_key)
+        return step_wait_all([self])[0]
 
     def close(self) -> None:
         self.env.close()
+
+
+def step_wait_all(envs: Sequence[ChunkedEnv]) -> list[TensorDict]:
+    """``step_wait`` of several envs whose chunks were started (``step_async``), their K steps
+    in lockstep: each env's step j+1 starts as soon as its step j is back, while the others'
+    step j still runs. Waiting for one env's whole chunk before the next env's would leave
+    the other envs' simulators (processes of their own) idle for K-1 steps: the groups of an
+    env worker's stage would simulate one after another instead of side by side.
+    """
+    chunks = [e._chunk for e in envs]
+    for e in envs:
+        e._chunk = None
+    outs: list[list[TensorDict]] = [[] for _ in envs]
+    steps = max((c.shape[1] for c in chunks if c is not None), default=1)
+    for j in range(steps):
+        for e, c, out in zip(envs, chunks, outs):
+            if j < (1 if c is None else c.shape[1]):
+                out.append(e.env.step_wait())
+                if c is not None and j + 1 < c.shape[1]:
+                    e.env.step_async(c[:, j + 1])
+    return [out[0] if c is None else combine(out, e.frames_key)
+            for e, c, out in zip(envs, chunks, outs)]
 
 
 def combine(outs: list[TensorDict], frames_key: Optional[str] = None) -> TensorDict:

@@ -45,3 +45,33 @@ def test_the_groups_of_a_worker_reset_at_the_same_time(tmp_path):
         worker.close()
     assert [o.batch_size[0] for o in obs] == [1, 1, 1, 1]
     assert len(list(tmp_path.iterdir())) == 4
+
+
+def test_the_groups_of_a_stage_step_their_action_chunks_side_by_side(tmp_path):
+    """A stage of 2 groups (one process env each) gets chunks of 3 actions. Each step after
+    the first waits until the other env has started the same step (test/Rendezvous with
+    steps): it passes only if the worker runs the groups' chunks in lockstep. Waiting for
+    one group's whole chunk before the other's (the chunk's later steps run while it is
+    waited for) leaves the first env's step 1 waiting alone, and it fails. The chunks'
+    results are each env's own: rewards are the actions it was given."""
+    from types import SimpleNamespace
+
+    import tests.fakes as fakes
+
+    fakes.register()
+    info = WorkerInfo("env", 0, 1, RankResources(0, 1.0, ()), "local")
+    cfg = EnvConfig(name="test/Rendezvous", num_envs=2,
+                    kwargs={"folder": str(tmp_path), "parties": 2, "steps": True})
+    worker = EnvWorker(info, cfg, seed=0, groups=2)
+    try:
+        worker._reset(seeding.TRAIN, 0)
+        chunks = [torch.tensor([[[1.0], [2.0], [3.0]]]), torch.tensor([[[4.0], [5.0], [6.0]]])]
+        for env, chunk in zip(worker.envs, chunks):
+            env.step_async(chunk)
+        outs = worker._wait(SimpleNamespace(plan=[[0, 1]]), 0)
+    finally:
+        worker.close()
+    assert [o["next", "step_reward"].tolist() for o in outs] == [[[1.0, 2.0, 3.0]],
+                                                                 [[4.0, 5.0, 6.0]]]
+    assert sorted(f.name.split("-")[0] for f in tmp_path.iterdir()
+                  if f.name.startswith("step")) == ["step1", "step1", "step2", "step2"]
