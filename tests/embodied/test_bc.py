@@ -205,3 +205,48 @@ def test_bc_openvla_oft_reproduces_the_demonstrated_tokens(demos_h5, one_thread)
     same = (bins == data["action_tokens"]).float().mean()
     off = (bins - data["action_tokens"]).abs().float().mean()
     assert losses[-1] < losses[0] / 3 and same > 0.5 and off < 4, (losses[0], losses[-1], same, off)
+
+
+@pytest.mark.parametrize("policy", ["openvla_oft", "mlp"])
+def test_target_noise_moves_each_target_by_a_gaussian_of_that_std(demos_h5, policy):
+    """algorithm.target_noise=σ: each iteration's targets are the expert actions plus fresh
+    N(0, σ²) noise: for the token policy, the target bins decode (bin centres) to the expert
+    action moved by noise of std sqrt(σ² + w²/12) (w = 2/255 a bin's width); for the mlp the
+    actions themselves move by σ. Checked on the sample's own expert actions away from the
+    ±1 clip; noise 0 leaves the targets exact."""
+    path, spec, _ = demos_h5
+    if policy == "mlp":
+        spec = EnvSpec({"state": spec.obs_shapes["state"]}, 4, spec.action_low,
+                       spec.action_high, spec.max_episode_steps)
+        cfg = PolicyConfig(name="mlp", hidden_sizes=[8])
+    else:
+        cfg = PolicyConfig(name="openvla_oft", kwargs=dict(
+            image_size=16, chunk=2, hidden_size=32, intermediate_size=64, num_heads=2,
+            value_head=False, jpeg=False, center_crop=False, resize="bilinear"))
+    sigma, diffs = 0.1, []
+    noisy = demo_learner(path, spec, cfg, batch_size=10_000, target_noise=sigma)
+    exact = demo_learner(path, spec, cfg, batch_size=10_000)
+    traj = _DemoTrajectories(noisy.algorithm.episodes[0]["obs"]).get()
+    for i in range(20):
+        batch, _ = noisy.algorithm.prepare(noisy.policy, traj, iteration=i, staleness=0)
+        clean, _ = exact.algorithm.prepare(exact.policy, traj, iteration=i, staleness=0)
+        assert torch.equal(batch["obs", "state"], clean["obs", "state"])  # the same sample
+        if policy == "mlp":
+            moved, target = batch["action"], clean["action"]
+        else:
+            assert torch.equal(batch["action"], clean["action"])  # the expert's, for the record
+            moved = noisy.policy._to_actions(batch["action_tokens"]).reshape(clean["action"].shape)
+            target = clean["action"]
+            exact_actions = exact.policy._to_actions(clean["action_tokens"])
+            assert (exact_actions.reshape(target.shape) - target).abs().max() <= 1 / 255 + 1e-6
+        keep = target.abs() < 1 - 4 * sigma
+        diffs.append((moved - target)[keep])
+    d = torch.cat(diffs)
+    width = 2 / 255 if policy != "mlp" else 0.0
+    assert d.numel() > 500 and abs(float(d.mean())) < 0.01, (d.numel(), float(d.mean()))
+    assert abs(float(d.std()) / (sigma ** 2 + width ** 2 / 12) ** 0.5 - 1) < 0.06, float(d.std())
+
+
+def test_negative_target_noise_is_refused():
+    with pytest.raises(Exception, match=r"algorithm.target_noise=-0.1: must be >= 0"):
+        BCConfig(dataset="x.h5", target_noise=-0.1).validate()

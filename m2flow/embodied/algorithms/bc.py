@@ -76,10 +76,24 @@ class BCConfig(AlgorithmConfig):
     """Minibatches per epoch."""
     max_grad_norm: float = 1.0
     """Global gradient-norm clip."""
+    target_noise: float = 0.0
+    """Std of Gaussian noise added to every sampled expert action before it becomes a
+    target, drawn afresh for each iteration's sample: in the policy's normalised action space
+    for a token policy (the VLAs: [-1, 1] before the 256 bins; the tiny presets' actions
+    are the env's), else in the env's action units. For a token policy this is label
+    smoothing over neighbouring bins: the NLL's expectation is the cross-entropy to the
+    expert's bin blurred by that Gaussian, so the cloned per-token distribution is one smooth
+    bump around the expert action, and sampling it at temperature 1 tries actions near the
+    cloned one, which RL from this warm start needs. Without it the cloned distribution is a
+    sharp peak with a flat tail: sampled at temperature 1 the tail's far bins end episodes;
+    at 0.5 the samples are the argmax's to within a bin or two (README, "Demonstrations,
+    behaviour cloning, then RL")."""
 
     def validate(self) -> None:
         super().validate()
         _check(self, "loss", self.loss in BC_LOSSES, f"use one of {', '.join(BC_LOSSES)}.")
+        _check(self, "target_noise", self.target_noise >= 0,
+               "must be >= 0 (the std of the noise on the expert actions; 0: none).")
         _check(self, "batch_size", self.batch_size >= 1, "must be >= 1.")
         _check(self, "num_demos", self.num_demos is None or self.num_demos >= 1,
                "must be >= 1, or null for every episode of the dataset.")
@@ -117,7 +131,22 @@ class BC(Algorithm):
             idx = torch.randperm(m, generator=gen)[:n]
         else:  # a dataset smaller than a batch: with replacement
             idx = torch.randint(m, (n,), generator=gen)
-        return self.data[idx].to(traj.device), {}
+        batch = self.data[idx]
+        if self.cfg.target_noise > 0:
+            batch = self._noisy(policy, batch, gen)
+        return batch.to(traj.device), {}
+
+    def _noisy(self, policy, batch: TensorDict, gen: torch.Generator) -> TensorDict:
+        """``batch`` with its targets moved by the noise of ``target_noise`` (its action
+        tokens, for a token policy; else its actions)."""
+        batch = batch.clone(recurse=False)
+        action = batch[keys.ACTION]
+        eps = torch.randn(action.shape, generator=gen) * self.cfg.target_noise
+        if keys.ACTION_TOKENS in batch.keys():
+            batch[keys.ACTION_TOKENS] = action_bins(policy, action, noise=eps)
+        else:
+            batch[keys.ACTION] = action + eps
+        return batch
 
     def _targets(self, policy) -> TensorDict:
         """The flat dataset (M,) with the targets ``policy`` trains on: action chunks of its
@@ -164,10 +193,13 @@ def _needs_tokens(policy, data: TensorDict) -> bool:
             and keys.ACTION_TOKENS not in data.keys())
 
 
-def action_bins(policy, action: torch.Tensor) -> torch.Tensor:
+def action_bins(policy, action: torch.Tensor,
+                noise: Optional[torch.Tensor] = None) -> torch.Tensor:
     """A token policy's action bins (M, K*A) int64 for expert actions (M, A) or (M, K, A):
-    normalised by ``policy.stats`` (if any), then OpenVLA's tokenizer; the bin index k is the
-    policy's logit index (token id ``policy.actions.first_id + k``), as its ``act`` samples.
+    normalised by ``policy.stats`` (if any), plus ``noise`` (the actions' shape; in that
+    normalised space), then OpenVLA's tokenizer (which clips to [-1, 1]); the bin index k is
+    the policy's logit index (token id ``policy.actions.first_id + k``), as its ``act``
+    samples.
 
     >>> from types import SimpleNamespace
     >>> from m2flow.policies.action_tokenizer import ActionTokenizer
@@ -183,6 +215,8 @@ def action_bins(policy, action: torch.Tensor) -> torch.Tensor:
     a = action.reshape(action.shape[0], -1, action.shape[-1])  # (M, K, A)
     if getattr(policy, "stats", None) is not None:
         a = policy.stats.normalize(a)
+    if noise is not None:
+        a = a + noise.reshape(a.shape)
     return (tok.encode(a) - tok.first_id).reshape(a.shape[0], -1)  # (M, K*A)
 
 
