@@ -5,7 +5,9 @@ In this one process, one component at a time, each after warm-up calls:
 - **env**: the config's envs as three env groups (``n/4``, ``n/4``, ``n/2`` envs; one
   simulator process each, as the env worker runs them), stepped with random actions (one
   policy call's worth: an action chunk) at ``n/4``, ``n/2`` and ``n`` envs, its processes
-  pinned to one core and then spread over all; resets the same way; the PSS of its processes;
+  pinned to one core and then spread over all; resets of those sizes as an env worker resets
+  (every group's started before any is waited for, to the seeds and tasks of a next
+  iteration: a multi-task env switching task rebuilds its scene); the PSS of its processes;
   and the hand-off cost per step (pickling obs and actions as the channels do, recording the
   step);
 - **rollout**: the real ``RolloutWorker``'s policy answering batches of recorded observations
