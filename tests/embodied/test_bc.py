@@ -248,5 +248,5 @@ def test_target_noise_moves_each_target_by_a_gaussian_of_that_std(demos_h5, poli
 
 
 def test_negative_target_noise_is_refused():
-    with pytest.raises(Exception, match=r"algorithm.target_noise=-0.1: must be >= 0"):
+    with pytest.raises(AlgorithmError, match=r"algorithm.target_noise=-0.1: must be >= 0"):
         BCConfig(dataset="x.h5", target_noise=-0.1).validate()
