@@ -54,6 +54,24 @@ def test_prepare_gives_each_first_episode_its_group_advantage_and_drops_the_rest
     assert batch["step"].tolist() == [0, 1, 4, 5, 6, 7]  # env 0's episode, all of env 1
     assert batch["advantage"].tolist() == pytest.approx([1.0] * 2 + [-1.0] * 4, abs=1e-5)
     assert stats["grpo/groups_kept"] == 0.5 and stats["grpo/episode_success"] == 0.25
+    assert stats["grpo/groups_mixed"] == 0.5
+
+
+def test_groups_mixed_counts_the_groups_sampling_split_whatever_the_filter_keeps():
+    # three groups of 3: one split (1 of 3 succeed), one all-success, one all-failure; the
+    # filter is off, so every group is kept, but only one in three says which actions helped
+    grpo = GRPO(GRPOConfig(group_size=3, filter_low=-1, filter_high=2), action_dim=1, seed=0)
+    n, t = 9, 2
+    success = torch.tensor([1, 0, 0, 1, 1, 1, 0, 0, 0], dtype=torch.bool)
+    done = torch.zeros(n, t, dtype=torch.bool)
+    done[:, 1] = True
+    reward = torch.zeros(n, t)
+    reward[:, 1] = success.float()
+    traj = TensorDict({"next": {"reward": reward, "done": done,
+                                "success": success[:, None] & done}}, batch_size=[n, t])
+    _, stats = grpo.prepare(None, traj, iteration=0, staleness=0)
+    assert stats["grpo/groups_kept"] == 1.0
+    assert stats["grpo/groups_mixed"] == pytest.approx(1 / 3)
 
 
 class _TokenPolicy:

@@ -86,7 +86,10 @@ class GRPO(Algorithm):
     def add_group_advantages(self, traj: TensorDict) -> dict:
         """Writes ``advantage``, ``return`` and ``valid`` into ``traj`` (N, T): each env's
         first episode gets its advantage against the group on every step; other steps and
-        filtered groups are not valid. Returns the ``grpo/*`` metrics."""
+        filtered groups are not valid. Returns the ``grpo/*`` metrics: ``groups_kept`` (the
+        share of groups the filter kept) and ``groups_mixed`` (the share whose episodes did
+        not all share one outcome, whatever the filter: where sampling changed the outcome;
+        a policy whose success is decided by the initial state has few)."""
         c = self.cfg
         ret, success, steps = first_episodes(traj[keys.REWARD], traj[keys.DONE],
                                              traj[keys.SUCCESS])
@@ -95,11 +98,13 @@ class GRPO(Algorithm):
             lost = ~traj[keys.VALID].all(1)
             success = success & ~lost
         keep = keep_groups(success, c.group_size, c.filter_low, c.filter_high)
+        mixed = keep_groups(success, c.group_size)  # neither all-success nor all-failure
         adv = group_advantages(ret, c.group_size)
         traj[keys.ADVANTAGE] = adv[:, None].expand(traj.shape).clone()
         traj[keys.RETURN] = ret[:, None].expand(traj.shape).clone()
         traj[keys.VALID] = steps & keep[:, None]
         return {"grpo/groups_kept": float(keep.float().mean()),
+                "grpo/groups_mixed": float(mixed.float().mean()),
                 "grpo/episode_success": float(success.float().mean()),
                 "grpo/episode_return": float(ret.mean())}
 
