@@ -7,26 +7,75 @@
 #                      .venv), ManiSkill trimmed to the Panda (no other robots, no environment
 #                      maps), SAPIEN without C++ headers and CUDA denoiser: 51 MiB, checked to
 #                      be under 56 MiB (a device call carries at most 64 MiB)
+#   .kit/ray.tar.xz    Ray (the version installed here, as a cp312 wheel) without its Java jars,
+#                      dashboard front end and libraries m2flow does not use (rllib, tune,
+#                      train, serve, data, llm, air): 27 MiB; beside it, Ray's own dependencies
+#                      as unpacked wheels (gpu_check.sh installs those the machine lacks)
 #   .gl/*.deb          the Vulkan/EGL/GL loader libraries (Debian) the NVIDIA driver needs
-# Both folders are git-ignored; hand them to the GPU machine with the working tree.
-# Not in the kit: Ray (79 MB; the check runs without it, cluster=gpu_inprocess) and SAPIEN's
-# GPU PhysX library, which SAPIEN downloads from GitHub at first use (this machine reaches only
-# PyPI and Debian): ManiSkill's GPU simulation cannot run there.
-#   bash scripts/device_kit.sh
+# Both folders are git-ignored; hand them to the GPU machine with the working tree. The site
+# kit and Ray do not fit in one device call together (64 MiB): carry .kit/ray.tar.xz in a first
+# call that only unpacks it (gpu_check.sh OUT unpack), the rest in the next (see gpu_check.sh).
+# Not in the kit: SAPIEN's GPU PhysX library, which SAPIEN downloads from GitHub at first use
+# (this machine reaches only PyPI and Debian; the one PyPI package holding a libPhysXGpu_64.so,
+# Isaac Sim's 246 MB physics cache, is PhysX 5.6, not the 5.3.1 SAPIEN 3.0 loads): ManiSkill's
+# GPU simulation cannot run there.
+#   bash scripts/device_kit.sh [site] [ray]      (default: both)
+#   KIT_PYTHON=3.11 bash scripts/device_kit.sh ray   (a Ray part for this machine's Python, to
+#                                                      try the trimmed Ray here)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SP=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 KIT=.kit
-rm -rf "$KIT" && mkdir -p "$KIT/site" "$KIT/whl"
-
-# 1. compiled packages: cp312 manylinux wheels, the versions installed here
+PARTS=${*:-site ray}
+PYV=${KIT_PYTHON:-3.12}
 ver() { .venv/bin/python -c "import importlib.metadata as m; print(m.version('$1'))"; }
 plat=""
 for n in 17 24 27 28 31 34 35; do plat="$plat --platform manylinux_2_${n}_x86_64"; done
-.venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-  --implementation cp $plat --platform manylinux2014_x86_64 -d "$KIT/whl" \
-  "sapien==$(ver sapien)" "mujoco==$(ver mujoco)" \
-  "fast_simplification==$(ver fast_simplification)" 2>&1 | grep -v "^WARNING: Location" || true
+download() {  # download DIR [--no-deps] REQUIREMENT...: cp$PYV manylinux wheels
+  local dir=$1; shift
+  .venv/bin/python -m pip download -q --only-binary=:all: --python-version "$PYV" \
+    --implementation cp $plat --platform manylinux2014_x86_64 -d "$dir" "$@" 2>&1 \
+    | grep -v "^WARNING: Location" || true
+}
+unzip_keep_modes() {  # WHEEL DIR: unpacks with the files' permissions (Ray's daemons are executables)
+  .venv/bin/python - "$1" "$2" <<'PY'
+import os, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    for i in z.infolist():
+        path = z.extract(i, sys.argv[2])
+        mode = (i.external_attr >> 16) & 0o777
+        if mode:
+            os.chmod(path, mode)
+PY
+}
+mkdir -p "$KIT"
+
+ray_part() {
+  rm -rf "$KIT/ray" "$KIT/ray.tar.xz" && mkdir -p "$KIT/ray/whl" "$KIT/ray/site" "$KIT/ray/deps"
+  download "$KIT/ray/whl" "ray==$(ver ray)"
+  for w in "$KIT"/ray/whl/*.whl; do
+    case $(basename "$w") in
+      ray-*) unzip_keep_modes "$w" "$KIT/ray/site" ;;
+      *) d="$KIT/ray/deps/$(basename "$w" | cut -d- -f1)"; unzip_keep_modes "$w" "$d" ;;
+    esac
+  done
+  rm -rf "$KIT/ray/whl"
+  (cd "$KIT/ray/site/ray" && rm -rf jars dashboard/client rllib tune train serve data llm air \
+    workflow cpp)
+  find "$KIT/ray" -name __pycache__ -prune -exec rm -rf {} +
+  tar -C "$KIT/ray" -cJf "$KIT/ray.tar.xz" site deps
+  rm -rf "$KIT/ray"
+  local size; size=$(stat -c %s "$KIT/ray.tar.xz")
+  echo "device_kit: $KIT/ray.tar.xz $((size / 1048576)) MiB (Ray $(ver ray), cp${PYV/./})"
+  [ "$size" -lt $((56 * 1048576)) ] || { echo "device_kit: the Ray part is over 56 MiB"; exit 1; }
+}
+case " $PARTS " in *" ray "*) ray_part ;; esac
+case " $PARTS " in *" site "*) ;; *) exit 0 ;; esac
+rm -rf "$KIT/site" "$KIT/whl" "$KIT/site.tar.xz" && mkdir -p "$KIT/site" "$KIT/whl"
+
+# 1. compiled packages: cp312 manylinux wheels, the versions installed here
+download "$KIT/whl" --no-deps "sapien==$(ver sapien)" "mujoco==$(ver mujoco)" \
+  "fast_simplification==$(ver fast_simplification)"
 for w in "$KIT"/whl/*.whl; do
   .venv/bin/python -m zipfile -e "$w" "$KIT/site"
 done
