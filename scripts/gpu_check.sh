@@ -107,7 +107,7 @@ TRAIN="$PY -c 'from m2flow.cli import train; raise SystemExit(train())'"
 ray_step ray_embodied 150 bash -c "$TRAIN --config-name maniskill_pushcube_ppo_mlp \
   cluster=gpu_collocated env.num_envs=64 runner.num_iterations=4 \
   runner.eval_interval=2 runner.eval_episodes=64 runner.checkpoint_interval=2 \
-  runner.progress_bar=false runner.max_minutes=null runner.log_dir=/tmp/runs"
+  runner.progress_bar=false runner.log_dir=/tmp/runs"
 ray_step ray_reasoning 150 bash -c "[ -d /tmp/qwen05 ] || $PY bench/gpu.py --results $R qwen --out /tmp/qwen05; \
   $TRAIN --config-name reasoning_arith_grpo_tiny model.path=/tmp/qwen05 model.dtype=bfloat16 \
   cluster=reasoning_collocated_gpu algorithm.reward=math_verify warm_start.steps=30 \
