@@ -39,7 +39,7 @@ PLANNERS = {  # each workload's profiler for m2flow-plan (m2flow.planning)
 }
 DEFAULT_CONFIG = "maniskill_pushcube_ppo_mlp"
 DEFAULT_EVAL_CONFIG = "eval"  # m2flow/configs/eval.yaml
-EXIT_CONFIG, EXIT_INTERRUPTED = 2, 130
+EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 1, 2, 130
 
 
 def workload(name: str) -> Workload:
@@ -270,8 +270,10 @@ def train(argv: Optional[list[str]] = None) -> int:
         print(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
         return 0
     _setup_logging()
-    return _interruptible("m2flow-train", lambda: workload(cfg.workload).train(cfg),
-                          command=lambda ckpt: _train_command(args.config_name, args.overrides, ckpt))
+    w = workload(cfg.workload)
+    return _interruptible("m2flow-train", lambda: w.train(cfg),
+                          command=lambda ckpt: _train_command(args.config_name, args.overrides, ckpt),
+                          hint=lambda: w.memory_hint(cfg) if w.memory_hint else "")
 
 
 @_quiet_ctrl_c("m2flow-eval")
@@ -290,19 +292,38 @@ def evaluate(argv: Optional[list[str]] = None) -> int:
         print(f"m2flow-eval: {e}", file=sys.stderr)
         return EXIT_CONFIG
     _setup_logging()
-    return _interruptible("m2flow-eval", lambda: workload(cfg.workload).evaluate(cfg, state))
+    w = workload(cfg.workload)
+    env = getattr(cfg, "env", None)  # no learner here: only the simulators' count to lower
+    return _interruptible("m2flow-eval", lambda: w.evaluate(cfg, state),
+                          hint=lambda: f"lower env.num_envs (now {env.num_envs})" if env else "")
 
 
-def _interruptible(prog: str, run, command=None) -> int:
+def _interruptible(prog: str, run, command=None, hint=lambda: "") -> int:
     """Runs ``run`` with Ctrl-C handled as ``runs.session.stop_on_ctrl_c`` says: it stops
     within seconds in any phase and ends with one line saying where; with ``command`` (the
-    command line that resumes from a checkpoint, or starts again from None), that too."""
+    command line that resumes from a checkpoint, or starts again from None), that too. A
+    worker killed for memory ends it with one line too: the worker, the node's memory, the
+    fields to change (``hint()``) and how to resume; exit code 1."""
+    from m2flow.pipelines import OutOfMemory
     from m2flow.pipelines.futures import Stopped
-    from m2flow.runs.session import RunInterrupted, current_phase, stop_on_ctrl_c
+    from m2flow.runs.session import (
+        RunInterrupted,
+        RunOutOfMemory,
+        current_phase,
+        stop_on_ctrl_c,
+    )
 
     restore = stop_on_ctrl_c()
     try:
         return run()
+    except (RunOutOfMemory, OutOfMemory) as e:
+        if isinstance(e, OutOfMemory):  # before the run's loop (start-up), or m2flow-eval
+            e = RunOutOfMemory(0, None, current_phase(), cause=str(e), hint=hint())
+            line = e.describe(command).replace(" after 0 iterations", "")
+        else:
+            line = e.describe(command)
+        print(f"{prog}: {line}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
     except (Stopped, RunInterrupted, KeyboardInterrupt) as e:
         if isinstance(e, RunInterrupted):
             line = e.describe(command)

@@ -278,3 +278,26 @@ def _gpu_batched(cfg: TrainConfig) -> bool:
     env = cfg.cluster.placement.components.get("env")
     on_gpu = env is not None and bool(env.gpus)
     return cfg.env.sim_backend == "gpu" or (cfg.env.sim_backend == "auto" and on_gpu)
+
+
+def memory_hint(cfg: TrainConfig) -> str:
+    """The fields that size an embodied run's memory, with their values: the fix an
+    out-of-memory line gives (``m2flow.runs.session.RunOutOfMemory``).
+
+    >>> from m2flow.cli import load_run_config
+    >>> memory_hint(load_run_config("maniskill_pushcube_ppo_mlp", ["env.num_envs=8"]))
+    "lower env.num_envs (now 8: a simulator process each) or set algorithm.micro_batch_size (now unset: each learner step takes its whole minibatch of 100 samples at once); m2flow-plan predicts a placement's memory"
+    """
+    env = cfg.cluster.placement.components.get("env")
+    workers = 1 if env is None else env.workers
+    n = cfg.env.num_envs
+    sims = "" if cfg.env.sim_backend == "gpu" else ": a simulator process each"
+    per = f" per env worker, {workers} workers" if workers > 1 else ""
+    algo = cfg.algorithm
+    samples = n * workers * cfg.runner.rollout_steps
+    mini = samples // max(1, getattr(algo, "num_minibatches", 1))
+    micro = getattr(algo, "micro_batch_size", None)
+    now = (f"now {micro}" if micro else
+           f"now unset: each learner step takes its whole minibatch of {mini} samples at once")
+    return (f"lower env.num_envs (now {n}{per}{sims}) or set algorithm.micro_batch_size "
+            f"({now}); m2flow-plan predicts a placement's memory")

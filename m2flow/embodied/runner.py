@@ -21,7 +21,7 @@ from typing import Optional
 from tensordict import TensorDict
 
 from m2flow.embodied.algorithms import algorithm_class
-from m2flow.embodied.checks import check_config
+from m2flow.embodied.checks import check_config, memory_hint
 from m2flow.embodied.config import TrainConfig
 from m2flow.embodied.env_eval import EvalRound
 from m2flow.embodied.env_worker import EnvWorker
@@ -30,7 +30,7 @@ from m2flow.embodied.learner_worker import LearnerWorker, learner_rank
 from m2flow.embodied.plan import monitor as plan_monitor
 from m2flow.embodied.rollout_worker import RolloutWorker
 from m2flow.embodied.stages import rollout_rank
-from m2flow.pipelines import Channel
+from m2flow.pipelines import Channel, OutOfMemory
 from m2flow.pipelines.futures import Futures, Stopped, gather
 from m2flow.runs import checkpoint, seeding
 from m2flow.runs.logger import announce, log_field
@@ -376,6 +376,10 @@ class EmbodiedRunner:
             self._pending = None  # abandoned: its workers are ended with the session
             raise self.session.stopped(e, self.iteration, start=start, save=self.save,
                                        resumed_from=cfg.resume) from None
+        except OutOfMemory as e:  # a worker killed for memory: one line, the fields to change
+            self._pending = None
+            raise self.session.out_of_memory(e, self.iteration, hint=memory_hint(cfg),
+                                             resumed_from=cfg.resume) from None
         finally:
             try:
                 self.drain()

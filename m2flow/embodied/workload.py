@@ -48,6 +48,12 @@ def check(cfg: TrainConfig) -> None:
     check_train_config(cfg)
 
 
+def memory_hint(cfg: TrainConfig) -> str:
+    from m2flow.embodied.checks import memory_hint as hint
+
+    return hint(cfg)
+
+
 def train(cfg: TrainConfig) -> int:
     from m2flow.embodied.runner import EmbodiedRunner
 
@@ -110,6 +116,7 @@ WORKLOAD = Workload(
     check=check,
     train=train,
     evaluate=evaluate,
+    memory_hint=memory_hint,
     typed_base=typed_base,
     eval_shorthands={
         "episodes": "eval.episodes",

@@ -12,7 +12,7 @@ from m2flow.pipelines.context_switch import (
     SwitchStats,
     switch_plan,
 )
-from m2flow.pipelines.errors import PlacementError, WorkerError
+from m2flow.pipelines.errors import OutOfMemory, PlacementError, WorkerError
 from m2flow.pipelines.placement import (
     ComponentPlacement,
     Placement,
@@ -33,6 +33,7 @@ __all__ = [
     "ContextSwitcher",
     "Futures",
     "NodeInfo",
+    "OutOfMemory",
     "Placement",
     "PlacementConfig",
     "PlacementError",

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Optional, Sequence
 
-from m2flow.pipelines.errors import WorkerError
+from m2flow.pipelines.errors import OutOfMemory, WorkerError, oom_summary
 
 WAIT_SLICE_S = 0.2  # the driver looks for a stop request at least this often while it waits
 
@@ -135,7 +135,11 @@ def _result(fut, f: Futures, rank: int):
 
     try:
         return ray.get(fut)
+    except ray.exceptions.OutOfMemoryError as e:  # the call's worker, killed for memory
+        raise OutOfMemory(f"{where}: {oom_summary(str(e))}.") from None
     except ray.exceptions.RayActorError as e:
+        if "low on memory" in str(e):  # a call on a worker the monitor had killed
+            raise OutOfMemory(f"{where}: {oom_summary(str(e))}.") from None
         raise WorkerError(
             f"{where}: the worker's process died ({type(e).__name__}); it crashed, ran out of "
             "memory or was killed. Its log lines above say why."

@@ -168,3 +168,17 @@ def check_placement(cfg: ReasoningConfig) -> None:
             "the same time, but they share a GPU (or cluster.context_switch=always asks them to "
             "take turns); give them disjoint gpus or set cluster.placement.mode=collocated."
         )
+
+
+def memory_hint(cfg: ReasoningConfig) -> str:
+    """The fields that size a reasoning run's memory, with their values: the fix an
+    out-of-memory line gives (``m2flow.runs.session.RunOutOfMemory``).
+
+    >>> from m2flow.cli import load_run_config
+    >>> memory_hint(load_run_config("reasoning_arith_grpo_tiny", []))  # doctest: +ELLIPSIS
+    'lower algorithm.micro_batch_size (now ...) or algorithm.prompts_per_step x rollout.n (now ... x ... completions a step)'
+    """
+    a = cfg.algorithm
+    return (f"lower algorithm.micro_batch_size (now {a.micro_batch_size}) or "
+            f"algorithm.prompts_per_step x rollout.n (now {a.prompts_per_step} x {cfg.rollout.n} "
+            "completions a step)")

@@ -83,6 +83,12 @@ def _eval_dir(cfg: ReasoningConfig) -> Path:
     return Path(cfg.runner.log_dir) / "eval" / cfg.run_name / stamp
 
 
+def memory_hint(cfg: ReasoningConfig) -> str:
+    from m2flow.reasoning.checks import memory_hint as hint
+
+    return hint(cfg)
+
+
 WORKLOAD = Workload(
     name="reasoning",
     schema="reasoning_schema",
@@ -91,5 +97,6 @@ WORKLOAD = Workload(
     check=check,
     train=train,
     evaluate=evaluate,
+    memory_hint=memory_hint,
     eval_shorthands={"size": "eval.size", "samples": "eval.samples"},
 )

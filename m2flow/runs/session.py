@@ -206,6 +206,16 @@ class RunSession:
         ckpt = self.last_checkpoint or (Path(resumed_from) if resumed_from else None)
         return RunInterrupted(iteration, ckpt, self.phase, unit)
 
+    def out_of_memory(self, exc: BaseException, iteration: int, *, hint: str = "",
+                      unit: str = "iterations",
+                      resumed_from: Optional[str] = None) -> "RunOutOfMemory":
+        """What a runner raises when a worker was killed for memory (``exc``, an
+        :class:`~m2flow.pipelines.OutOfMemory`): nothing more is saved (the worker is gone);
+        the last checkpoint resumes the run once ``hint``'s fields are changed."""
+        _ENDING.set()
+        ckpt = self.last_checkpoint or (Path(resumed_from) if resumed_from else None)
+        return RunOutOfMemory(iteration, ckpt, self.phase, unit, cause=str(exc), hint=hint)
+
     def close(self) -> None:
         """Ends the workers (calls still running are abandoned) and the cluster."""
         _ENDING.set()  # a Ctrl-C now would leave processes behind (see stop_on_ctrl_c)
@@ -234,13 +244,42 @@ class RunInterrupted(Exception):
     def describe(self, command: Optional[Callable[[Optional[Path]], str]] = None) -> str:
         """The stop line after ``<program>: ``. ``command(checkpoint)``: the command line that
         resumes from ``checkpoint`` (None: the command that starts the run again)."""
-        where = f"interrupted during {self.phase} after {self.iteration} {self.unit}"
-        if self.checkpoint is None:
-            again = f"; start again with: {command(None)}" if command else "."
-            return f"{where}; no checkpoint was written{again}"
-        resume = (f"; resume with: {command(self.checkpoint)}" if command
-                  else f" (continue with resume={self.checkpoint}).")
-        return f"{where}; checkpoint {self.checkpoint}{resume}"
+        return _end_line(f"interrupted during {self.phase} after {self.iteration} {self.unit}",
+                         self.checkpoint, command)
+
+
+class RunOutOfMemory(RuntimeError):
+    """A run ended because a worker was killed for memory (an
+    :class:`~m2flow.pipelines.OutOfMemory`): the worker and the node's memory (``cause``),
+    what to change (``hint``: the fields that size the run's memory), and the checkpoint to
+    resume from once they are changed. Not an interruption: a sweep goes on to its next job."""
+
+    def __init__(self, iteration: int, checkpoint: Optional[Path], phase: str = "the run",
+                 unit: str = "iterations", cause: str = "", hint: str = ""):
+        self.iteration, self.checkpoint, self.phase, self.unit = iteration, checkpoint, phase, unit
+        self.cause, self.hint = cause.rstrip("."), hint
+        super().__init__(self.describe())
+
+    def describe(self, command: Optional[Callable[[Optional[Path]], str]] = None) -> str:
+        """``out of memory during learning after 3 iterations: <cause>; <hint>; checkpoint
+        ...; resume with: ...``"""
+        head = f"out of memory during {self.phase} after {self.iteration} {self.unit}: {self.cause}"
+        if self.hint:
+            head = f"{head}; {self.hint}"
+        if self.checkpoint is None:  # the same command would run out again: no command
+            return f"{head}; no checkpoint was written."
+        return _end_line(head, self.checkpoint, command).replace(
+            "; resume with: ", "; with those changed, resume with: ")
+
+
+def _end_line(head: str, checkpoint: Optional[Path],
+              command: Optional[Callable[[Optional[Path]], str]]) -> str:
+    if checkpoint is None:
+        again = f"; start again with: {command(None)}" if command else "."
+        return f"{head}; no checkpoint was written{again}"
+    resume = (f"; resume with: {command(checkpoint)}" if command
+              else f" (continue with resume={checkpoint}).")
+    return f"{head}; checkpoint {checkpoint}{resume}"
 
 
 _PHASE = ["start-up"]  # the newest run's phase: a stop before its loop names it too

@@ -34,6 +34,9 @@ class Workload:
     """Runs ``m2flow-eval`` with a config and a checkpoint's state (None: initial weights)."""
     eval_shorthands: dict[str, str] = field(default_factory=dict)
     """``m2flow-eval`` arguments that stand for a config key (``episodes`` -> ``eval.episodes``)."""
+    memory_hint: Optional[Callable[[Any], str]] = None
+    """The fields that size a run's memory, with their values (``lower env.num_envs (now 64)
+    ...``): the fix of the one line a run killed for memory ends with. None: no hint."""
     typed_base: Optional[Callable[[Any], Any]] = None
     """The typed config a saved config (a checkpoint's, as a DictConfig) is merged onto; for
     config groups whose schema depends on a saved value (embodied: the algorithm's config
