@@ -33,7 +33,7 @@ from m2flow.embodied.stages import rollout_rank
 from m2flow.pipelines import Channel, OutOfMemory
 from m2flow.pipelines.futures import Futures, Stopped, gather
 from m2flow.runs import checkpoint, seeding
-from m2flow.runs.logger import announce, log_field
+from m2flow.runs.logger import announce, log_field, memory_in_use
 from m2flow.runs.session import RunSession
 from m2flow.runs.weights import send_state, sync_groups
 
@@ -118,7 +118,7 @@ class EmbodiedRunner:
             f"; weights by {self.session.links[-1].backend} broadcast")
         announce(f"start-up: ready in {time.perf_counter() - t0:.1f} s: {self.env.world_size} "
                  f"env worker(s) x {cfg.env.num_envs} envs, {self.rollout.world_size} rollout"
-                 f"{learners}; placement {self.placement.mode}{sync}")
+                 f"{learners}; placement {self.placement.mode}{sync}; {memory_in_use()}")
         if not train:
             self.session.phase = "evaluation"  # all that is left to do
 

@@ -207,3 +207,12 @@ def summary_line(iteration: int, step: int, m: dict[str, float],
 def terminal() -> bool:
     """True when stdout and stderr are both terminals (a bar may be drawn)."""
     return sys.stdout.isatty() and sys.stderr.isatty()
+
+
+def memory_in_use() -> str:
+    """This machine's memory in use, for a person to see how close a run is to its limit
+    (``memory 18.2 of 23.5 GB in use``): total minus what the kernel reports available."""
+    import psutil
+
+    vm = psutil.virtual_memory()
+    return f"memory {(vm.total - vm.available) / 2**30:.1f} of {vm.total / 2**30:.1f} GB in use"

@@ -1,9 +1,11 @@
 """End to end on real ManiSkill envs: the CLI in-process, and Ray workers with resume."""
 
 import json
+import re
 import subprocess
 import sys
 
+import psutil
 import torch
 
 from m2flow.cli import load_run_config
@@ -89,7 +91,10 @@ def test_a_run_logged_to_a_file_has_lines_and_progress_and_no_bar_frames(tmp_pat
     lines = text.splitlines()
     assert lines[0].startswith("start-up: building the local cluster, env workers of 2 "
                                "gym/Pendulum-v1 simulators each, policy mlp")
-    assert any(line.startswith("start-up: ready in ") for line in lines)
+    ready = next(line for line in lines if line.startswith("start-up: ready in "))
+    # this machine's memory in use then, against its total as psutil gives it here
+    used, total = map(float, re.search(r"; memory ([\d.]+) of ([\d.]+) GB in use$", ready).groups())
+    assert total == round(psutil.virtual_memory().total / 2**30, 1) and 0.2 < used < total, ready
     assert [line[:9] for line in lines if line.startswith("it ")] == ["it    0 |", "it    1 |"]
     # 4 episodes on 2 envs: two rounds per evaluation, one evaluation per iteration
     rounds = [line.split(" | ")[0] for line in lines if line.startswith("eval gym/")]
