@@ -262,7 +262,7 @@ def main() -> None:
     if "job" in cases:
         job = measure_job(args.job_iterations)
         print(f"  {json.dumps(job)}", file=sys.stderr, flush=True)
-        print(f"\ndefault job (m2flow-train maniskill_pushcube_ppo_mlp, {args.job_iterations} "
+        print(f"\ndefault job (m2flow-train --config-name maniskill_pushcube_ppo_mlp, {args.job_iterations} "
               f"iterations, {job['wall_s']:.0f} s): peak whole-run PSS {job['whole'] / MiB:.0f} MB "
               f"at {job['t']:.0f} s, {job['n']} simulators of {job['pss_sim'] / MiB:.0f} MB each; "
               f"envs that fit in 24 GiB: {fit(job['whole'], job['n'], job['pss_sim'])}")

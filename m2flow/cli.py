@@ -64,9 +64,11 @@ def register_schemas() -> None:
         workload(name).register_schemas()
 
 
-def load_run_config(config_name: str, overrides: Sequence[str] = ()):
+def load_run_config(config_name: str, overrides: Sequence[str] = (), *, make_plan: bool = True):
     """Entry config ``config_name`` with ``overrides``, as its workload's config object,
-    checked (names, ranges, cross-field rules) before anything starts.
+    checked (names, ranges, cross-field rules) before anything starts. ``make_plan=False``:
+    ``cluster.plan=auto`` stays as it is (making the plan measures the components; a plan
+    file is applied either way).
 
     >>> cfg = load_run_config("maniskill_pushcube_ppo_mlp", ["env.num_envs=2"])
     >>> cfg.env.num_envs, cfg.workload
@@ -76,7 +78,8 @@ def load_run_config(config_name: str, overrides: Sequence[str] = ()):
 
     register_schemas()
     composed = load_config(config_name, overrides)
-    if composed.cluster.plan is not None:  # a plan file (or a plan made now) applied
+    if composed.cluster.plan is not None and (make_plan or str(composed.cluster.plan) != "auto"):
+        # a plan file (or a plan made now) applied
         from m2flow.planning import with_plan
 
         composed = with_plan(config_name, overrides, composed)
@@ -260,7 +263,7 @@ def train(argv: Optional[list[str]] = None) -> int:
             raise ConfigError(
                 f"config error: {swept[0]} gives several values (a sweep); run every job with "
                 f"-m (m2flow-train -m {shlex.join(args.overrides)}), or give one value.")
-        cfg = load_run_config(args.config_name, args.overrides)
+        cfg = load_run_config(args.config_name, args.overrides, make_plan=not args.cfg)
     except ConfigError as e:
         print(f"m2flow-train: {e}", file=sys.stderr)
         return EXIT_CONFIG

@@ -93,3 +93,17 @@ def test_a_run_with_an_auto_plan_logs_its_drift_and_re_plans_the_stages(tmp_path
     log = next(tmp_path.glob("*/*/train.log")).read_text()
     assert "s/iteration for this run's plan" in log and "re-plans the stages on a drift" in log
     assert "re-planned with the measured component times" in log
+
+
+def test_cfg_prints_plan_auto_as_given_without_measuring(capsys, monkeypatch):
+    """``m2flow-train --cfg cluster.plan=auto`` prints the config; making the plan would
+    measure every component (minutes), which printing a config must not do."""
+    import m2flow.planning as planning
+
+    def measuring(*args, **kwargs):
+        raise AssertionError("--cfg made a plan")
+
+    monkeypatch.setattr(planning, "make_plan", measuring)
+    assert train_cli(["--cfg", "cluster.plan=auto", "env.num_envs=2"]) == 0
+    out = capsys.readouterr().out
+    assert "plan: auto" in out and "num_envs: 2" in out
