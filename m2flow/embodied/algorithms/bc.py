@@ -45,7 +45,7 @@ from omegaconf import MISSING
 from tensordict import TensorDict
 
 from m2flow import keys
-from m2flow.embodied.algorithms.augment import shift_images
+from m2flow.embodied.augment import shift_images
 from m2flow.embodied.algorithms.base import Algorithm, AlgorithmConfig, AlgorithmError, _check
 from m2flow.runs import seeding
 
@@ -95,7 +95,7 @@ class BCConfig(AlgorithmConfig):
     iteration's sample padded by this many pixels (edges repeated) and cropped back at a random
     offset, drawn afresh each iteration; 0: none. 4 suits 64-128 px frames (DrQ's 4 at 84 px).
     Keeps a small image encoder from memorising a few thousand expert frames pixel by pixel
-    (m2flow.embodied.algorithms.augment)."""
+    (m2flow.embodied.augment)."""
 
     def validate(self) -> None:
         super().validate()
