@@ -321,11 +321,8 @@ def _interruptible(prog: str, run, command=None, hint=lambda: "") -> int:
         return run()
     except (RunOutOfMemory, OutOfMemory) as e:
         if isinstance(e, OutOfMemory):  # before the run's loop (start-up), or m2flow-eval
-            e = RunOutOfMemory(0, None, current_phase(), cause=str(e), hint=hint())
-            line = e.describe(command).replace(" after 0 iterations", "")
-        else:
-            line = e.describe(command)
-        print(f"{prog}: {line}", file=sys.stderr, flush=True)
+            e = RunOutOfMemory(None, None, current_phase(), cause=str(e), hint=hint())
+        print(f"{prog}: {e.describe(command)}", file=sys.stderr, flush=True)
         return EXIT_FAILED
     except (Stopped, RunInterrupted, KeyboardInterrupt) as e:
         if isinstance(e, RunInterrupted):

@@ -50,4 +50,3 @@ def shift_images(obs: TensorDict, pad: int, gen: torch.Generator) -> TensorDict:
         if value.dtype == torch.uint8 and value.ndim == 4:
             out[key] = random_shift(value, pad, gen)
     return out
-

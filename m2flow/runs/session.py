@@ -254,8 +254,10 @@ class RunOutOfMemory(RuntimeError):
     what to change (``hint``: the fields that size the run's memory), and the checkpoint to
     resume from once they are changed. Not an interruption: a sweep goes on to its next job."""
 
-    def __init__(self, iteration: int, checkpoint: Optional[Path], phase: str = "the run",
-                 unit: str = "iterations", cause: str = "", hint: str = ""):
+    def __init__(self, iteration: Optional[int], checkpoint: Optional[Path],
+                 phase: str = "the run", unit: str = "iterations", cause: str = "",
+                 hint: str = ""):
+        """``iteration`` None: before the run's loop (start-up, or an evaluation)."""
         self.iteration, self.checkpoint, self.phase, self.unit = iteration, checkpoint, phase, unit
         self.cause, self.hint = cause.rstrip("."), hint
         super().__init__(self.describe())
@@ -263,21 +265,21 @@ class RunOutOfMemory(RuntimeError):
     def describe(self, command: Optional[Callable[[Optional[Path]], str]] = None) -> str:
         """``out of memory during learning after 3 iterations: <cause>; <hint>; checkpoint
         ...; resume with: ...``"""
-        head = f"out of memory during {self.phase} after {self.iteration} {self.unit}: {self.cause}"
+        after = "" if self.iteration is None else f" after {self.iteration} {self.unit}"
+        head = f"out of memory during {self.phase}{after}: {self.cause}"
         if self.hint:
             head = f"{head}; {self.hint}"
         if self.checkpoint is None:  # the same command would run out again: no command
             return f"{head}; no checkpoint was written."
-        return _end_line(head, self.checkpoint, command).replace(
-            "; resume with: ", "; with those changed, resume with: ")
+        return _end_line(head, self.checkpoint, command, resume="with those changed, resume")
 
 
 def _end_line(head: str, checkpoint: Optional[Path],
-              command: Optional[Callable[[Optional[Path]], str]]) -> str:
+              command: Optional[Callable[[Optional[Path]], str]], resume: str = "resume") -> str:
     if checkpoint is None:
         again = f"; start again with: {command(None)}" if command else "."
         return f"{head}; no checkpoint was written{again}"
-    resume = (f"; resume with: {command(checkpoint)}" if command
+    resume = (f"; {resume} with: {command(checkpoint)}" if command
               else f" (continue with resume={checkpoint}).")
     return f"{head}; checkpoint {checkpoint}{resume}"
 

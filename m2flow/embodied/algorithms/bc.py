@@ -45,8 +45,8 @@ from omegaconf import MISSING
 from tensordict import TensorDict
 
 from m2flow import keys
-from m2flow.embodied.augment import shift_images
 from m2flow.embodied.algorithms.base import Algorithm, AlgorithmConfig, AlgorithmError, _check
+from m2flow.embodied.augment import shift_images
 from m2flow.runs import seeding
 
 BC_LOSSES = ("nll", "mse")
