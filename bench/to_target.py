@@ -1,33 +1,42 @@
-"""How long does the default job take to its success target, and what changes that? The job
-trained once per mode in one run, wall time to the target side by side.
+"""How many env steps and how much wall time does the default job need to reach its success
+target? The README's first-run claim, measured: one run per seed (and per mode), one table.
 
-Every mode uses the same seed and config (maniskill_pushcube_ppo_mlp: PushCube-v1 from state,
-PPO, 16 envs, stop at eval success >= 0.9 over 64 episodes, evaluated every 10 iterations) plus
-its own overrides:
+Every run uses the same config (``maniskill_pushcube_ppo_mlp``: PushCube-v1 from state, PPO,
+16 envs, stop at eval success >= 0.9 over 64 episodes, evaluated every 10 iterations) with
+its seed and its mode's overrides:
 
-- ``full-eval``: every evaluation runs all 64 episodes (``runner.eval_curtail=false``);
-- ``curtailed``: an evaluation ends after the round (16 episodes) from which 0.9 is out of
-  reach (``runner.eval_curtail=true``, the default): the same stop decision, less evaluation;
-- ``sequential`` / ``overlap``: ``runner.overlap_learner`` off / on (the env and rollout workers
-  collect iteration k+1 with the previous weights while the learner trains on iteration k).
+- ``default``: the config as it is (what ``bash scripts/train.sh`` runs);
+- ``full-eval`` / ``curtailed``: every evaluation runs all 64 episodes, or ends after the round
+  (16 episodes) from which 0.9 is out of reach (``runner.eval_curtail``; curtailed is the
+  default): the same stop decision, less evaluation;
+- ``sequential`` / ``overlap``: ``runner.overlap_learner`` off / on.
 
-The runs are sequential (~5-15 minutes each here, too long to interleave); wall time counts
-the training loop (``wall_s``: first iteration to stop) and, separately, the whole command
-from launch (start-up included).
+The runs are sequential (minutes each on two cores). ``train s`` is the training loop (first
+iteration to stop, evaluations included); ``command s`` adds start-up (Ray, simulators,
+models) as ``m2flow-train`` would, without the interpreter's imports. The table is printed
+as docs/results.md rows (date, commit, machine, command, figure). Run it before stopping
+whenever ``embodied/``, ``envs/``, ``policies/`` or ``runs/`` changed:
 
-    python bench/to_target.py [--modes full-eval curtailed] [--config ...] [override ...]
+    python bench/to_target.py                          # seeds 0 1 2, the default config
+    python bench/to_target.py --seeds 0 --modes full-eval curtailed
+    python bench/to_target.py --config maniskill_pickcube_ppo_mlp env.num_envs=8
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
+import platform
+import shlex
+import subprocess
 import time
 
 from m2flow.cli import load_run_config
 from m2flow.embodied.runner import EmbodiedRunner
 
 MODES = {
+    "default": [],
     "full-eval": ["runner.eval_curtail=false"],
     "curtailed": ["runner.eval_curtail=true"],
     "sequential": ["runner.overlap_learner=false"],
@@ -35,10 +44,12 @@ MODES = {
 }
 
 
-def train(config: str, mode: str, overrides: list[str]) -> dict:
+def train(config: str, mode: str, seed: int, overrides: list[str]) -> dict:
+    """One run to the target (or ``runner.num_iterations``); the runner's summary plus the
+    command's wall time."""
     t0 = time.perf_counter()
-    cfg = load_run_config(config, [*MODES[mode], "runner.progress_bar=false",
-                                   f"run_name=bench_to_target_{mode}", *overrides])
+    cfg = load_run_config(config, [*MODES[mode], f"seed={seed}", "runner.progress_bar=false",
+                                   f"run_name=bench_to_target_{mode}_s{seed}", *overrides])
     runner = EmbodiedRunner(cfg)
     try:
         result = runner.train()
@@ -47,33 +58,46 @@ def train(config: str, mode: str, overrides: list[str]) -> dict:
     return {**result, "command_s": time.perf_counter() - t0}
 
 
+def command(config: str, mode: str, seed: int, overrides: list[str]) -> str:
+    """The m2flow-train command line a row stands for."""
+    name = [] if config == "maniskill_pushcube_ppo_mlp" else ["--config-name", config]
+    return shlex.join(["m2flow-train", *name, *MODES[mode], f"seed={seed}", *overrides])
+
+
+def machine() -> str:
+    import psutil
+
+    return (f"{platform.processor() or platform.machine()} {os.cpu_count()} vCPU "
+            f"{psutil.virtual_memory().total / 2**30:.0f} GiB, no GPU")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default="maniskill_pushcube_ppo_mlp")
-    p.add_argument("--modes", nargs="+", choices=sorted(MODES), default=["full-eval", "curtailed"])
+    p.add_argument("--modes", nargs="+", choices=sorted(MODES), default=["default"])
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("overrides", nargs="*", help="config overrides for every run")
     args = p.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    rows = {mode: train(args.config, mode, args.overrides) for mode in args.modes}
-    print(f"\n{args.config} {' '.join(args.overrides)}, {os.cpu_count()} CPUs")
-    print(f"{'mode':<12}{'iterations':>11}{'env steps':>11}{'eval success':>14}{'wall s':>9}"
-          f"{'of it eval':>12}{'train s/iteration':>19}{'command s':>11}")
-    for name, r in rows.items():
-        print(f"{name:<12}{r['iterations']:>11}{r['env_steps']:>11}"
-              f"{r.get('eval/success', float('nan')):>14.3f}{r['wall_s']:>9.0f}"
-              f"{r['eval_s']:>12.0f}{_train_per_it(r):>19.2f}{r['command_s']:>11.0f}")
-    first = rows[args.modes[0]]
-    for name in args.modes[1:]:
-        r = rows[name]
-        print(f"{name} vs {args.modes[0]}: wall_ratio={r['wall_s'] / first['wall_s']:.2f} "
-              f"eval_ratio={r['eval_s'] / max(first['eval_s'], 1e-9):.2f} "
-              f"train_per_iteration_ratio={_train_per_it(r) / _train_per_it(first):.2f} "
-              f"success={r.get('eval/success', float('nan')):.3f}")
-
-
-def _train_per_it(r: dict) -> float:
-    """Seconds per iteration without evaluation."""
-    return (r["wall_s"] - r["eval_s"]) / max(1, r["iterations"])
+    rows = [(mode, seed, train(args.config, mode, seed, args.overrides))
+            for mode in args.modes for seed in args.seeds]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, check=False).stdout.strip()
+    date, where = datetime.date.today().isoformat(), machine()
+    print(f"\n{args.config} {' '.join(args.overrides)}: to runner.stop_at_success")
+    print("| date | commit | machine | command | iterations | env steps | eval success "
+          "| train s | of it eval s | command s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for mode, seed, r in rows:
+        print(f"| {date} | `{commit}` | {where} | `{command(args.config, mode, seed, args.overrides)}` "
+              f"| {r['iterations']} | {r['env_steps']:,} | {r.get('eval/success_once', float('nan')):.3f} "
+              f"| {r['wall_s']:.0f} | {r['eval_s']:.0f} | {r['command_s']:.0f} |")
+    for mode in args.modes:
+        mine = [r for m, _, r in rows if m == mode]
+        steps = sorted(r["env_steps"] for r in mine)
+        walls = sorted(r["wall_s"] for r in mine)
+        print(f"{mode}: env steps {steps[0]:,}-{steps[-1]:,}, train {walls[0]:.0f}-{walls[-1]:.0f} s "
+              f"over seeds {' '.join(map(str, args.seeds))}")
 
 
 if __name__ == "__main__":
