@@ -1,0 +1,136 @@
+"""Learning fingerprints: the logged scalars of the first iterations of the default job and of
+the reasoning tiny job, at a small size, against a record kept in the repository.
+
+Both runs are deterministic (fixed seed, CPU, Ray workers as the configs place them), so a
+change anywhere in what they compute (env, policy, algorithm, seeding, the run loop) shows
+up here as a changed number, not weeks later as a slower default job. A change of the
+numbers on purpose updates the record in the same commit, saying why:
+
+    M2FLOW_UPDATE_RECORDS=1 bash scripts/test.sh tests/e2e/test_fingerprint.py
+
+Scalars are compared within ``RTOL`` (float32 TensorBoard values; a different CPU can round
+a sum differently), timing scalars (``time/``, ``perf/``) are not compared, and a scalar that
+appears or disappears is a difference too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from m2flow.cli import train
+
+RECORDS = Path(__file__).resolve().parent.parent / "records"
+UPDATE = os.environ.get("M2FLOW_UPDATE_RECORDS") == "1"
+RTOL, ATOL = 1e-5, 1e-7
+UNTIMED = ("time/", "perf/", "switch/")  # wall-clock figures: never reproducible
+
+EMBODIED = [  # the default job (maniskill_pushcube_ppo_mlp) with 4 envs, 3 iterations, 1 eval
+    "env.num_envs=4", "runner.num_iterations=3", "runner.eval_interval=3",
+    "runner.eval_episodes=4", "runner.checkpoint_interval=0", "runner.progress_bar=false",
+]
+REASONING = [  # the reasoning tiny job: a short warm start (some answers right), 3 GRPO steps
+    "--config-name", "reasoning_arith_grpo_tiny", "warm_start.steps=80", "runner.num_steps=3",
+    "runner.eval_interval=3", "data.test_size=32", "runner.checkpoint_interval=0",
+    "runner.progress_bar=false",
+]
+
+
+PACKAGES = ("torch", "numpy", "sapien", "mani_skill", "transformers", "ray", "tensordict")
+
+
+def environment() -> dict[str, str]:
+    """What else decides the numbers: the packages that compute them and the CPU model. A
+    difference with a record made elsewhere names these too, to tell code from machine."""
+    from importlib.metadata import version
+
+    cpu = next((line.split(":", 1)[1].strip() for line in
+                Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
+               "unknown") if Path("/proc/cpuinfo").exists() else "unknown"
+    return {"cpu": cpu, **{p: version(p.replace("_", "-")) for p in PACKAGES}}
+
+
+def scalars(run_dir: Path) -> dict[str, dict[str, float]]:
+    """Every untimed TensorBoard scalar of a run: {tag: {step: value}}."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: {str(e.step): e.value for e in acc.Scalars(tag)}
+            for tag in sorted(acc.Tags()["scalars"]) if not tag.startswith(UNTIMED)}
+
+
+def differences(recorded: dict, now: dict) -> list[str]:
+    """What differs between two fingerprints, one line each (empty: they agree).
+
+    >>> differences({"a": {"1": 1.0}}, {"a": {"1": 1.0 + 1e-9}})
+    []
+    >>> differences({"a": {"1": 1.0}, "b": {"1": 0.0}}, {"a": {"1": 1.1}, "c": {"1": 0.0}})
+    ['a at step 1: recorded 1.0, now 1.1', 'b: recorded, not logged now', 'c: logged now, not recorded']
+    """
+    out = []
+    for tag in sorted(recorded.keys() | now.keys()):
+        if tag not in now:
+            out.append(f"{tag}: recorded, not logged now")
+        elif tag not in recorded:
+            out.append(f"{tag}: logged now, not recorded")
+        else:
+            for step in sorted(recorded[tag].keys() | now[tag].keys(), key=int):
+                a, b = recorded[tag].get(step), now[tag].get(step)
+                same = (a is not None and b is not None and
+                        (math.isclose(a, b, rel_tol=RTOL, abs_tol=ATOL) or a == b))
+                if not same:
+                    out.append(f"{tag} at step {step}: recorded {a}, now {b}")
+    return out
+
+
+def check(name: str, args: list[str], tmp_path: Path) -> None:
+    assert train([*args, f"runner.log_dir={tmp_path}"]) == 0
+    run_dir = next(p for p in tmp_path.glob("*/*") if (p / "tb").is_dir())
+    now = scalars(run_dir)
+    path = RECORDS / f"fingerprint_{name}.json"
+    if UPDATE:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps({"args": args, "environment": environment(), "scalars": now},
+                                   indent=1, sort_keys=True) + "\n")
+        return
+    recorded = json.loads(path.read_text())
+    assert recorded["args"] == args, f"{path.name} was recorded with other arguments"
+    diff = differences(recorded["scalars"], now)
+    env = environment()
+    moved = {k: (v, env.get(k)) for k, v in recorded.get("environment", {}).items()
+             if env.get(k) != v}
+    assert not diff, (
+        f"the {name} run's numbers changed ({len(diff)} differences; first: {diff[:8]}); "
+        f"recorded vs now, where they differ: {moved or 'same packages and CPU'}. If "
+        f"that is on purpose, update {path.relative_to(RECORDS.parent.parent)} in the same "
+        "commit and say why: M2FLOW_UPDATE_RECORDS=1 bash scripts/test.sh "
+        "tests/e2e/test_fingerprint.py")
+
+
+def test_default_job_fingerprint(tmp_path):
+    check("embodied", EMBODIED, tmp_path)
+
+
+def test_reasoning_tiny_fingerprint(tmp_path):
+    check("reasoning", REASONING, tmp_path)
+
+
+SIGNAL = {  # per record: (its policy loss, a scalar > 0 only when rewards differ in a group)
+    "embodied": ("loss/loss_policy", "train/reward_spread"),
+    "reasoning": ("loss/policy", "train/groups_kept"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SIGNAL))
+def test_records_have_signal(name):
+    """A fingerprint of a run that learns nothing would miss a broken loss: each recorded run
+    has non-zero policy losses and rewards that differ (GRPO: groups kept by its filter)."""
+    rec = json.loads((RECORDS / f"fingerprint_{name}.json").read_text())["scalars"]
+    loss, spread = SIGNAL[name]
+    assert any(abs(v) > 1e-6 for v in rec[loss].values()), rec[loss]
+    assert max(rec[spread].values()) > 0, rec[spread]
