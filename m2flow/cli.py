@@ -39,7 +39,7 @@ PLANNERS = {  # each workload's profiler for m2flow-plan (m2flow.planning)
 }
 DEFAULT_CONFIG = "maniskill_pushcube_ppo_mlp"
 DEFAULT_EVAL_CONFIG = "eval"  # m2flow/configs/eval.yaml
-EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 1, 2, 130
+EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 1, 2, 130  # 143 after SIGTERM
 
 
 def workload(name: str) -> Workload:
@@ -276,7 +276,7 @@ def train(argv: Optional[list[str]] = None) -> int:
     w = workload(cfg.workload)
     return _interruptible("m2flow-train", lambda: w.train(cfg),
                           command=lambda ckpt: _train_command(args.config_name, args.overrides, ckpt),
-                          hint=lambda: w.memory_hint(cfg) if w.memory_hint else "")
+                          hint=lambda: w.memory_hint(cfg) if w.memory_hint else "", cfg=cfg)
 
 
 @_quiet_ctrl_c("m2flow-eval")
@@ -298,32 +298,35 @@ def evaluate(argv: Optional[list[str]] = None) -> int:
     w = workload(cfg.workload)
     env = getattr(cfg, "env", None)  # no learner here: only the simulators' count to lower
     return _interruptible("m2flow-eval", lambda: w.evaluate(cfg, state),
-                          hint=lambda: f"lower env.num_envs (now {env.num_envs})" if env else "")
+                          hint=lambda: f"lower env.num_envs (now {env.num_envs})" if env else "",
+                          cfg=cfg)
 
 
-def _interruptible(prog: str, run, command=None, hint=lambda: "") -> int:
-    """Runs ``run`` with Ctrl-C handled as ``runs.session.stop_on_ctrl_c`` says: it stops
-    within seconds in any phase and ends with one line saying where; with ``command`` (the
-    command line that resumes from a checkpoint, or starts again from None), that too. A
-    worker killed for memory ends it with one line too: the worker, the node's memory, the
-    fields to change (``hint()``) and how to resume; exit code 1."""
-    from m2flow.pipelines import OutOfMemory
+def _interruptible(prog: str, run, command=None, hint=lambda: "", cfg=None) -> int:
+    """Runs ``run`` with Ctrl-C (and SIGTERM) handled as ``runs.session.stop_on_ctrl_c``
+    says: it stops within seconds in any phase and ends with one line saying where; with
+    ``command`` (the command line that resumes from a checkpoint, or starts again from None),
+    that too; exit code 130 (143 after SIGTERM).
+
+    A failure ends it with one line too (exit code 1): a worker that died (killed, crashed,
+    or for memory: then the fields to change, ``hint()``), a channel that stopped
+    delivering, an exception raised in a worker or here. The line names the worker, its
+    method and the cause, the phase, the checkpoint and how to resume; the traceback goes to
+    the run's ``train.log`` (``runs.session.run_failed``, for the run of ``cfg``; without
+    ``cfg`` only the failures a runner turned into a ``RunFailed`` are one line)."""
     from m2flow.pipelines.futures import Stopped
     from m2flow.runs.session import (
+        RunFailed,
         RunInterrupted,
-        RunOutOfMemory,
         current_phase,
+        run_failed,
         stop_on_ctrl_c,
+        stop_signal,
     )
 
     restore = stop_on_ctrl_c()
     try:
         return run()
-    except (RunOutOfMemory, OutOfMemory) as e:
-        if isinstance(e, OutOfMemory):  # before the run's loop (start-up), or m2flow-eval
-            e = RunOutOfMemory(None, None, current_phase(), cause=str(e), hint=hint())
-        print(f"{prog}: {e.describe(command)}", file=sys.stderr, flush=True)
-        return EXIT_FAILED
     except (Stopped, RunInterrupted, KeyboardInterrupt) as e:
         if isinstance(e, RunInterrupted):
             line = e.describe(command)
@@ -335,7 +338,15 @@ def _interruptible(prog: str, run, command=None, hint=lambda: "") -> int:
         sys.stdout.flush()
         # Workers, simulators, Ray and the run's files are closed by now; the interpreter's
         # own teardown (torch, Ray, simulator modules) would take 1-2 s more.
-        os._exit(EXIT_INTERRUPTED)
+        os._exit(128 + (stop_signal() or signal.SIGINT))
+    except Exception as e:
+        if not isinstance(e, RunFailed):  # before the run's loop (start-up), or m2flow-eval
+            if cfg is None:
+                raise
+            e = run_failed(e, cfg, hint=hint())
+        lead = "\n" if sys.stderr.isatty() else ""
+        print(f"{lead}{prog}: {e.describe(command)}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
     finally:
         restore()
 

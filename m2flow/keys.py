@@ -30,6 +30,10 @@ key                               dtype      shape (per row)  written by
 ("next", "truncated")             bool       ()               envs.step: time limit (bootstrap)
 ("next", "done")                  bool       ()               envs.step: terminated | truncated
 ("next", "success")               bool       ()               envs.step: task predicate now true
+                                                              (chunks: at any of its steps)
+("next", "success_at_end")        bool       ()               envs.chunked: success at the last
+                                                              step of the episode's part (absent:
+                                                              one step, its "success")
 ("next", "discarded")             bool       ()               envs.step: sim process restarted
 ("next", "step_reward")           float32    (K,)             envs.chunked: each step's reward
 ("next", "step_done")             bool       (K,)             envs.chunked: each step's done
@@ -94,6 +98,7 @@ TERMINATED = (NEXT, "terminated")
 TRUNCATED = (NEXT, "truncated")
 DONE = (NEXT, "done")
 SUCCESS = (NEXT, "success")
+SUCCESS_AT_END = (NEXT, "success_at_end")  # chunks; a one-step transition's is its SUCCESS
 DISCARDED = (NEXT, "discarded")
 STEP_REWARD = (NEXT, "step_reward")
 STEP_DONE = (NEXT, "step_done")

@@ -66,9 +66,9 @@ def multirun(config_name: str, overrides: Sequence[str], show_cfg: bool = False)
 class SweepJob:
     """One job of ``m2flow-train -m`` as Hydra's launcher calls it, with the job's composed
     config: checked as a single run's, trained, and summed up in a row (job, overrides,
-    eval success, env steps, wall time, run dir, status). A job that fails gives a row, not
-    an exception, so the sweep goes on; Ctrl-C ends the sweep. A plain object of this module,
-    so a launcher plugin can pickle it into another process."""
+    eval success, env steps, wall time, run dir, status). A job that fails gives a row (and
+    its one line on stderr), not an exception, so the sweep goes on; Ctrl-C ends the sweep.
+    A plain object of this module, so a launcher plugin can pickle it into another process."""
 
     def __init__(self, config_name: str, num_jobs: int):
         self.config_name, self.num_jobs = config_name, num_jobs
@@ -80,7 +80,7 @@ class SweepJob:
         from hydra.core.hydra_config import HydraConfig
 
         from m2flow.pipelines.futures import Stopped
-        from m2flow.runs.session import RunInterrupted, config_yaml
+        from m2flow.runs.session import RunFailed, RunInterrupted, config_yaml
 
         hc = HydraConfig.get()
         self.current = list(hc.overrides.task)
@@ -89,7 +89,7 @@ class SweepJob:
         print(f"multirun: job {hc.job.num} ({hc.job.num + 1} of {self.num_jobs}): "
               f"{shlex.join(self.current) or 'no overrides'}", flush=True)
         t0 = time.perf_counter()
-        runs, before, text = None, set(), None
+        runs, before, text, cfg = None, set(), None, None
         try:
             cfg = _run_config(composed)
             runs = Path(cfg.runner.log_dir) / cfg.run_name
@@ -101,10 +101,26 @@ class SweepJob:
         except Exception as e:  # this job's failure, in the table; the sweep goes on
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             row["status"] = f"failed: {type(e).__name__}: {first}".rstrip(": ")
+            if isinstance(e, RunFailed):
+                row["status"] = e.headline()
+            self._say_failed(hc.job.num, e, cfg)
         row["wall_s"] = time.perf_counter() - t0
         if runs is not None:
             row.update(_run_results(runs, before, text))
         return row
+
+    def _say_failed(self, job: int, e: Exception, cfg) -> None:
+        """The failed job's one line on stderr, as a single run ends with (the traceback in
+        its run's ``train.log``), with the command that resumes or repeats this job."""
+        from m2flow.runs.session import RunFailed, run_failed
+
+        if not isinstance(e, RunFailed):
+            if cfg is None:  # its config did not load: the status says why
+                return
+            w = workload(cfg.workload)
+            e = run_failed(e, cfg, hint=w.memory_hint(cfg) if w.memory_hint else "")
+        command = lambda ckpt: _train_command(self.config_name, self.current, ckpt)  # noqa: E731
+        print(f"m2flow-train: job {job}: {e.describe(command)}", file=sys.stderr, flush=True)
 
 
 def _run_results(runs: Path, before: set, text: Optional[str]) -> dict:
@@ -127,7 +143,7 @@ def _run_results(runs: Path, before: set, text: Optional[str]) -> dict:
         except ValueError:
             return out
         metrics = state.get("metrics", {})  # reasoning runs score eval/accuracy
-        out["success"] = metrics.get("eval/success", metrics.get("eval/accuracy"))
+        out["success"] = metrics.get("eval/success_once", metrics.get("eval/accuracy"))
         out["env_steps"] = state.get("global_step")
     return out
 

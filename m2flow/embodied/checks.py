@@ -33,6 +33,7 @@ COMPONENTS = ("env", "rollout", "learner")  # the runner's (m2flow.embodied.runn
 SIM_BACKENDS = ("auto", "cpu", "gpu")
 RENDER_BACKENDS = ("auto", "none", "cpu", "gpu")
 SHARED_MEMORY = ("auto", "on", "off")  # m2flow.envs.shm.MODES
+SUCCESS_METRICS = ("success_once", "success_at_end")  # EpisodeStats' two success figures
 
 RULES: list[Rule] = [
     ("env.num_envs", at_least(1), "set the envs each env worker steps (e.g. 8)"),
@@ -58,6 +59,9 @@ RULES: list[Rule] = [
     ("runner.eval_episodes", at_least(1), "set the episodes per evaluation (e.g. 16)"),
     ("runner.stop_at_success", optional(within(0, 1, open_low=True), "run all iterations"),
      "give the success rate to stop at, e.g. 0.9"),
+    ("runner.success_metric", one_of(SUCCESS_METRICS),
+     "'success_once' counts an episode that reached the goal at any step, 'success_at_end' "
+     "one that holds it at its last step"),
     ("runner.stop_after_evals", at_least(1),
      "give the evaluations in a row that must reach runner.stop_at_success (e.g. 1 or 2)"),
     ("runner.max_staleness", at_least(0), "give the updates an action may lag behind (e.g. 1)"),

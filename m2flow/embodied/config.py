@@ -47,14 +47,18 @@ class RunnerConfig(RunnerBaseConfig):
     eval_episodes: int = 16
     """Episodes per evaluation (rounded up to whole batches of envs)."""
     stop_at_success: Optional[float] = None
-    """Stop once an evaluation's success rate reaches this (None: run all iterations)."""
+    """Stop once an evaluation's success rate (``success_metric``) reaches this (None: run all
+    iterations)."""
+    success_metric: str = "success_once"
+    """Which success rate stop_at_success, eval_curtail and ``best.pt`` use: 'success_once'
+    (the goal held at some step of the episode) or 'success_at_end' (at its last step)."""
     stop_after_evals: int = 1
     """With stop_at_success: stop after this many evaluations in a row reach it (2: the
     success must hold at the next evaluation too)."""
     eval_curtail: bool = True
     """With stop_at_success: end an evaluation after the round where it can no longer reach
     stop_at_success even if every remaining episode succeeds (the stop decision is the full
-    evaluation's; ``eval/success`` is then that of the episodes run, ``eval/curtailed`` 1,
+    evaluation's; ``eval/success_*`` are then those of the episodes run, ``eval/curtailed`` 1,
     and the checkpoint is never ``best.pt``). Saves most evaluation time before the policy
     gets close; False: every evaluation runs all ``eval_episodes``."""
     overlap_learner: bool = False

@@ -1,10 +1,10 @@
 """Evaluation rounds of an env worker: each env's first episode, with its video frames.
 
 A round resets env i from ``seeds[i]`` (on task ``tasks[i]``) and steps every env for the
-round's steps; ``EvalRecorder`` keeps each env's first episode (return, length, success, and,
-where asked, its frames from the reset on). The env worker runs the round through its
-pipeline and hands the recorder each step (``EnvWorker.eval_round``); ``EvalRound`` is what
-the evaluation protocol asks of one env worker for one round.
+round's steps; ``EvalRecorder`` keeps each env's first episode (return, length, success_once
+and success_at_end, and, where asked, its frames from the reset on). The env worker runs the
+round through its pipeline and hands the recorder each step (``EnvWorker.eval_round``);
+``EvalRound`` is what the evaluation protocol asks of one env worker for one round.
 
 >>> import torch
 >>> from tensordict import TensorDict
@@ -14,8 +14,10 @@ the evaluation protocol asks of one env worker for one round.
 >>> step = TensorDict({keys.REWARD: torch.ones(2), keys.DONE: flag, keys.SUCCESS: flag},
 ...                   batch_size=[2])
 >>> rec.record(0, step)
->>> [(e.seed, e.length, e.success) for e in rec.finish()]  # env 1 never ended: a failure
-[(7, 1, True), (8, 1, False)]
+>>> [(e.seed, e.length, e.success_once, e.success_at_end) for e in rec.finish()]
+[(7, 1, True, True), (8, 1, False, False)]
+
+Env 1 never ended: a failure by both counts.
 """
 
 from __future__ import annotations
@@ -27,7 +29,13 @@ import torch
 from tensordict import TensorDict
 
 from m2flow import keys
-from m2flow.embodied.episodes import EvalEpisode, RunningEpisodes, env_steps, lost
+from m2flow.embodied.episodes import (
+    EvalEpisode,
+    RunningEpisodes,
+    env_steps,
+    lost,
+    success_at_end,
+)
 from m2flow.embodied.stages import offsets
 
 
@@ -99,7 +107,8 @@ class EvalRecorder:
         runs = self.runs[g]
         ret = runs.ret + step[keys.REWARD].cpu()
         length = runs.len + env_steps(step)
-        success = runs.success | step[keys.SUCCESS].cpu()
+        once = runs.success_once | step[keys.SUCCESS].cpu()
+        at_end = success_at_end(step)
         if self.image_key is not None:
             live = self.keep[sl] & ~self.seen[sl] & ~gone
             if keys.FRAMES in step.keys(include_nested=True):  # a chunk: every step's frame
@@ -108,17 +117,19 @@ class EvalRecorder:
                 self._frames(g, step[keys.NEXT_OBS], live)
         for j in first.nonzero().flatten().tolist():
             ep = self.episodes[self.offsets[g] + j]
-            ep.ret, ep.length, ep.success = float(ret[j]), int(length[j]), bool(success[j])
+            ep.ret, ep.length = float(ret[j]), int(length[j])
+            ep.success_once, ep.success_at_end = bool(once[j]), bool(at_end[j])
             ep.discarded = bool(gone[j])
         self.seen[sl] |= done
         runs.update(step)
 
     def finish(self) -> list[EvalEpisode]:
-        """Each env's first episode; one still running counts as a failure so far."""
+        """Each env's first episode; one still running counts as a failure (both figures)."""
         for g, runs in enumerate(self.runs):
             for j in (~self.seen[self._slice(g)]).nonzero().flatten().tolist():
                 ep = self.episodes[self.offsets[g] + j]
-                ep.ret, ep.length, ep.success = float(runs.ret[j]), int(runs.len[j]), False
+                ep.ret, ep.length = float(runs.ret[j]), int(runs.len[j])
+                ep.success_once = ep.success_at_end = False
         return self.episodes
 
     def _slice(self, g: int) -> slice:

@@ -8,7 +8,12 @@ protocol); a one-task env uses the seeds of training-time evaluation, so both ag
 
 Writes into the output folder: ``results.json`` (per task and mean), ``results.md`` (the
 same as a Markdown table) and ``videos/task<j>_<task>_ep<e>_<success|failure>.mp4`` for the
-first ``videos_per_task`` episodes of each task (from the env's image observation).
+first ``videos_per_task`` episodes of each task (from the env's image observation; named by
+success_once).
+
+Each figure comes twice, as ManiSkill's evaluation reports it: ``success_once`` (the goal
+held at some step of the episode) and ``success_at_end`` (at its last step); an episode
+still running when its round ends fails by both.
 """
 
 from __future__ import annotations
@@ -45,20 +50,22 @@ class TaskResult:
     task: int
     name: str
     episodes: int = 0
-    successes: int = 0
+    successes_once: int = 0
+    successes_at_end: int = 0
     discarded: int = 0
     returns: list = field(default_factory=list)
     lengths: list = field(default_factory=list)
 
-    @property
-    def success_rate(self) -> float:
-        return self.successes / self.episodes if self.episodes else float("nan")
+    def rate(self, successes: int) -> float:
+        return successes / self.episodes if self.episodes else float("nan")
 
     def row(self) -> dict:
         n = max(1, self.episodes)
         return {
             "task": self.task, "name": self.name, "episodes": self.episodes,
-            "successes": self.successes, "success_rate": self.success_rate,
+            "successes_once": self.successes_once, "successes_at_end": self.successes_at_end,
+            "success_once": self.rate(self.successes_once),
+            "success_at_end": self.rate(self.successes_at_end),
             "mean_return": sum(self.returns) / n, "mean_length": sum(self.lengths) / n,
             "discarded": self.discarded,
         }
@@ -139,7 +146,8 @@ def run_protocol(runner, cfg, progress: bool = True) -> dict:
                     res.discarded += 1  # lost to a simulator restart: not counted
                     continue
                 res.episodes += 1
-                res.successes += ep.success
+                res.successes_once += ep.success_once
+                res.successes_at_end += ep.success_at_end
                 res.returns.append(ep.ret)
                 res.lengths.append(ep.length)
                 if slot.video and ep.frames:
@@ -148,7 +156,7 @@ def run_protocol(runner, cfg, progress: bool = True) -> dict:
                    _status(results, rnd, names if multi else None))
     bar.close()
     rows = [r.row() for r in results]
-    counted = [r for r in results if r.episodes]
+    counted = [r for r in rows if r["episodes"]]  # the mean is over tasks with episodes
     return {
         "env": cfg.env.name,
         "policy": cfg.policy.name,
@@ -157,7 +165,8 @@ def run_protocol(runner, cfg, progress: bool = True) -> dict:
         "episodes_per_task": per_task,
         "max_steps": max_steps,
         "tasks": rows,
-        "mean_success": sum(r.success_rate for r in counted) / max(1, len(counted)),
+        "mean_success_once": sum(r["success_once"] for r in counted) / max(1, len(counted)),
+        "mean_success_at_end": sum(r["success_at_end"] for r in counted) / max(1, len(counted)),
         "episodes": sum(r.episodes for r in results),
         "discarded": sum(r.discarded for r in results),
         "wall_s": time.perf_counter() - t0,
@@ -176,7 +185,7 @@ def write_report(report: dict, out_dir: Path) -> dict[str, Path]:
         vdir = out_dir / "videos"
         vdir.mkdir(exist_ok=True)
         for slot, ep in videos:
-            outcome = "success" if ep.success else "failure"
+            outcome = "success" if ep.success_once else "failure"
             name = f"task{slot.task:02d}_{_slug(report['tasks'][slot.task]['name'])}_ep{slot.episode:02d}_{outcome}.mp4"
             write_video(vdir / name, ep.frames)
         paths["videos"] = vdir
@@ -192,14 +201,14 @@ def markdown(report: dict) -> str:
         f"{'mean' if report['deterministic'] else 'sampled'} actions; "
         f"{report['discarded']} episodes discarded (simulator restarts)",
         "",
-        "| task | instruction | success | episodes | mean length |",
-        "|---:|---|---:|---:|---:|",
+        "| task | instruction | success_once | success_at_end | episodes | mean length |",
+        "|---:|---|---:|---:|---:|---:|",
     ]
     for t in report["tasks"]:
-        lines.append(f"| {t['task']} | {t['name']} | {t['success_rate']:.3f} | {t['episodes']} "
-                     f"| {t['mean_length']:.1f} |")
-    lines.append(f"| | **mean over tasks** | **{report['mean_success']:.3f}** | "
-                 f"{report['episodes']} | |")
+        lines.append(f"| {t['task']} | {t['name']} | {t['success_once']:.3f} "
+                     f"| {t['success_at_end']:.3f} | {t['episodes']} | {t['mean_length']:.1f} |")
+    lines.append(f"| | **mean over tasks** | **{report['mean_success_once']:.3f}** | "
+                 f"**{report['mean_success_at_end']:.3f}** | {report['episodes']} | |")
     return "\n".join(lines) + "\n"
 
 
@@ -224,10 +233,12 @@ def _slug(text: str, limit: int = 60) -> str:
 
 
 def _status(results: list[TaskResult], rnd: list[list[Slot]], tasks: Optional[list[str]]) -> str:
-    """``success 0.25`` (over the episodes counted so far) and, for a multi-task env, the
-    last task this round ran: ``task 4/10 pick up the black bowl on the ...``."""
-    done = sum(r.episodes for r in results)
-    text = f"success {sum(r.successes for r in results) / max(1, done):.2f}"
+    """``success 0.25/0.12`` (success_once/success_at_end over the episodes counted so far)
+    and, for a multi-task env, the last task this round ran: ``task 4/10 pick up the black
+    bowl on the ...``."""
+    done = max(1, sum(r.episodes for r in results))
+    once = sum(r.successes_once for r in results) / done
+    text = f"success {once:.2f}/{sum(r.successes_at_end for r in results) / done:.2f}"
     if tasks is None:
         return text
     j = max(s.task for row in rnd for s in row if s.episode is not None)

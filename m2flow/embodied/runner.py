@@ -30,7 +30,7 @@ from m2flow.embodied.learner_worker import LearnerWorker, learner_rank
 from m2flow.embodied.plan import monitor as plan_monitor
 from m2flow.embodied.rollout_worker import RolloutWorker
 from m2flow.embodied.stages import rollout_rank
-from m2flow.pipelines import Channel, OutOfMemory
+from m2flow.pipelines import Channel
 from m2flow.pipelines.futures import Futures, Stopped, gather
 from m2flow.runs import checkpoint, seeding
 from m2flow.runs.logger import announce, log_field, memory_in_use
@@ -42,15 +42,18 @@ COMPONENTS = ("env", "rollout", "learner")
 LOG_FIELDS = [  # the per-iteration log line, after "it N | steps S"
     log_field("sps {:.0f}", "perf/env_steps_per_s"),
     log_field("return {:.2f}", "env/return"),
-    log_field("success {:.2f}", "env/success"),
-    log_field("eval_success {:.2f}", "eval/success"),
+    log_field("success {:.2f}/{:.2f}", "env/success_once", "env/success_at_end", together=True),
+    log_field("eval_success {:.2f}/{:.2f}", "eval/success_once", "eval/success_at_end",
+              together=True),
     log_field("kl {:.4f}", "loss/approx_kl"),
     log_field("vloss {:.4f}", "loss/loss_value"),
     log_field("bc_loss {:.3f}", "loss/loss_bc"),
 ]
 BAR_FIELDS = [
     log_field("sps={:.0f}", "perf/env_steps_per_s"),
-    log_field("success={:.2f}", "eval/success", "env/success"),
+    log_field("success={:.2f}/{:.2f}", "env/success_once", "env/success_at_end", together=True),
+    log_field("eval={:.2f}/{:.2f}", "eval/success_once", "eval/success_at_end", together=True,
+              sticky=True),
 ]
 
 
@@ -106,7 +109,8 @@ class EmbodiedRunner:
         self.cfg = cfg
         t0 = time.perf_counter()
         announce(_building(cfg, train))
-        self.session = RunSession(cfg, workload=WORKLOAD, best_metric="eval/success")
+        self.session = RunSession(cfg, workload=WORKLOAD,
+                                  best_metric=f"eval/{cfg.runner.success_metric}")
         try:
             self._start(cfg, train)
         except BaseException:  # a failed or stopped (Ctrl-C) start-up ends what it started
@@ -222,17 +226,20 @@ class EmbodiedRunner:
 
     def run_eval(self, episodes: Optional[int] = None, deterministic: bool = True,
                  reach: Optional[float] = None) -> dict:
-        """Episodes from fixed seeds (mean actions by default): ``eval/success`` and friends.
+        """Episodes from fixed seeds (mean actions by default): ``eval/success_once``,
+        ``eval/success_at_end`` and friends.
 
         Round r runs one episode per env; env i of env worker w starts from seed
         ``seeding.derive(seed, EVAL, r, w, env.num_envs)[i]`` (the seeds ``m2flow-eval`` gives
         a one-task env). After each round the progress (episodes done, success so far) goes
         to the bar or the log (``RunSession.progress``). With ``reach``, the evaluation ends
-        after the first round from which its success rate can no longer reach ``reach`` even
-        if every remaining episode succeeds: its numbers are those of the rounds run, plus
-        ``eval/curtailed`` 1 (the rounds run are the first rounds of the full evaluation).
+        after the first round from which its success rate (``runner.success_metric``) can no
+        longer reach ``reach`` even if every remaining episode succeeds: its numbers are those
+        of the rounds run, plus ``eval/curtailed`` 1 (the rounds run are the first rounds of
+        the full evaluation).
         """
         episodes = episodes or self.cfg.runner.eval_episodes
+        metric = self.cfg.runner.success_metric
         self.switcher.activate("rollout")  # its cost is part of time/eval
         rounds = max(1, math.ceil(episodes / self.num_envs))
         per_rank = [EpisodeStats() for _ in self.env_ranks]
@@ -245,10 +252,11 @@ class EmbodiedRunner:
                 for stats, eps in zip(per_rank, out):
                     stats.extend(_episode_stats(eps))
                 so_far = _merge(per_rank)
-                success = sum(so_far.successes) / max(1, len(so_far.successes))
-                progress.update(self.num_envs, f"success {success:.2f}")
+                progress.update(self.num_envs, success_status(so_far.success_once,
+                                                              so_far.success_at_end))
                 left = (rounds - r - 1) * self.num_envs
-                if reach is not None and left and not can_reach(so_far.successes, left, reach):
+                counted = getattr(so_far, metric)
+                if reach is not None and left and not can_reach(counted, left, reach):
                     curtailed = True
                     break
             else:
@@ -343,7 +351,7 @@ class EmbodiedRunner:
         start_wall, result, eval_s, start = time.perf_counter(), {}, 0.0, self.iteration
         watch = NoSignalWatch(r.warn_no_signal_iterations, cfg.algorithm.name)
         reach = r.stop_at_success if r.eval_curtail else None
-        stop_rule = SuccessStop(r.stop_at_success, r.stop_after_evals)
+        stop_rule = SuccessStop(r.stop_at_success, r.stop_after_evals, metric=r.success_metric)
         watch_plan = plan_monitor(cfg)  # cluster.plan: predicted against measured iterations
         try:
             for it in range(self.iteration, r.num_iterations):
@@ -363,23 +371,24 @@ class EmbodiedRunner:
                     self.timings()  # eval's worker timings are not part of the next iteration
                     self._last_end = time.perf_counter()  # nor is its wall time
                     result = dict(metrics)
-                    stop = stop_rule.update(metrics["eval/success"])
+                    stop = stop_rule.update(metrics[f"eval/{r.success_metric}"])
                 else:
                     stop = False
                 logger.log(it, self.global_step, metrics)
                 if stop or self._due(r.checkpoint_interval):
                     self.save(metrics)
                 if stop:
-                    logger.info(f"{stop_rule.describe(metrics['eval/success'])}: stopping")
+                    logger.info(f"{stop_rule.describe(metrics[f'eval/{r.success_metric}'])}: "
+                                "stopping")
                     break
         except (Stopped, KeyboardInterrupt) as e:  # Ctrl-C (see runs.session.stop_on_ctrl_c)
             self._pending = None  # abandoned: its workers are ended with the session
             raise self.session.stopped(e, self.iteration, start=start, save=self.save,
                                        resumed_from=cfg.resume) from None
-        except OutOfMemory as e:  # a worker killed for memory: one line, the fields to change
+        except Exception as e:  # a worker died or raised, a channel stopped: one line
             self._pending = None
-            raise self.session.out_of_memory(e, self.iteration, hint=memory_hint(cfg),
-                                             resumed_from=cfg.resume) from None
+            raise self.session.failed(e, self.iteration, hint=memory_hint(cfg),
+                                      resumed_from=cfg.resume) from e
         finally:
             try:
                 self.drain()
@@ -447,11 +456,12 @@ class _Collection:
 
 class SuccessStop:
     """``runner.stop_at_success`` with ``runner.stop_after_evals``: ``update`` (one
-    evaluation's success rate) is True once ``evals`` evaluations in a row reached
-    ``threshold`` (None: never)."""
+    evaluation's success rate, ``metric``: ``runner.success_metric``) is True once ``evals``
+    evaluations in a row reached ``threshold`` (None: never)."""
 
-    def __init__(self, threshold: Optional[float], evals: int = 1):
-        self.threshold, self.evals, self.in_a_row = threshold, evals, 0
+    def __init__(self, threshold: Optional[float], evals: int = 1, *,
+                 metric: str = "success_once"):
+        self.threshold, self.evals, self.metric, self.in_a_row = threshold, evals, metric, 0
 
     def update(self, success: float) -> bool:
         reached = self.threshold is not None and success >= self.threshold
@@ -460,13 +470,19 @@ class SuccessStop:
 
     def describe(self, success: float) -> str:
         row = f" in {self.in_a_row} evaluations in a row" if self.in_a_row > 1 else ""
-        return f"eval success {success:.3f} >= runner.stop_at_success={self.threshold}{row}"
+        return f"eval/{self.metric} {success:.3f} >= runner.stop_at_success={self.threshold}{row}"
 
 
 def can_reach(successes: list, left: int, target: float) -> bool:
     """Whether a success rate of ``target`` is still possible after ``successes`` (one bool per
     episode run) if all ``left`` remaining episodes succeed (discarded ones only lower it)."""
     return (sum(map(bool, successes)) + left) >= target * (len(successes) + left) - 1e-9
+
+
+def success_status(once: list, at_end: list) -> str:
+    """An evaluation's progress so far: ``success 0.50/0.25`` (success_once/success_at_end)."""
+    n = max(1, len(once))
+    return f"success {sum(map(bool, once)) / n:.2f}/{sum(map(bool, at_end)) / n:.2f}"
 
 
 def _sum(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
@@ -489,7 +505,8 @@ def _episode_stats(episodes: list) -> EpisodeStats:
         if ep.discarded:
             stats.discarded += 1
         else:
-            stats.extend(EpisodeStats([ep.ret], [ep.length], [ep.success]))
+            stats.extend(EpisodeStats([ep.ret], [ep.length], [ep.success_once],
+                                      [ep.success_at_end]))
     return stats
 
 

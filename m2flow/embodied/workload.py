@@ -64,8 +64,10 @@ def train(cfg: TrainConfig) -> int:
         runner.close()
     print(
         f"done: {result['iterations']} iterations, {result['env_steps']} env steps, "
-        f"{result['wall_s']:.0f} s; eval success {result.get('eval/success', float('nan')):.3f} "
-        f"over {result.get('eval/episodes', 0):.0f} episodes; checkpoint {result['checkpoint']}"
+        f"{result['wall_s']:.0f} s; eval success_once "
+        f"{result.get('eval/success_once', float('nan')):.3f} success_at_end "
+        f"{result.get('eval/success_at_end', float('nan')):.3f} over "
+        f"{result.get('eval/episodes', 0):.0f} episodes; checkpoint {result['checkpoint']}"
     )
     return 0
 
@@ -85,13 +87,15 @@ def evaluate(cfg: TrainConfig, state: Optional[dict]) -> int:
     out_dir = _eval_dir(cfg)
     paths = write_report(report, out_dir)
     print(paths["markdown"].read_text())
-    print(f"eval: mean success {report['mean_success']:.3f} over {len(report['tasks'])} task(s), "
+    print(f"eval: mean success_once {report['mean_success_once']:.3f} success_at_end "
+          f"{report['mean_success_at_end']:.3f} over {len(report['tasks'])} task(s), "
           f"{report['episodes']} episodes of {cfg.env.name} in {report['wall_s']:.0f} s "
           f"({report['discarded']} discarded); report in {out_dir}")
     n = max(1, report["episodes"])
     print(json.dumps({
         "eval/episodes": float(report["episodes"]),
-        "eval/success": report["mean_success"],
+        "eval/success_once": report["mean_success_once"],
+        "eval/success_at_end": report["mean_success_at_end"],
         "eval/return": sum(t["mean_return"] * t["episodes"] for t in report["tasks"]) / n,
         "eval/episode_len": sum(t["mean_length"] * t["episodes"] for t in report["tasks"]) / n,
         "eval/discarded_episodes": float(report["discarded"]),

@@ -7,6 +7,9 @@ chunk (n, K, A) runs K steps; the result is one transition per chunk, as the lea
   ended in (the rest of the chunk belongs to the next episode);
 - ``done`` / ``terminated`` / ``truncated`` / ``success`` / ``discarded``: whether it happened
   in the chunk (before or at the episode's end);
+- ``("next", "success_at_end")``: the success flag of the episode's last step in the chunk
+  (the step it ended in, else the chunk's last): ManiSkill's ``success_at_end`` once the
+  episode has ended;
 - ``("next", "obs")``: the observation the episode's part of the chunk ended in (the final one
   if the episode ended), ``"obs"``: the one after the last step (to act on next);
 - the per-step values are kept for the learner: ``("next", "step_reward")`` and
@@ -123,4 +126,6 @@ def combine(outs: list[TensorDict], frames_key: Optional[str] = None) -> TensorD
         if flag in present:
             v = torch.stack([o[flag] for o in outs], dim=1)
             out[flag] = (v & own).any(1)
+            if flag == keys.SUCCESS:
+                out[keys.SUCCESS_AT_END] = v[rows, last]
     return TensorDict(out, batch_size=[n])

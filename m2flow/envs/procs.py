@@ -349,42 +349,65 @@ class _Lost(Exception):
 
 
 def _serve(conn, env_fn: Callable[[], gym.Env]) -> None:
-    """The subprocess: builds one env, then answers reset/step/close until told to stop."""
+    """The subprocess: builds one env, then answers reset/step/close until told to stop, or
+    until its parent is gone (ended with its run: a Ctrl-C, a failure). A lost parent ends it
+    quietly: nobody is left to answer, and a traceback would only reach the terminal of a run
+    that is ending."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     # what the server imported is shared copy-on-write: keep the garbage collector from
     # writing to (and so copying) every page of it
     gc.freeze()
     try:
         env = env_fn()
-        conn.send(("ok", (env.observation_space, env.action_space)))
+        answer = ("ok", (env.observation_space, env.action_space))
     except Exception:
-        conn.send(("error", traceback.format_exc()))
+        _answer(conn, ("error", traceback.format_exc()))
         return
     block: Optional[ObsBlock] = None  # the parent's, once it says so
-    while True:
+    parent = _answer(conn, answer)
+    while parent:
         try:
             cmd, arg = conn.recv()
-        except (EOFError, KeyboardInterrupt):
+        except (EOFError, OSError, KeyboardInterrupt):  # the parent is gone
+            parent = False
             break
+        answer = None
         try:
             if cmd == "reset":
                 seed, options = arg
                 obs = env.reset(seed=seed, options=options)[0]
-                conn.send(("ok", block.put(obs, shm.OBS) if block else obs))
+                answer = ("ok", block.put(obs, shm.OBS) if block else obs)
             elif cmd == "step":
                 result = step_env(env, arg)
-                conn.send(("ok", _put_step(block, result) if block else result))
+                answer = ("ok", _put_step(block, result) if block else result)
             elif cmd == "attach":
                 block = ObsBlock.attach(*arg)
             elif cmd == "close":
                 break
         except Exception:
-            conn.send(("error", traceback.format_exc()))
+            answer = ("error", traceback.format_exc())
             if cmd == "attach":  # answers the parent's next command: nothing else may follow
+                _answer(conn, answer)
                 break
-    if block is not None:
-        block.close()
-    env.close()
+        if answer is not None and not _answer(conn, answer):
+            parent = False
+    try:
+        if block is not None:
+            block.close()
+        env.close()
+    except Exception:
+        if parent:  # the parent reads it in its own error (a dead process)
+            raise
+
+
+def _answer(conn, message) -> bool:
+    """Sends ``message`` to the parent; False if the parent is gone (its end of the pipe
+    closed: the process ended)."""
+    try:
+        conn.send(message)
+        return True
+    except (BrokenPipeError, ConnectionResetError, EOFError):
+        return False
 
 
 def _put_step(block: ObsBlock, result: StepResult) -> StepResult:

@@ -12,7 +12,7 @@ from m2flow.pipelines.context_switch import (
     SwitchStats,
     switch_plan,
 )
-from m2flow.pipelines.errors import OutOfMemory, PlacementError, WorkerError
+from m2flow.pipelines.errors import OutOfMemory, PlacementError, WorkerDied, WorkerError
 from m2flow.pipelines.placement import (
     ComponentPlacement,
     Placement,
@@ -41,6 +41,7 @@ __all__ = [
     "SwitchStats",
     "Timer",
     "Worker",
+    "WorkerDied",
     "WorkerError",
     "WorkerGroup",
     "WorkerInfo",

@@ -7,10 +7,13 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import re
+import signal
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -87,26 +90,33 @@ class Cluster:
         import ray
 
         if not ray.is_initialized():
-            if cfg.address is None:
-                ray.init(
-                    num_cpus=cfg.num_cpus,
-                    # counted as placement counts them, so Ray's node and ours agree
-                    num_gpus=_this_machine(cfg).num_gpus,
-                    object_store_memory=cfg.object_store_memory_mb * 2**20,
-                    include_dashboard=False,
-                    configure_logging=False,
-                )
-            else:
-                try:
-                    ray.init(address=cfg.address, configure_logging=False)
-                except ConnectionError as e:
-                    raise ConnectionError(
-                        f"cluster.address={cfg.address!r}: no running Ray cluster to join "
-                        f"({str(e).splitlines()[0]}); start one first (ray start --head on the "
-                        "head node, ray start --address=HEAD:6379 on the others), or set "
-                        "cluster.address=null for a Ray on this machine only.") from None
+            with _keep_sigterm_handler():
+                self._init_ray(cfg)
             self._connected = True
         return _ray_nodes()
+
+    @staticmethod
+    def _init_ray(cfg: ClusterConfig) -> None:
+        import ray
+
+        if cfg.address is None:
+            ray.init(
+                num_cpus=cfg.num_cpus,
+                # counted as placement counts them, so Ray's node and ours agree
+                num_gpus=_this_machine(cfg).num_gpus,
+                object_store_memory=cfg.object_store_memory_mb * 2**20,
+                include_dashboard=False,
+                configure_logging=False,
+            )
+            return
+        try:
+            ray.init(address=cfg.address, configure_logging=False)
+        except ConnectionError as e:
+            raise ConnectionError(
+                f"cluster.address={cfg.address!r}: no running Ray cluster to join "
+                f"({str(e).splitlines()[0]}); start one first (ray start --head on the "
+                "head node, ray start --address=HEAD:6379 on the others), or set "
+                "cluster.address=null for a Ray on this machine only.") from None
 
     @property
     def num_gpus(self) -> int:
@@ -124,6 +134,20 @@ class Cluster:
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+
+
+@contextlib.contextmanager
+def _keep_sigterm_handler():
+    """Puts back this process's SIGTERM handler after Ray connects: Ray's core worker installs
+    its own (a stack dump, then an abort), which would turn a stop the program handles (see
+    ``runs.session.stop_on_ctrl_c``), or the quiet end of an unhandled SIGTERM, into a crash."""
+    main = threading.current_thread() is threading.main_thread()
+    handler = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if handler is not None:
+            signal.signal(signal.SIGTERM, handler)
 
 
 def check_cluster(cfg: ClusterConfig) -> None:

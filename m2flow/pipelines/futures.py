@@ -8,13 +8,24 @@ raises :class:`Stopped` within a slice instead of running to the end of the phas
 from __future__ import annotations
 
 import concurrent.futures as cf
+import re
 import threading
 import time
 from typing import Optional, Sequence
 
-from m2flow.pipelines.errors import OutOfMemory, WorkerError, oom_summary
+from m2flow.pipelines.errors import (
+    OutOfMemory,
+    WorkerDied,
+    WorkerError,
+    failure_cause,
+    mark_raised_by,
+    oom_summary,
+)
 
 WAIT_SLICE_S = 0.2  # the driver looks for a stop request at least this often while it waits
+# a worker that dies makes its peers fail within moments (a channel to it breaks): after a
+# failure, the calls still pending get this long to show a death, the failure to report
+DEATH_GRACE_S = 1.0
 
 
 class Stopped(Exception):
@@ -67,7 +78,9 @@ class Futures:
 
 def gather(*futures: Futures, timeout: Optional[float] = None,
            stoppable: bool = True) -> list[list]:
-    """Waits for several calls at once, raising the first failure as soon as it happens.
+    """Waits for several calls at once, raising the first failure as soon as it happens; a
+    failure that a peer's death caused (a channel to it broke) gives way to that death if it
+    shows within ``DEATH_GRACE_S`` (Ray).
 
     Waiting on env and rollout together matters: if the env worker dies, the rollout worker
     would otherwise block on its channel and the run would hang instead of failing.
@@ -101,8 +114,33 @@ def gather(*futures: Futures, timeout: Optional[float] = None,
             )
         for fut in done:
             i, j, rank, f = pending.pop(fut)
-            results[i][j] = _result(fut, f, rank)
+            try:
+                results[i][j] = _result(fut, f, rank)
+            except Exception as e:
+                death = None if isinstance(e, WorkerDied) else _death_among(pending, backend)
+                if death is None:
+                    raise
+                _note(death, f"(and with it: {failure_cause(e)})")
+                raise death from None
     return results
+
+
+def _death_among(pending: dict, backend: str) -> Optional[WorkerDied]:
+    """The death of a worker among the ``pending`` calls, if one shows within
+    ``DEATH_GRACE_S``: the cause of a failure of its peers. Ray only (a thread does not die)."""
+    if backend != "ray":
+        return None
+    deadline = time.monotonic() + DEATH_GRACE_S
+    while pending and (left := deadline - time.monotonic()) > 0:
+        for fut in _wait_any(list(pending), left, backend):
+            _, _, rank, f = pending.pop(fut)
+            try:
+                _result(fut, f, rank)
+            except WorkerDied as e:
+                return e
+            except Exception:  # another consequence
+                pass
+    return None
 
 
 def _check_stop(waiting_on: list[str]) -> None:
@@ -124,11 +162,15 @@ def _wait_any(futs: list, timeout: float, backend: str) -> list:
 
 
 def _result(fut, f: Futures, rank: int):
+    """The call's result; a failure raised as the worker's own exception (its type kept, the
+    worker named in a note and by ``errors.raised_by``), or a worker's death as
+    :class:`WorkerDied` (:class:`OutOfMemory` when Ray's memory monitor killed it)."""
     where = f"worker {f.group}[rank {rank}] in {f.method}()"
     if f.backend != "ray":
         exc = fut.exception()
         if exc is not None:
             _note(exc, f"(raised by {where})")
+            mark_raised_by(exc, where)
             raise exc
         return fut.result()
     import ray
@@ -140,16 +182,30 @@ def _result(fut, f: Futures, rank: int):
     except ray.exceptions.RayActorError as e:
         if "low on memory" in str(e):  # a call on a worker the monitor had killed
             raise OutOfMemory(f"{where}: {oom_summary(str(e))}.") from None
-        raise WorkerError(
-            f"{where}: the worker's process died ({type(e).__name__}); it crashed, ran out of "
-            "memory or was killed. Its log lines above say why."
-        ) from None
+        raise _died(e, f, rank, where) from None
     except ray.exceptions.RayTaskError as e:
         cause = e.cause if isinstance(e.cause, BaseException) else None
         if cause is None:
             raise WorkerError(f"{where}: {e}") from None
         _note(cause, f"(raised by {where}; there:)\n{_remote_traceback(e)}")
+        mark_raised_by(cause, where)
         raise cause from None
+
+
+def _died(e: Exception, f: Futures, rank: int, where: str) -> WorkerDied:
+    """A call on a dead actor as one sentence (Ray's own text in a note): the constructor's
+    exception where that is what ended it, else the process that died."""
+    text = _remote_traceback(e)
+    if getattr(e, "actor_init_failed", False):
+        last = [line for line in text.splitlines() if line.strip()][-1:] or [type(e).__name__]
+        died = WorkerDied(f"worker {f.group}[rank {rank}] in __init__(): {last[0].strip()}")
+    else:
+        pid = re.search(r"\bpid: (\d+)", text)
+        which = f" (pid {pid[1]})" if pid else ""
+        died = WorkerDied(f"{where}: the worker's process died{which}: it was killed (kill -9, "
+                          "the kernel's out-of-memory killer) or crashed")
+    _note(died, f"(Ray:)\n{text}")
+    return died
 
 
 def _remote_traceback(e: Exception) -> str:

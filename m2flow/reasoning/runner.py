@@ -24,7 +24,7 @@ from typing import Optional
 
 from tensordict import TensorDict
 
-from m2flow.pipelines import Channel, OutOfMemory, PlacementError
+from m2flow.pipelines import Channel, PlacementError
 from m2flow.pipelines.futures import Stopped, gather
 from m2flow.reasoning.checks import memory_hint
 from m2flow.reasoning.config import ReasoningConfig
@@ -278,9 +278,9 @@ class ReasoningRunner:
         except (Stopped, KeyboardInterrupt) as e:  # Ctrl-C (see runs.session.stop_on_ctrl_c)
             raise self.session.stopped(e, self.step, start=start_step, save=self.save,
                                        unit="steps", resumed_from=cfg.resume) from None
-        except OutOfMemory as e:  # a worker killed for memory: one line, the fields to change
-            raise self.session.out_of_memory(e, self.step, hint=memory_hint(cfg), unit="steps",
-                                             resumed_from=cfg.resume) from None
+        except Exception as e:  # a worker died or raised, a channel stopped: one line
+            raise self.session.failed(e, self.step, hint=memory_hint(cfg), unit="steps",
+                                      resumed_from=cfg.resume) from e
         finally:
             logger.close()
         return {**result, "steps": self.step, "wall_s": time.perf_counter() - start,

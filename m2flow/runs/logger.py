@@ -21,27 +21,39 @@ from m2flow.runs.timeline import breakdown_table, plot_time_breakdown
 
 log = logging.getLogger("m2flow")
 TIME_PLOT = "time_breakdown.png"
+LOG_FILE = "train.log"  # the run directory's log: every line, and a failure's traceback
 
 
 @dataclass(frozen=True)
 class LogField:
     """One value of the log line or the progress bar: the first of ``keys`` present, formatted
-    with ``fmt`` (``"return {:.2f}"``). ``sticky``: the bar keeps showing the last value seen
-    (an evaluation's result between evaluations)."""
+    with ``fmt`` (``"return {:.2f}"``); with ``together``, all of ``keys`` in one ``fmt``, shown
+    only when all are present. ``sticky``: the bar keeps showing the last value seen (an
+    evaluation's result between evaluations).
+
+    >>> both = log_field("success {:.2f}/{:.2f}", "a/once", "a/end", together=True)
+    >>> both.render({"a/once": 0.9, "a/end": 0.47}), both.render({"a/once": 0.9})
+    ('success 0.90/0.47', None)
+    """
 
     fmt: str
     keys: tuple[str, ...]
     sticky: bool = False
+    together: bool = False
 
     def render(self, metrics: dict) -> str | None:
+        if self.together:
+            if all(k in metrics for k in self.keys):
+                return self.fmt.format(*(metrics[k] for k in self.keys))
+            return None
         for k in self.keys:
             if k in metrics:
                 return self.fmt.format(metrics[k])
         return None
 
 
-def log_field(fmt: str, *keys: str, sticky: bool = False) -> LogField:
-    return LogField(fmt, keys, sticky)
+def log_field(fmt: str, *keys: str, sticky: bool = False, together: bool = False) -> LogField:
+    return LogField(fmt, keys, sticky, together)
 
 
 class RunLogger:
@@ -62,7 +74,7 @@ class RunLogger:
 
         self.run_dir = run_dir
         self.writer = SummaryWriter(str(run_dir / "tb"))
-        handler = logging.FileHandler(run_dir / "train.log")
+        handler = logging.FileHandler(run_dir / LOG_FILE)
         handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)

@@ -9,7 +9,7 @@ its clock starts where that run's was at the checkpoint's step, so a run stopped
 plots as one curve in two colours.
 
     m2flow-plot runs/maniskill_pushcube_ppo_mlp/*/ -o pushcube.png
-    m2flow-plot runs/a runs/b --metrics eval/success env/return
+    m2flow-plot runs/a runs/b --metrics eval/success_at_end env/return
 
 A metric a run never logged is left out of that run's panels; a folder that is not a run (no
 ``tb/`` with scalars) is one clear error line.
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-DEFAULT_METRICS = ("eval/success", "env/return")
+DEFAULT_METRICS = ("eval/success_once", "eval/success_at_end", "env/return")
 
 
 @dataclass

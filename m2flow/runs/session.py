@@ -14,16 +14,21 @@ A runner (embodied, reasoning, or a new workload) opens a :class:`RunSession` an
   ``load`` refusing another workload's file;
 - the progress of a long phase (``progress``: an evaluation's episodes), in the bar or as
   lines in the log;
-- Ctrl-C that stops the run within seconds in any phase (``stop_on_ctrl_c``, ``stopped``).
+- Ctrl-C (or SIGTERM) that stops the run within seconds in any phase (``stop_on_ctrl_c``,
+  ``stopped``);
+- a failure (a worker that died or raised, a channel that stopped delivering) as one line,
+  its traceback in the run's ``train.log`` (``failed``, :func:`run_failed`).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import sys
 import threading
+import traceback
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -38,9 +43,10 @@ from m2flow.pipelines import (
     switch_plan,
 )
 from m2flow.pipelines.link import LinkGroup, form_link, weight_sync_transport
+from m2flow.pipelines.errors import OutOfMemory, failure_cause
 from m2flow.pipelines.futures import Stopped, clear_stop, request_stop
 from m2flow.runs import checkpoint
-from m2flow.runs.logger import LogField, Progress, RunLogger, announce, log, terminal
+from m2flow.runs.logger import LOG_FILE, LogField, Progress, RunLogger, announce, log, terminal
 
 
 class RunSession:
@@ -51,7 +57,7 @@ class RunSession:
             ``keep_checkpoints``, ``progress_bar``, ``progress_interval_s``), ``run_name``
             and ``seed``.
         workload: the workload's name, written into every checkpoint (``"embodied"``).
-        best_metric: the metric that ranks checkpoints (``"eval/success"``, higher is
+        best_metric: the metric that ranks checkpoints (``"eval/success_once"``, higher is
             better): the checkpoint with its highest value is kept as ``best.pt``.
     """
 
@@ -113,10 +119,7 @@ class RunSession:
     def open_run(self, total: int, start: int, fields: Sequence[LogField],
                  bar_fields: Sequence[LogField] = ()) -> RunLogger:
         """Creates the run directory with ``config.yaml`` and returns the run's logger."""
-        stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-        self.run_dir = Path(self.cfg.runner.log_dir) / self.cfg.run_name / stamp
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(config_yaml(self.cfg))
+        self.run_dir = new_run_dir(self.cfg)
         self.logger = RunLogger(self.run_dir, total, start, bar=self.cfg.runner.progress_bar,
                                 fields=fields, bar_fields=bar_fields,
                                 progress_every_s=self.cfg.runner.progress_interval_s)
@@ -206,15 +209,24 @@ class RunSession:
         ckpt = self.last_checkpoint or (Path(resumed_from) if resumed_from else None)
         return RunInterrupted(iteration, ckpt, self.phase, unit)
 
-    def out_of_memory(self, exc: BaseException, iteration: int, *, hint: str = "",
-                      unit: str = "iterations",
-                      resumed_from: Optional[str] = None) -> "RunOutOfMemory":
-        """What a runner raises when a worker was killed for memory (``exc``, an
-        :class:`~m2flow.pipelines.OutOfMemory`): nothing more is saved (the worker is gone);
-        the last checkpoint resumes the run once ``hint``'s fields are changed."""
+    def failed(self, exc: BaseException, iteration: Optional[int], *, hint: str = "",
+               unit: str = "iterations",
+               resumed_from: Optional[str] = None) -> "RunFailed":
+        """What a runner raises when an error ended its loop (``exc``): a worker that died
+        (killed, crashed, or by Ray's memory monitor: a :class:`RunOutOfMemory`, with
+        ``hint``, the fields that size the run's memory), a channel that stopped delivering,
+        an exception raised in a worker or in the driver. Nothing more is saved (a worker may
+        be gone, or hold a state half updated); the traceback goes to the run's ``train.log``;
+        the last checkpoint (or ``resumed_from``) resumes the run.
+
+        Args:
+            iteration: iterations (or steps) completed; None before the run's loop.
+            unit: what an iteration is called in the line.
+        """
         _ENDING.set()
         ckpt = self.last_checkpoint or (Path(resumed_from) if resumed_from else None)
-        return RunOutOfMemory(iteration, ckpt, self.phase, unit, cause=str(exc), hint=hint)
+        return run_failed(exc, self.cfg, iteration=iteration, checkpoint=ckpt, phase=self.phase,
+                          unit=unit, hint=hint, run_dir=self.run_dir)
 
     def close(self) -> None:
         """Ends the workers (calls still running are abandoned) and the cluster."""
@@ -248,30 +260,105 @@ class RunInterrupted(Exception):
                          self.checkpoint, command)
 
 
-class RunOutOfMemory(RuntimeError):
+class RunFailed(RuntimeError):
+    """A run ended by an error: a worker that died (killed or crashed), a channel that stopped
+    delivering, an exception raised in a worker (or in the driver). ``cause`` names the worker,
+    its method and what it raised (:func:`~m2flow.pipelines.errors.failure_cause`), ``log`` the
+    file that holds the traceback, ``checkpoint`` the one to resume from (None: none was
+    written). Not an interruption: a sweep records it as the job's failure and goes on."""
+
+    def __init__(self, iteration: Optional[int], checkpoint: Optional[Path],
+                 phase: str = "the run", unit: str = "iterations", cause: str = "",
+                 log: Optional[Path] = None):
+        """``iteration`` None: before the run's loop (start-up, or an evaluation)."""
+        self.iteration, self.checkpoint, self.phase, self.unit = iteration, checkpoint, phase, unit
+        self.cause, self.log = cause.rstrip("."), log
+        super().__init__(self.describe())
+
+    what = "failed"  # the line's first word(s)
+
+    def headline(self) -> str:
+        """The line without the traceback's file and the checkpoint: what failed, during which
+        phase, after how many iterations (a sweep's summary row)."""
+        after = "" if self.iteration is None else f" after {self.iteration} {self.unit}"
+        return f"{self.what} during {self.phase}{after}: {self.cause}"
+
+    def describe(self, command: Optional[Callable[[Optional[Path]], str]] = None) -> str:
+        """The line after ``<program>: ``: ``failed during learning after 3 iterations: worker
+        learner[rank 0] in update(): ValueError: ... (traceback in .../train.log); checkpoint
+        ...; resume with: ...``; ``command`` as for :meth:`RunInterrupted.describe`."""
+        where = f" (traceback in {self.log})" if self.log is not None else ""
+        return _end_line(self.headline() + where, self.checkpoint, command)
+
+
+class RunOutOfMemory(RunFailed):
     """A run ended because a worker was killed for memory (an
     :class:`~m2flow.pipelines.OutOfMemory`): the worker and the node's memory (``cause``),
     what to change (``hint``: the fields that size the run's memory), and the checkpoint to
     resume from once they are changed. Not an interruption: a sweep goes on to its next job."""
 
+    what = "out of memory"
+
     def __init__(self, iteration: Optional[int], checkpoint: Optional[Path],
                  phase: str = "the run", unit: str = "iterations", cause: str = "",
-                 hint: str = ""):
+                 hint: str = "", log: Optional[Path] = None):
         """``iteration`` None: before the run's loop (start-up, or an evaluation)."""
-        self.iteration, self.checkpoint, self.phase, self.unit = iteration, checkpoint, phase, unit
-        self.cause, self.hint = cause.rstrip("."), hint
-        super().__init__(self.describe())
+        self.hint = hint
+        super().__init__(iteration, checkpoint, phase, unit, cause, log)
 
     def describe(self, command: Optional[Callable[[Optional[Path]], str]] = None) -> str:
         """``out of memory during learning after 3 iterations: <cause>; <hint>; checkpoint
         ...; resume with: ...``"""
-        after = "" if self.iteration is None else f" after {self.iteration} {self.unit}"
-        head = f"out of memory during {self.phase}{after}: {self.cause}"
+        head = self.headline()
         if self.hint:
             head = f"{head}; {self.hint}"
         if self.checkpoint is None:  # the same command would run out again: no command
             return f"{head}; no checkpoint was written."
         return _end_line(head, self.checkpoint, command, resume="with those changed, resume")
+
+
+def run_failed(exc: BaseException, cfg: Any, *, iteration: Optional[int] = None,
+               checkpoint: Optional[Path] = None, phase: Optional[str] = None,
+               unit: str = "iterations", hint: str = "",
+               run_dir: Optional[Path] = None) -> RunFailed:
+    """``exc``, which ended the run of ``cfg``, as the run's one line (a
+    :class:`RunOutOfMemory` for an :class:`~m2flow.pipelines.OutOfMemory`, with ``hint``);
+    its traceback appended to ``run_dir``'s ``train.log``. Without ``run_dir`` (a failure
+    before the run's loop opened it: start-up, or ``m2flow-eval``) a run directory is made
+    for it, as ``RunSession.open_run`` makes one. ``phase``: the newest run's by default."""
+    phase = phase or current_phase()
+    try:
+        log_path = _log_traceback(exc, run_dir or new_run_dir(cfg))
+    except OSError as e:  # no run directory to write to: the traceback has only the terminal
+        traceback.print_exception(exc)
+        print(f"(the traceback above could not be written to the run's log: {e})",
+              file=sys.stderr)
+        log_path = None
+    if isinstance(exc, OutOfMemory):
+        return RunOutOfMemory(iteration, checkpoint, phase, unit, cause=str(exc), hint=hint,
+                              log=log_path)
+    return RunFailed(iteration, checkpoint, phase, unit, cause=failure_cause(exc), log=log_path)
+
+
+def new_run_dir(cfg: Any) -> Path:
+    """``<runner.log_dir>/<run_name>/<time>/`` with the run's ``config.yaml``, made now."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    run_dir = Path(cfg.runner.log_dir) / cfg.run_name / stamp
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(config_yaml(cfg))
+    return run_dir
+
+
+def _log_traceback(exc: BaseException, run_dir: Path) -> Path:
+    """Appends ``exc``'s traceback (with its notes: a worker's own traceback) to the run's
+    log, in the file itself: the run's logger may be closed already."""
+    path = run_dir / LOG_FILE
+    stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]  # as the logger writes it
+    text = "".join(traceback.format_exception(exc)).rstrip()
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # Ray colours a worker's name in its traceback
+    with open(path, "a") as f:
+        f.write(f"{stamp} the run failed ({failure_cause(exc)}):\n{text}\n")
+    return path
 
 
 def _end_line(head: str, checkpoint: Optional[Path],
@@ -286,6 +373,7 @@ def _end_line(head: str, checkpoint: Optional[Path],
 
 _PHASE = ["start-up"]  # the newest run's phase: a stop before its loop names it too
 _ENDING = threading.Event()  # past the stop decision: the run is only ending its workers
+_STOP_SIGNAL: list[Optional[int]] = [None]  # the signal that asked the newest run to stop
 
 
 def current_phase() -> str:
@@ -312,10 +400,14 @@ def stop_on_ctrl_c() -> Callable[[], None]:
     was not ended yet. Steps that do not wait on workers (starting Ray, building an
     in-process worker such as a simulator or a model) are not cut short: the stop follows
     when they end.
+
+    SIGTERM (``kill``, a scheduler's stop) is handled as a first Ctrl-C, however often it
+    comes; the command then exits with 143 (``stop_signal`` says which signal stopped it).
     """
     clear_stop()
     _ENDING.clear()
     _PHASE[0] = "start-up"
+    _STOP_SIGNAL[0] = None
     presses = 0
 
     def handler(signum, frame):
@@ -323,6 +415,7 @@ def stop_on_ctrl_c() -> Callable[[], None]:
         presses += 1
         if presses == 1:
             request_stop()
+            _STOP_SIGNAL[0] = signal.SIGINT
             print("\nCtrl-C: stopping (Ctrl-C again: without saving a checkpoint).",
                   file=sys.stderr, flush=True)
         elif presses >= 3:
@@ -334,5 +427,22 @@ def stop_on_ctrl_c() -> Callable[[], None]:
             print("\nCtrl-C: ending the workers (Ctrl-C again: exit at once).",
                   file=sys.stderr, flush=True)
 
-    previous = signal.signal(signal.SIGINT, handler)
-    return lambda: signal.signal(signal.SIGINT, previous)
+    def on_sigterm(signum, frame):
+        nonlocal presses
+        if presses == 0:
+            presses = 1
+            request_stop()
+            _STOP_SIGNAL[0] = signal.SIGTERM
+            print("\nSIGTERM: stopping, as after a first Ctrl-C.", file=sys.stderr, flush=True)
+
+    previous = signal.signal(signal.SIGINT, handler), signal.signal(signal.SIGTERM, on_sigterm)
+
+    def restore() -> None:
+        signal.signal(signal.SIGINT, previous[0])
+        signal.signal(signal.SIGTERM, previous[1])
+    return restore
+
+
+def stop_signal() -> Optional[int]:
+    """The signal that asked the newest run to stop (SIGINT or SIGTERM); None: none did."""
+    return _STOP_SIGNAL[0]

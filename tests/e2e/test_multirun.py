@@ -37,7 +37,7 @@ def test_a_seed_sweep_runs_each_job_in_its_own_run_dir_and_sums_up(tmp_path, cap
         assert f"seed={saved['seed']}" == over  # the job's own seed, in its own run dir
         state = checkpoint.load(f"{run_dir}/checkpoints/last.pt")
         assert int(steps) == state["global_step"] == 2 * 8
-        assert float(success) == pytest.approx(state["metrics"]["eval/success"], abs=1e-3)
+        assert float(success) == pytest.approx(state["metrics"]["eval/success_once"], abs=1e-3)
         policies.append(state["learner"]["policy"])
     first = next(iter(policies[0]))
     assert not torch.equal(policies[0][first], policies[1][first])  # seeds really differ

@@ -38,7 +38,7 @@ def test_cli_trains_in_process_and_eval_reads_the_checkpoint(tmp_path, capsys):
 
     assert evaluate([f"checkpoint={ckpt}", "episodes=2", "cluster.backend=local"]) == 0
     metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert metrics["eval/episodes"] == 2 and 0.0 <= metrics["eval/success"] <= 1.0
+    assert metrics["eval/episodes"] == 2 and 0.0 <= metrics["eval/success_once"] <= 1.0
 
 
 def run(tmp_path, name, *extra):

@@ -40,7 +40,7 @@ def test_libero_eval_writes_per_task_results_and_videos(tmp_path, capsys):
     videos = sorted((out / "videos").iterdir())
     assert len(videos) == 3
     for j, v in enumerate(videos):
-        outcome = "success" if report["tasks"][j]["success_rate"] == 1.0 else "failure"
+        outcome = "success" if report["tasks"][j]["success_once"] == 1.0 else "failure"
         assert v.name.startswith(f"task{j:02d}_") and v.name.endswith(f"_ep00_{outcome}.mp4")
         frames = list(imageio.get_reader(v).iter_data())
         assert len(frames) == 5  # the reset frame and one per step
@@ -91,3 +91,47 @@ def test_videos_of_a_chunked_policy_have_every_env_step(tmp_path):
     assert rc == 0
     (video,) = (tmp_path / "videos").iterdir()
     assert len(list(imageio.get_reader(video).iter_data())) == 1 + 16  # 2 chunks of 8
+
+
+def test_the_report_counts_success_once_and_at_end_per_task(tmp_path):
+    """Hand-made episodes through ``run_protocol`` and ``write_report``: task 0's two episodes
+    reached the goal, one of them left it again; task 1's one reached it only at its end, the
+    other was lost to a simulator restart (counted in neither)."""
+    from types import SimpleNamespace
+
+    from m2flow.embodied.episodes import EvalEpisode
+    from m2flow.embodied.eval_protocol import run_protocol, write_report
+    from m2flow.runs.logger import Progress
+
+    outcomes = [(True, False, False), (True, True, False), (True, True, False),
+                (True, True, True)]  # (success_once, success_at_end, discarded), slot by slot
+    lines = []
+
+    class Runner:
+        spec = SimpleNamespace(tasks=("push it", "pull it"), max_episode_steps=4)
+        env = SimpleNamespace(world_size=1)
+        session = SimpleNamespace(progress=lambda desc, total, bar=True: Progress(
+            desc, total, write=lines.append, every_s=0))
+
+        def eval_round(self, per_rank, deterministic=True):
+            return [[EvalEpisode(seed=s, success_once=o, success_at_end=e, discarded=d)
+                     for s, (o, e, d) in zip(per_rank[0].seeds, outcomes)]]
+
+    cfg = SimpleNamespace(
+        env=SimpleNamespace(name="LIBERO/x", num_envs=4), policy=SimpleNamespace(name="cnn"),
+        runner=SimpleNamespace(eval_episodes=4), seed=0,
+        eval=SimpleNamespace(episodes_per_task=2, episodes=0, max_steps=None, videos_per_task=0,
+                             deterministic=True, checkpoint=None))
+    report = run_protocol(Runner(), cfg, progress=False)
+    assert lines[-1].startswith("eval LIBERO/x: 4/4 ep | success 1.00/0.67 | task 2/2")
+    write_report(report, tmp_path)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    t0, t1 = saved["tasks"]
+    assert (t0["episodes"], t0["success_once"], t0["success_at_end"]) == (2, 1.0, 0.5)
+    assert (t1["episodes"], t1["success_once"], t1["success_at_end"], t1["discarded"]) == (
+        1, 1.0, 1.0, 1)
+    assert saved["mean_success_once"] == 1.0 and saved["mean_success_at_end"] == 0.75
+    table = (tmp_path / "results.md").read_text()
+    assert "| success_once | success_at_end |" in table
+    assert "| 0 | push it | 1.000 | 0.500 | 2 |" in table
+    assert "| **mean over tasks** | **1.000** | **0.750** | 3 |" in table

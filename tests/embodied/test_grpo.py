@@ -53,7 +53,7 @@ def test_prepare_gives_each_first_episode_its_group_advantage_and_drops_the_rest
                                       [False] * 4, [False] * 4]
     assert batch["step"].tolist() == [0, 1, 4, 5, 6, 7]  # env 0's episode, all of env 1
     assert batch["advantage"].tolist() == pytest.approx([1.0] * 2 + [-1.0] * 4, abs=1e-5)
-    assert stats["grpo/groups_kept"] == 0.5 and stats["grpo/episode_success"] == 0.25
+    assert stats["grpo/groups_kept"] == 0.5 and stats["grpo/episode_success_once"] == 0.25
     assert stats["grpo/groups_mixed"] == 0.5
 
 
@@ -72,6 +72,25 @@ def test_groups_mixed_counts_the_groups_sampling_split_whatever_the_filter_keeps
     _, stats = grpo.prepare(None, traj, iteration=0, staleness=0)
     assert stats["grpo/groups_kept"] == 1.0
     assert stats["grpo/groups_mixed"] == pytest.approx(1 / 3)
+
+
+def test_episode_success_at_end_is_the_first_episodes_last_flag():
+    # env 0: F, T, T, F and done at t=3 (reached, then left), its next episode succeeds;
+    # env 1: F, F, F, T, done at t=3; env 2 (never done): T at t=1, F at t=5; env 3: chunks
+    # whose success_at_end says the episode left the goal within its last chunk
+    F, T = False, True
+    success = torch.tensor([[F, T, T, F, T, T], [F, F, F, T, F, F], [F, T, F, F, F, F],
+                            [F, T, T, T, F, F]])
+    done = torch.zeros(4, 6, dtype=torch.bool)
+    done[0, 3] = done[1, 3] = done[3, 2] = True
+    at_end = success.clone()
+    at_end[3, 2] = False  # env 3's chunk at t=2: success at some step, not at its last
+    traj = TensorDict({"next": {"reward": torch.zeros(4, 6), "done": done, "success": success,
+                                "success_at_end": at_end}}, batch_size=[4, 6])
+    grpo = GRPO(GRPOConfig(group_size=2, filter_low=-1, filter_high=2), action_dim=1, seed=0)
+    _, stats = grpo.prepare(None, traj, iteration=0, staleness=0)
+    assert stats["grpo/episode_success_once"] == 1.0
+    assert stats["grpo/episode_success_at_end"] == 0.25  # env 1 only
 
 
 class _TokenPolicy:

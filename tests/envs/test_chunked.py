@@ -15,13 +15,14 @@ def steps(device: str = "cpu", seed: int = 0) -> list[TensorDict]:
     done[:, 0] = False  # env 0: no episode ends in the chunk
     done[1, 1] = done[3, 1] = True  # env 1: two episodes end in it
     truncated = done & (torch.rand(K, N, generator=g) < 0.5)
+    success = torch.rand(K, N, generator=g) < 0.5  # the goal reached and left, mid-episode too
     outs = []
     for t in range(K):
         state = torch.rand(N, 2, generator=g)
         outs.append(TensorDict({"obs": {"state": state + 10}, "next": {
             "obs": {"state": state}, "reward": torch.rand(N, generator=g),
             "done": done[t], "terminated": done[t] & ~truncated[t], "truncated": truncated[t],
-            "success": done[t] & ~truncated[t]}}, batch_size=[N]).to(device))
+            "success": success[t]}}, batch_size=[N]).to(device))
     return outs
 
 
@@ -46,9 +47,11 @@ def test_combine_matches_a_plain_loop_over_envs_and_steps():
             num_steps += 1
             for f in flags:
                 flags[f] |= bool(nxt[f][i])
+            at_end = bool(nxt["success"][i])  # the flag of the episode's last step so far
             if nxt["done"][i]:
                 last = t
                 break
+        assert bool(out["next", "success_at_end"][i]) == at_end, i
         assert abs(out["next", "reward"][i].item() - reward) < 1e-6, i
         assert out["next", "num_steps"][i].item() == num_steps, i
         assert torch.equal(out["next", "obs", "state"][i], outs[last]["next", "obs", "state"][i])

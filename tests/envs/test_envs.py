@@ -1,5 +1,6 @@
 """Registry sweep and the batched-env contract, on real simulators."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -141,6 +142,73 @@ def test_maniskill_privileged_state_is_the_simulators_state_now():
     finally:
         env.close()
         ref.close()
+
+
+def _push(ref, hold: bool) -> torch.Tensor:
+    """A hand-written PushCube pusher (pd_ee_delta_pos): the closed gripper goes behind the
+    cube and pushes it along +x towards the goal and, unless ``hold``, on past it; with
+    ``hold`` it stops once the cube is well inside the goal region. Reads ``ref``'s state."""
+    u = ref.unwrapped
+    tcp, cube, goal = (x.pose.p[0].numpy() for x in (u.agent.tcp, u.obj, u.goal_region))
+    behind = cube + np.array([-0.05, 0.0, 0.0])
+    behind[2] = 0.02
+    a = np.array([0.0, 0.0, 0.0, -1.0], dtype=np.float32)
+    if hold and np.linalg.norm(cube[:2] - goal[:2]) < 0.07:
+        return torch.from_numpy(a)
+    if np.linalg.norm(tcp[1:] - behind[1:]) > 0.01 or tcp[0] > cube[0] - 0.035:
+        d = behind - tcp
+        if tcp[2] < 0.05 and abs(d[1]) > 0.02:  # over the cube, not through it
+            d[2] = 0.06 - tcp[2]
+        a[:3] = np.clip(d * 30, -1, 1)
+    else:
+        a[:3] = [1.0, np.clip((cube[1] - tcp[1]) * 30, -1, 1),
+                 np.clip((0.02 - tcp[2]) * 30, -1, 1)]
+    return torch.from_numpy(a)
+
+
+def test_maniskill_success_flags_equal_maniskills_own_loop():
+    """PushCube through m2flow's adapter (a process per env, auto-reset) and ManiSkill's own
+    ``gym.make`` loop, same seeds, same hand-set actions: the same success flag at every step,
+    and m2flow's count of the episodes (``RunningEpisodes``) equals ManiSkill's own
+    ``success_once`` / ``success_at_end`` (``CPUGymWrapper(record_metrics=True)``). Env 0's
+    pusher pushes the cube through the goal (seed 3: reached, then left), env 1's holds it."""
+    import gymnasium as gym
+    import mani_skill.envs  # noqa: F401
+    from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
+
+    from m2flow.embodied.episodes import RunningEpisodes
+
+    steps, seeds, hold = 50, [3, 4], [False, True]
+    kw = dict(control_mode="pd_ee_delta_pos", reward_mode="normalized_dense")
+    env = make_env(EnvConfig(name="ManiSkill/PushCube-v1", num_envs=2, ignore_terminations=True,
+                             max_episode_steps=steps, **kw))
+    refs = [CPUGymWrapper(gym.make("PushCube-v1", num_envs=1, obs_mode="state",
+                                   max_episode_steps=steps, sim_backend="physx_cpu",
+                                   render_backend="none", **kw),
+                          ignore_terminations=True, record_metrics=True) for _ in seeds]
+    try:
+        env.reset(seed=seeds, rebuild=True)
+        for ref, seed in zip(refs, seeds):
+            ref.reset(seed=seed, options={"reconfigure": True})
+        runs, flags = RunningEpisodes(2), []
+        for _ in range(steps):
+            action = torch.stack([_push(ref, h) for ref, h in zip(refs, hold)])
+            out = env.step(action)
+            results = [ref.step(a.numpy()) for ref, a in zip(refs, action)]
+            infos = [r[4] for r in results]
+            flags.append([bool(i["success"]) for i in infos])
+            assert out["next", "success"].tolist() == flags[-1], f"step {len(flags)}"
+            torch.testing.assert_close(out["next", "reward"],  # the same states
+                                       torch.tensor([float(r[1]) for r in results]))
+            ended = runs.update(out)
+        assert out["next", "done"].all()
+        assert ended.success_once == [bool(i["episode"]["success_once"]) for i in infos]
+        assert ended.success_at_end == [bool(i["episode"]["success_at_end"]) for i in infos]
+        assert ended.success_once == [True, True] and ended.success_at_end == [False, True]
+    finally:
+        env.close()
+        for ref in refs:
+            ref.close()
 
 
 @pytest.mark.parametrize("name,obs_mode,fix", [

@@ -2,6 +2,7 @@
 each, and replaced (from the same server, or a new one if it died) after a kill -9 so that the
 replacement steps like a fresh env."""
 
+import functools
 import importlib.util
 import os
 import signal
@@ -122,3 +123,23 @@ def test_a_killed_simulator_is_replaced_and_steps_like_a_fresh_env(kill_server):
     for got, want in zip(restarted, expected):
         torch.testing.assert_close(got, want)
     assert not torch.equal(restarted[-1], restarted[0])  # it moved
+
+
+@pytest.mark.parametrize("answer_unread", [False, True], ids=["idle", "answer-unread"])
+def test_a_simulator_whose_parent_is_gone_exits_quietly(answer_unread):
+    """A run that ends (Ctrl-C, a failure) kills its env worker, the parent of the simulator
+    processes, whose end of each pipe then closes. A simulator exits with code 0, printing
+    nothing (a traceback would reach the terminal of the run that is ending); with an answer
+    the parent never read, its next read fails with ECONNRESET instead of an end of file."""
+    slots = ProcessSlots([functools.partial(gym.make, "CartPole-v1")])
+    proc, conn = slots._procs[0], slots._conns[0]
+    try:
+        slots.reset([0], [None])
+        if answer_unread:
+            slots.step_async(np.array([1]))
+            assert conn.poll(30)  # its answer waits, unread
+        conn.close()  # as a killed parent's end of the pipe closes
+        proc.join(timeout=30)
+        assert proc.exitcode == 0
+    finally:
+        slots.close()

@@ -197,7 +197,8 @@ def test_switching_every_turn_trains_to_the_same_weights(tmp_path):
     for i, state in a["learner"]["optimizer"]["state"].items():
         for k, v in state.items():
             assert torch.equal(v, b["learner"]["optimizer"]["state"][i][k]), (i, k)
-    assert switched["eval/success"] == resident["eval/success"]
+    assert switched["eval/success_once"] == resident["eval/success_once"]
+    assert switched["eval/success_at_end"] == resident["eval/success_at_end"]
 
 
 def test_overlap_with_switching_is_a_config_error():

@@ -76,7 +76,7 @@ def retention_session(tmp_path, keep):
         run_name: str = "t"
         seed: int = 0
 
-    s = RunSession(Root(), workload="embodied", best_metric="eval/success")
+    s = RunSession(Root(), workload="embodied", best_metric="eval/success_once")
     s.open_run(10, 0, []).close()
     return s
 
@@ -91,14 +91,14 @@ def test_keeps_the_last_k_and_the_best_by_evaluation(tmp_path):
     # iteration: eval success (None: no evaluation in that iteration)
     scores = {1: None, 2: 0.5, 3: None, 4: 0.75, 5: 0.25, 6: float("nan")}
     for it, score in scores.items():
-        s.save(it, {"learner": {}}, {} if score is None else {"eval/success": score})
+        s.save(it, {"learner": {}}, {} if score is None else {"eval/success_once": score})
     # by hand: the best is 4 (0.75; NaN is no score); the newest two are 5 and 6
     assert kept(folder) == [4, 5, 6]
     assert checkpoint.load(folder / "best.pt")["iteration"] == 4
     assert checkpoint.load(folder / "last.pt")["iteration"] == 6
 
-    s.save(7, {"learner": {}}, {"eval/success": 0.75})  # a tie goes to the newer
-    s.save(8, {"learner": {}}, {"eval/success": 0.5})
+    s.save(7, {"learner": {}}, {"eval/success_once": 0.75})  # a tie goes to the newer
+    s.save(8, {"learner": {}}, {"eval/success_once": 0.5})
     assert kept(folder) == [7, 8]  # 4 lost the best to 7; 5 and 6 are no longer the newest
     assert checkpoint.load(folder / "best.pt")["iteration"] == 7
     s.close()
@@ -107,7 +107,7 @@ def test_keeps_the_last_k_and_the_best_by_evaluation(tmp_path):
 def test_without_evaluations_there_is_no_best_and_keep_zero_keeps_all(tmp_path):
     s = retention_session(tmp_path, keep=0)
     for it in range(1, 5):
-        s.save(it, {"learner": {}}, {"env/success": 1.0})  # training success does not rank
+        s.save(it, {"learner": {}}, {"env/success_once": 1.0})  # training success does not rank
     folder = s.run_dir / "checkpoints"
     assert kept(folder) == [1, 2, 3, 4] and not (folder / "best.pt").exists()
     s.close()

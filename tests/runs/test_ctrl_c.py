@@ -93,6 +93,8 @@ def test_ctrl_c_during_a_long_evaluation_saves_the_iteration_and_stops_in_second
     command = shlex.split(line.split("resume with: ")[1])
     assert command == ["m2flow-train", "--config-name", "maniskill_pushcube_ppo_mlp",
                        *run.overrides, f"resume={saved}"]
+    lines = [l for l in run.err.read_text().splitlines() if l.strip()]
+    assert not [l for l in lines if l.startswith("(") or "Error" in l], lines  # no worker's words
     assert run.processes_left() == []
     # the command is accepted as it stands (the resume checkpoint is checked at start-up)
     assert load_run_config(command[2], command[3:]).resume == saved
@@ -112,4 +114,29 @@ def test_ctrl_c_twice_during_collection_in_process_stops_in_seconds(tmp_path):
     assert line.startswith("m2flow-train: interrupted during collection after 0 iterations; "
                            "no checkpoint was written; start again with: m2flow-train "), line
     assert not list(run.runs.rglob("*.pt"))
+    assert run.processes_left() == []
+
+
+def test_sigterm_during_an_evaluation_stops_as_a_first_ctrl_c_with_exit_code_143(tmp_path):
+    """SIGTERM to the driver alone (``kill PID``, a scheduler's stop): the stop of a first
+    Ctrl-C, exit code 143 (128 + SIGTERM); the simulators ended with the run print nothing."""
+    run = Run(tmp_path, PUSHCUBE + [
+        "runner.rollout_steps=4", "runner.checkpoint_interval=1", "runner.eval_interval=2",
+        "runner.eval_episodes=4000", "runner.progress_bar=false", "runner.progress_interval_s=0"])
+    run.wait_for(lambda: "eval ManiSkill/PushCube-v1: 2/4000 ep" in run.out.read_text())
+    t0 = time.monotonic()
+    os.kill(run.proc.pid, signal.SIGTERM)
+    run.proc.wait(timeout=120)
+    seconds = time.monotonic() - t0
+    line = run.stop_line()
+    assert run.proc.returncode == 128 + signal.SIGTERM, line
+    assert seconds < STOP_BOUND_S, f"{seconds:.1f} s: {line}"
+    assert line.startswith("m2flow-train: interrupted during evaluation after 2 iterations; "
+                           "checkpoint "), line
+    saved = line.split("checkpoint ")[1].split(";")[0]
+    assert Path(saved).name == "iter_00002.pt" and checkpoint.load(saved)["iteration"] == 2
+    lines = [l for l in run.err.read_text().splitlines() if l.strip()]
+    assert lines[-2:] == ["SIGTERM: stopping, as after a first Ctrl-C.", line]
+    # nothing a worker or a simulator printed (Ray forwards those as "(EnvWorker pid=...) ...")
+    assert not [l for l in lines if l.startswith("(") or "Error" in l], lines
     assert run.processes_left() == []

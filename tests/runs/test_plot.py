@@ -8,7 +8,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from m2flow.runs.plot import main, read_run
 
-# (step, eval/success) of two runs, written below as RunLogger writes them
+# (step, eval/success_once) of two runs, written below as RunLogger writes them
 RUN_A = [(800, 0.25), (1600, 0.5), (2400, 0.75)]
 RUN_B = [(800, 0.0), (1600, 0.125)]
 
@@ -17,7 +17,7 @@ def write_run(root, name, points, extra=True):
     run = root / "maniskill_pushcube_ppo_mlp" / name
     w = SummaryWriter(str(run / "tb"))
     for step, value in points:
-        w.add_scalar("eval/success", value, step)
+        w.add_scalar("eval/success_once", value, step)
         if extra:
             w.add_scalar("env/return", 10 * value, step)
     w.close()
@@ -34,10 +34,10 @@ def png_size(path):
 def test_read_run_gives_back_the_written_points(tmp_path):
     run = write_run(tmp_path, "20261123-000000", RUN_A)
     curves = read_run(run)
-    assert curves["eval/success"].steps == [s for s, _ in RUN_A]
-    assert curves["eval/success"].values == pytest.approx([v for _, v in RUN_A])
+    assert curves["eval/success_once"].steps == [s for s, _ in RUN_A]
+    assert curves["eval/success_once"].values == pytest.approx([v for _, v in RUN_A])
     assert curves["env/return"].values == pytest.approx([10 * v for _, v in RUN_A])
-    seconds = curves["eval/success"].seconds
+    seconds = curves["eval/success_once"].seconds
     assert seconds[0] >= 0 and seconds == sorted(seconds)
 
 
@@ -70,15 +70,15 @@ def test_a_resumed_run_continues_the_clock_of_the_run_it_resumed(tmp_path):
     src = tmp_path / "maniskill_pushcube_ppo_mlp" / "first"
     w = SummaryWriter(str(src / "tb"))
     for step, wall in [(800, 1000.0), (1600, 1100.0), (2400, 1300.0)]:
-        w.add_scalar("eval/success", 0.5, step, walltime=wall)
+        w.add_scalar("eval/success_once", 0.5, step, walltime=wall)
     w.close()
     resumed = tmp_path / "maniskill_pushcube_ppo_mlp" / "second"
     w = SummaryWriter(str(resumed / "tb"))
     for step, wall in [(1600, 5000.0), (2400, 5060.0)]:
-        w.add_scalar("eval/success", 0.75, step, walltime=wall)
+        w.add_scalar("eval/success_once", 0.75, step, walltime=wall)
     w.close()
     (resumed / "config.yaml").write_text(f"resume: {src}/checkpoints/iter_00002.pt\n")
-    assert read_run(resumed)["eval/success"].seconds == pytest.approx([100.0, 160.0])
-    assert read_run(src)["eval/success"].seconds == pytest.approx([0.0, 100.0, 300.0])
+    assert read_run(resumed)["eval/success_once"].seconds == pytest.approx([100.0, 160.0])
+    assert read_run(src)["eval/success_once"].seconds == pytest.approx([0.0, 100.0, 300.0])
     (resumed / "config.yaml").write_text("resume: null\n")  # not resumed: its own clock
-    assert read_run(resumed)["eval/success"].seconds == pytest.approx([0.0, 60.0])
+    assert read_run(resumed)["eval/success_once"].seconds == pytest.approx([0.0, 60.0])

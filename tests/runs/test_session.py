@@ -165,3 +165,37 @@ def test_ctrl_c_ends_a_run_with_one_line_naming_the_last_checkpoint(tmp_path):
     saved = lines[-1].split("; checkpoint ")[1].split(";")[0]
     assert saved.endswith(".pt") and checkpoint.load(saved)["iteration"] >= 2
     assert lines[-1].endswith(f" resume={saved}")
+
+
+def test_a_failure_is_one_line_and_its_traceback_goes_to_the_runs_log(tmp_path):
+    from m2flow.pipelines.errors import mark_raised_by
+
+    s = session(tmp_path)
+    ckpt = s.save(2, {"learner": {}})
+    s.phase = "learning"
+    try:
+        raise ZeroDivisionError("division by zero in the loss")
+    except ZeroDivisionError as e:
+        mark_raised_by(e, "worker learner[rank 0] in update()")
+        failed = s.failed(e, 3)
+    log = s.run_dir / "train.log"
+    assert failed.describe(lambda c: f"m2flow-train resume={c}") == (
+        "failed during learning after 3 iterations: worker learner[rank 0] in update(): "
+        f"ZeroDivisionError: division by zero in the loss (traceback in {log}); checkpoint "
+        f"{ckpt}; resume with: m2flow-train resume={ckpt}")
+    text = log.read_text()
+    assert "Traceback (most recent call last)" in text and "in test_a_failure_is_one" in text
+    assert isinstance(failed, RuntimeError)  # not an interruption: a sweep goes on
+    s.close()
+
+
+def test_a_failure_before_the_run_opened_gets_a_run_dir_for_its_traceback(tmp_path):
+    from m2flow.runs.session import run_failed
+
+    cfg = Root(runner=RunnerBaseConfig(log_dir=str(tmp_path), progress_bar=False))
+    failed = run_failed(KeyError("obs"), cfg, phase="start-up")
+    assert failed.describe() == (f"failed during start-up: the driver raised KeyError: 'obs' "
+                                 f"(traceback in {failed.log}); no checkpoint was written.")
+    assert failed.log.parent.parent == tmp_path / "t"  # <log_dir>/<run_name>/<time>/
+    assert (failed.log.parent / "config.yaml").exists()
+    assert "KeyError: 'obs'" in failed.log.read_text()

@@ -93,10 +93,14 @@ class GRPO(Algorithm):
         c = self.cfg
         ret, success, steps = first_episodes(traj[keys.REWARD], traj[keys.DONE],
                                              traj[keys.SUCCESS])
+        # success_at_end: the flag of the first episode's last transition (its steps: a prefix)
+        flags = traj.get(keys.SUCCESS_AT_END, traj[keys.SUCCESS])  # (N, T)
+        at_end = flags[torch.arange(len(flags), device=flags.device), steps.long().sum(1) - 1]
         if keys.VALID in traj.keys():  # an episode a simulator restart lost is not a sample
             steps &= traj[keys.VALID]
             lost = ~traj[keys.VALID].all(1)
             success = success & ~lost
+            at_end = at_end & ~lost
         keep = keep_groups(success, c.group_size, c.filter_low, c.filter_high)
         mixed = keep_groups(success, c.group_size)  # neither all-success nor all-failure
         adv = group_advantages(ret, c.group_size)
@@ -105,7 +109,8 @@ class GRPO(Algorithm):
         traj[keys.VALID] = steps & keep[:, None]
         return {"grpo/groups_kept": float(keep.float().mean()),
                 "grpo/groups_mixed": float(mixed.float().mean()),
-                "grpo/episode_success": float(success.float().mean()),
+                "grpo/episode_success_once": float(success.float().mean()),
+                "grpo/episode_success_at_end": float(at_end.float().mean()),
                 "grpo/episode_return": float(ret.mean())}
 
     def loss(self, policy, mb: TensorDict) -> TensorDict:

@@ -1,0 +1,163 @@
+"""A run that fails ends with one line on stderr and exit code 1: the worker (group and rank),
+its method, the cause, the phase and the iterations done, the last checkpoint and the command
+that resumes from it. The traceback goes to the run's ``train.log``, never to the terminal.
+
+Real runs of ``m2flow-train`` with Ray workers, and real failures: a rollout worker killed
+with SIGKILL, a learner step that raises (an algorithm plugin, pip-installed as
+``tests/fault_plugin``, so Ray's learner process finds it too), and a simulator process
+stopped with SIGSTOP, so that a channel stops delivering."""
+
+import contextlib
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from m2flow.runs import checkpoint
+
+TRAIN = [sys.executable, "-c", "import sys; from m2flow.cli import train; sys.exit(train())"]
+TINY = ["env.num_envs=2", "runner.rollout_steps=8", "runner.eval_interval=0",
+        "runner.checkpoint_interval=1", "runner.stop_at_success=null", "seed=0"]
+PLUGIN = Path(__file__).parents[1] / "fault_plugin"
+GONE_BOUND_S = 10.0  # Ray's daemons and the simulator processes end this soon after the driver
+
+
+class Run:
+    """``m2flow-train`` in its own session, its output in files, every process it starts
+    marked by an environment variable (so the test finds the workers' processes)."""
+
+    def __init__(self, tmp_path: Path, overrides: list[str], env: dict = None):
+        self.tag = uuid.uuid4().hex
+        self.runs = tmp_path / "runs"
+        self.overrides = overrides + [f"runner.log_dir={self.runs}"]
+        self.err = tmp_path / "err.txt"
+        env = {**os.environ, **(env or {}), "M2FLOW_FAILURE_TEST": self.tag,
+               "RAY_USAGE_STATS_ENABLED": "0"}
+        with open(tmp_path / "out.txt", "w") as out, open(self.err, "w") as err:
+            self.proc = subprocess.Popen(TRAIN + self.overrides, stdout=out, stderr=err,
+                                         env=env, start_new_session=True)
+
+    def wait_for_checkpoint(self, name: str, timeout: float = 180.0,
+                            poll_s: float = 0.2) -> None:
+        deadline = time.monotonic() + timeout
+        while not list(self.runs.rglob(name)) and time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"the run ended early:\n{self.err.read_text()}"
+            time.sleep(poll_s)
+        assert list(self.runs.rglob(name)), f"no {name} in {timeout:g} s"
+
+    def processes(self, title: str = "") -> dict[int, tuple[int, str]]:
+        """pid -> (parent pid, command line) of this run's processes whose command line
+        contains ``title`` (Ray names an actor's process ``ray::<its class>``)."""
+        found = {}
+        for proc in Path("/proc").iterdir():
+            try:
+                if not proc.name.isdigit() or f"M2FLOW_FAILURE_TEST={self.tag}".encode() not in (
+                        proc / "environ").read_bytes().split(b"\0"):
+                    continue
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError):  # ended meanwhile, or not ours to read
+                continue
+            if title in cmdline:
+                found[int(proc.name)] = (ppid, cmdline)
+        return found
+
+    def end_line(self, timeout: float = 120.0) -> str:
+        """The last stderr line, once the run ended with exit code 1 and no traceback."""
+        self.proc.wait(timeout=timeout)
+        err = self.err.read_text()
+        assert self.proc.returncode == 1, err[-3000:]
+        assert "Traceback" not in err, err[-3000:]
+        return [line for line in err.splitlines() if line.strip()][-1]
+
+    def processes_left(self) -> list[str]:
+        deadline = time.monotonic() + GONE_BOUND_S
+        while (left := self.processes()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return [cmd[:200] for _, cmd in left.values()]
+
+
+def check_resume(line: str, run: Run) -> Path:
+    """The line's checkpoint (loadable) and its resume command (the run's own, resumed)."""
+    saved = line.split("; checkpoint ")[1].split("; resume with: ")[0]
+    command = shlex.split(line.split("; resume with: ")[1])
+    assert command == ["m2flow-train", "--config-name", "maniskill_pushcube_ppo_mlp",
+                       *run.overrides, f"resume={saved}"], command
+    assert checkpoint.load(saved)["iteration"] >= 1
+    return Path(saved)
+
+
+def check_log(line: str, *fragments: str) -> None:
+    """The run's train.log, named in the line, holds the traceback and ``fragments``."""
+    log = Path(re.search(r"\(traceback in (\S+train\.log)\)", line)[1]).read_text()
+    assert "Traceback (most recent call last)" in log, log[-2000:]
+    for fragment in fragments:
+        assert fragment in log, (fragment, log[-2000:])
+
+
+def test_a_rollout_worker_killed_mid_run_ends_the_run_with_one_line(tmp_path):
+    run = Run(tmp_path, TINY + ["runner.num_iterations=1000"])
+    run.wait_for_checkpoint("iter_00001.pt")
+    (pid,) = run.processes("ray::RolloutWorker")
+    os.kill(pid, signal.SIGKILL)
+    line = run.end_line()
+    head = re.match(r"m2flow-train: failed during [a-z ]+ after (\d+) iterations: worker "
+                    rf"rollout\[rank 0\] in \w+\(\): the worker's process died \(pid {pid}\): "
+                    r"it was killed \(kill -9, the kernel's out-of-memory killer\) or crashed "
+                    r"\(traceback in \S+\); checkpoint ", line)
+    assert head, line
+    saved = check_resume(line, run)
+    assert 1 <= checkpoint.load(saved)["iteration"] <= int(head[1])
+    check_log(line, "WorkerDied", f"pid: {pid}")
+    assert run.processes_left() == []
+
+
+def test_an_exception_in_a_learner_step_ends_the_run_with_one_line(tmp_path):
+    site, src = tmp_path / "site", tmp_path / "plugin"
+    # a copy: the build's files stay out of the repository
+    shutil.copytree(PLUGIN, src, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                    "--no-build-isolation", "--target", str(site), str(src)],
+                   check=True, capture_output=True, text=True)
+    run = Run(tmp_path, TINY + ["runner.num_iterations=3", "algorithm.name=ppo_fails_at_2"],
+              env={"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])})
+    line = run.end_line(timeout=300)
+    assert line.startswith(
+        "m2flow-train: failed during learning after 1 iterations: worker learner[rank 0] in "
+        "update(): LossDiverged: loss is nan in the learner step of iteration 1 (traceback in "
+        f"{run.runs}/maniskill_pushcube_ppo_mlp/"), line
+    assert check_resume(line, run).name == "iter_00001.pt"
+    check_log(line, "in loss\n", "m2flow_fault_plugin.LossDiverged: loss is nan")
+    assert run.processes_left() == []
+
+
+def test_a_channel_that_stops_delivering_ends_the_run_with_one_line(tmp_path):
+    """A simulator process stopped with SIGSTOP as a collection starts: its env worker waits on
+    it (for up to env.step_timeout_s), so the rollout worker gets no observation within the
+    channel's timeout. (Stopped at a collection's last step instead, nobody would wait on a
+    channel; the collection of 64 steps that follows a checkpoint is far from its end.)"""
+    run = Run(tmp_path, TINY + ["runner.num_iterations=1000", "runner.rollout_steps=64",
+                                "runner.channel_timeout_s=5"])
+    run.wait_for_checkpoint("iter_00001.pt")
+    forked = run.processes("forkserver")  # the fork server and the simulators it forked
+    simulator = min(pid for pid, (ppid, _) in forked.items() if ppid in forked)
+    run.wait_for_checkpoint("iter_00002.pt", poll_s=0.01)  # the next collection starts now
+    os.kill(simulator, signal.SIGSTOP)
+    try:
+        line = run.end_line()
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # Ray kills a killed worker's children
+            os.kill(simulator, signal.SIGKILL)
+    assert re.match(r"m2flow-train: failed during collection after 2 iterations: worker "
+                    r"rollout\[rank 0\] in serve\(\): ChannelTimeout: channel 'obs' lane "
+                    r"\(0, 0\) got nothing for 5 s: its producer is slow, stuck or dead "
+                    r"\(traceback in \S+\); checkpoint \S+iter_00002.pt; ", line), line
+    check_resume(line, run)
+    check_log(line, "ChannelTimeout")
+    assert run.processes_left() == []
