@@ -5,7 +5,7 @@ triangles it draws, not the pixels: ManiSkill's Panda arm has 135,548 visual tri
 (its published ``franka_description`` meshes), and a 64 px PushCube camera frame takes
 ~25 ms with them against 0.7 ms with the arm hidden. Keeping 5 % of the arm's triangles
 (quadric decimation, ``fast_simplification``) renders the frame in ~5 ms and changes the
-64 px image by ~1/255 on average (``bench/render_detail.py`` measures both; the README shows
+64 px image by ~1/255 on average (``bench/render_detail.py`` measures both; bench/README.md shows
 the two images side by side).
 
 What is simplified: every untextured triangle-mesh part of every body's visual shape with

@@ -87,8 +87,8 @@ class BCConfig(AlgorithmConfig):
     bump around the expert action, and sampling it at temperature 1 tries actions near the
     cloned one, which RL from this warm start needs. Without it the cloned distribution is a
     sharp peak with a flat tail: sampled at temperature 1 the tail's far bins end episodes;
-    at 0.5 the samples are the argmax's to within a bin or two (README, "Demonstrations,
-    behaviour cloning, then RL")."""
+    at 0.5 the samples are the argmax's to within a bin or two (the VLA recipe rows of
+    docs/results.md)."""
 
     image_shift: int = 0
     """Random-shift augmentation of the sampled images (DrQ): every image observation of each
