@@ -27,6 +27,7 @@ from m2flow.embodied.env_eval import EvalRound
 from m2flow.embodied.env_worker import EnvWorker
 from m2flow.embodied.episodes import EpisodeStats
 from m2flow.embodied.learner_worker import LearnerWorker, learner_rank
+from m2flow.embodied.no_signal import NoSignalWatch
 from m2flow.embodied.plan import monitor as plan_monitor
 from m2flow.embodied.rollout_worker import RolloutWorker
 from m2flow.embodied.stages import rollout_rank
@@ -55,46 +56,6 @@ BAR_FIELDS = [
     log_field("eval={:.2f}/{:.2f}", "eval/success_once", "eval/success_at_end", together=True,
               sticky=True),
 ]
-
-
-class NoSignalWatch:
-    """Counts iterations in a row with nothing to learn from (every reward of the batch
-    equal, or every GRPO group filtered) and returns a warning line every ``iterations`` of
-    them (0: never).
-
-    >>> watch = NoSignalWatch(iterations=2, algorithm="grpo")
-    >>> [watch.update({"train/reward_spread": 0.0}) is not None for _ in range(4)]
-    [False, True, False, True]
-    >>> watch.update({"train/reward_spread": 0.5, "grpo/groups_kept": 0.0}) is not None
-    False
-    >>> watch.update({"train/reward_spread": 0.5, "grpo/groups_kept": 0.25}), watch.streak
-    (None, 0)
-    """
-
-    def __init__(self, iterations: int, algorithm: str):
-        self.iterations, self.algorithm, self.streak = iterations, algorithm, 0
-
-    def update(self, metrics: dict) -> Optional[str]:
-        constant = metrics.get("train/reward_spread", 1.0) == 0.0
-        filtered = metrics.get("grpo/groups_kept", 1.0) == 0.0
-        if not (constant or filtered):
-            self.streak = 0
-            return None
-        self.streak += 1
-        if self.iterations <= 0 or self.streak % self.iterations:
-            return None
-        what = ("every reward of the batch was the same" if constant else
-                "every GRPO group was filtered (its success rate outside "
-                "(algorithm.filter_low, algorithm.filter_high))")
-        return (
-            f"WARNING: no learning signal for {self.streak} iterations in a row: {what}, so "
-            f"the advantages are 0 and algorithm={self.algorithm} does not learn. Likely causes: "
-            "a sparse success reward the policy never (or always) reaches (longer "
-            "runner.rollout_steps / env.max_episode_steps, an easier task, a better starting "
-            "checkpoint), a reward the env does not compute for this obs/control mode, or "
-            "actions that do not reach the env (action scale, un-normalisation statistics). "
-            "runner.warn_no_signal_iterations=0 silences this."
-        )
 
 
 class EmbodiedRunner:
