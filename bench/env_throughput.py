@@ -23,7 +23,7 @@ import record
 import torch
 from tensordict import TensorDict
 
-from m2flow.cli import load_run_config
+from m2flow.cli.common import load_run_config
 from m2flow.embodied.runner import EmbodiedRunner
 from m2flow.envs import make_env
 from m2flow.policies import make_policy

@@ -31,9 +31,10 @@ from pathlib import Path
 
 import record
 
-from m2flow.cli import load_run_config, planner
+from m2flow.cli.common import load_run_config
+from m2flow.cli.workloads import planner
 from m2flow.pipelines import Cluster
-from m2flow.planning import config_of, measure
+from m2flow.cli.planning import config_of, measure
 from m2flow.pipelines.planner.profiles import Profile
 from m2flow.pipelines.planner.calibration import models_for
 from m2flow.pipelines.planner.search import search

@@ -24,7 +24,7 @@ import time
 
 import record
 
-from m2flow.cli import load_run_config
+from m2flow.cli.common import load_run_config
 from m2flow.embodied.runner import EmbodiedRunner
 from m2flow.pipelines import Cluster
 

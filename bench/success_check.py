@@ -33,7 +33,7 @@ import torch
 from tensordict import TensorDict
 
 from m2flow import keys
-from m2flow.cli import load_eval_config
+from m2flow.cli.common import load_eval_config
 from m2flow.envs import EnvSpec
 from m2flow.policies import make_policy
 from m2flow.runs import seeding

@@ -32,7 +32,7 @@ import shlex
 import subprocess
 import time
 
-from m2flow.cli import load_run_config
+from m2flow.cli.common import load_run_config
 from m2flow.embodied.runner import EmbodiedRunner
 
 MODES = {

@@ -86,7 +86,7 @@ step context_switch 35 $PY bench/context_switch.py --sizes 1e8 5e8 --repeats 3
 step physx 15 $PY bench/gpu.py --results "$R" physx
 step render 40 $PY bench/gpu.py --results "$R" render --num-envs 16 --steps 60
 step reasoning 110 bash -c "$PY bench/gpu.py --results $R qwen --out /tmp/qwen05 && \
-  $PY -c 'from m2flow.cli import train; raise SystemExit(train())' --config-name reasoning_arith_grpo_tiny \
+  $PY -c 'from m2flow.cli.train import main as train; raise SystemExit(train())' --config-name reasoning_arith_grpo_tiny \
   model.path=/tmp/qwen05 model.dtype=bfloat16 cluster=reasoning_inprocess_gpu algorithm.reward=math_verify \
   warm_start.steps=60 warm_start.learning_rate=3e-4 algorithm.learning_rate=1e-6 runner.num_steps=4 \
   runner.max_minutes=null runner.eval_interval=2 runner.checkpoint_interval=0 runner.progress_bar=false \
@@ -101,7 +101,7 @@ ray_step() {  # a step that needs Ray: skipped, saying so, where the Ray part wa
       | tee -a "$OUT/summary.txt" ;; esac
   fi
 }
-TRAIN="$PY -c 'from m2flow.cli import train; raise SystemExit(train())'"
+TRAIN="$PY -c 'from m2flow.cli.train import main as train; raise SystemExit(train())'"
 # Ray actors on the GPU: env (CPU physics) and rollout + learner on GPU 0, taking turns, the
 # idle one's state in pinned host memory (context switch), CUDA tensors crossing processes
 ray_step ray_embodied 150 bash -c "$TRAIN --config-name maniskill_pushcube_ppo_mlp \

@@ -1,7 +1,7 @@
 """Composes a config with Hydra and turns every mistake into one sentence naming the field.
 
 Knows no workload: the caller registers the schemas (``m2flow.configs.schema.store``) first;
-``m2flow.cli`` does that for every workload.
+``m2flow.cli.workloads`` does that for every workload.
 """
 
 from __future__ import annotations

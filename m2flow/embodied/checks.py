@@ -78,7 +78,7 @@ RULES: list[Rule] = [
 
 def check_train_config(cfg: TrainConfig) -> None:
     """Ranges, the algorithm's own checks, placement, cross-field rules, paths and registry
-    names of ``cfg``; raises a one-line ValueError (``m2flow.cli`` prints it as the config
+    names of ``cfg``; raises a one-line ValueError (``m2flow.cli.common`` prints it as the config
     error)."""
     check_fields(cfg, RULES)
     check_runner_base(cfg)
@@ -288,7 +288,7 @@ def memory_hint(cfg: TrainConfig) -> str:
     """The fields that size an embodied run's memory, with their values: the fix an
     out-of-memory line gives (``m2flow.runs.session.RunOutOfMemory``).
 
-    >>> from m2flow.cli import load_run_config
+    >>> from m2flow.cli.common import load_run_config
     >>> memory_hint(load_run_config("maniskill_pushcube_ppo_mlp", ["env.num_envs=8"]))
     "lower env.num_envs (now 8: a simulator process each) or set algorithm.micro_batch_size (now unset: each learner step takes its whole minibatch of 100 samples at once); m2flow-plan predicts a placement's memory"
     """

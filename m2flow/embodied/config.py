@@ -104,7 +104,7 @@ class TrainConfig:
     """The root config of an embodied run."""
 
     workload: str = "embodied"
-    """Which workload runs this config (m2flow.cli's table); set by the schema."""
+    """Which workload runs this config (the table in m2flow.cli.workloads); set by the schema."""
     env: EnvConfig = field(default_factory=EnvConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)

@@ -1,10 +1,6 @@
-"""``m2flow-demos``: successful demonstrations from ManiSkill's motion-planning solutions, with
-the observations m2flow's env gives a policy, in ManiSkill's own trajectory format.
-
-    m2flow-demos                             # demos/PickCube-v1_rgb64.h5: rgb 64 px, 100 episodes
-    m2flow-demos env=maniskill_pushcube_rgb  # demos/PushCube-v1_rgb64.h5
-    m2flow-demos env=maniskill_pickcube env.obs_mode=state demos.episodes=20 demos.output=demos/x
-    m2flow-demos --cfg                       # print the composed config and exit
+"""Successful demonstrations from ManiSkill's motion-planning solutions, with the observations
+m2flow's env gives a policy, in ManiSkill's own trajectory format (the command is
+``m2flow-demos``, :mod:`m2flow.cli.demos`).
 
 Seeds ``demos.seed``, ``demos.seed + 1``, ... are tried until ``demos.episodes`` are kept (or
 ``demos.max_tries`` seeds are spent). Per seed:
@@ -39,9 +35,7 @@ VLA policies read for such an env (``m2flow.policies.vla.text.prompt("")``).
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -62,7 +56,6 @@ SOLUTIONS = {"PushCube-v1": "solvePushCube", "PickCube-v1": "solvePickCube"}
 """Tasks -> their solution in ``mani_skill.examples.motionplanning.panda.solutions`` (checked
 here; StackCube, PullCube and LiftPegUpright also plan with screw motions only)."""
 PLAN_STEP_LIMIT = 10_000  # planning/conversion envs: no time limit cuts a plan short
-EXIT_CONFIG = 2
 
 
 @dataclass
@@ -378,37 +371,3 @@ def load_demos_config(config_name: str = DEFAULT_CONFIG, overrides=()) -> DemosC
         raise ConfigError(f"config error: demos.output: {existing[0]} exists; pick another "
                           "demos.output or set demos.overwrite=true.")
     return cfg
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="m2flow-demos", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config-name", "-cn", default=DEFAULT_CONFIG,
-                        help=f"config in m2flow/configs/{CONFIG_DIR} (default: {DEFAULT_CONFIG})")
-    parser.add_argument("--cfg", action="store_true", help="print the composed config and exit")
-    parser.add_argument("overrides", nargs="*",
-                        help="Hydra overrides, e.g. env=maniskill_pushcube_rgb demos.episodes=10")
-    args = parser.parse_args(argv)
-    from m2flow.configs import ConfigError
-
-    try:
-        cfg = load_demos_config(args.config_name, args.overrides)
-    except ConfigError as e:
-        print(f"m2flow-demos: {e}", file=sys.stderr)
-        return EXIT_CONFIG
-    if args.cfg:
-        from omegaconf import OmegaConf
-
-        print(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-        return 0
-    stem = output_stem(cfg)
-    print(f"m2flow-demos: {cfg.env.name} ({cfg.env.obs_mode}, {cfg.env.control_mode}) -> "
-          f"{stem}.h5", flush=True)
-    demos, tally, spec = generate(cfg, log=lambda line: print(line, flush=True))
-    h5_path, _ = save(stem, demos, cfg.env, spec)
-    steps = sum(len(d.actions) for d in demos)
-    print(f"m2flow-demos: {tally.tried} episodes tried, planner solved {tally.planned}, "
-          f"{tally.converted} succeed after conversion, kept {tally.kept} ({steps} steps) in "
-          f"{tally.seconds:.0f} s; wrote {h5_path} and its .json", flush=True)
-    return 0 if tally.kept >= cfg.demos.episodes else 1
-

@@ -67,8 +67,9 @@ class LearnerWorker(Worker):
         self.num_iterations = num_iterations
         self.timeout = channel_timeout
         self.trainer = Trainer(
-            self.policy, lambda params: torch.optim.Adam(self._param_groups(params),
-                                                         lr=algo_cfg.learning_rate, eps=ADAM_EPS),
+            self.policy,
+            lambda params: torch.optim.Adam(self.algorithm.param_groups(self.policy, params),
+                                            lr=algo_cfg.learning_rate, eps=ADAM_EPS),
             precision=algo_cfg.precision, max_grad_norm=algo_cfg.max_grad_norm,
             data_parallel=self.data_parallel, shard=info.resources.shard,
             forward_methods=POLICY_METHODS,
@@ -87,24 +88,6 @@ class LearnerWorker(Worker):
     @property
     def optimizer(self) -> torch.optim.Optimizer:
         return self.trainer.optimizer
-
-    def _param_groups(self, params: list) -> list:
-        """The optimiser's parameter groups: one, or with ``algorithm.critic_learning_rate``
-        the critic's parameters in a group of their own at that step size (``lr_scale``: its
-        ratio to ``learning_rate``, which annealing keeps)."""
-        critic_lr = getattr(self.cfg, "critic_learning_rate", None)
-        if critic_lr is None:
-            return params
-        names = set(self.policy.critic_parameter_names())
-        if not names:
-            raise ValueError(
-                f"algorithm.critic_learning_rate: policy {type(self.policy).__name__} has no "
-                "parameters of its own critic (Policy.critic_parameter_names); leave it null.")
-        critic = {id(p) for n, p in self.policy.named_parameters() if n in names}
-        scale = critic_lr / self.cfg.learning_rate
-        return [{"params": [p for p in params if id(p) not in critic]},
-                {"params": [p for p in params if id(p) in critic], "lr": critic_lr,
-                 "lr_scale": scale}]
 
     def offload(self) -> dict[str, float]:
         if self.trainer.sharded and self.context.active:
@@ -190,7 +173,7 @@ class LearnerWorker(Worker):
         if dp.active:  # every rank revalues alike (the oldest action of the global batch)
             staleness = int(dp.max(torch.tensor(staleness)))
         with self.timer("learn"):
-            lr = self._learning_rate(iteration)
+            lr = self.algorithm.learning_rate(iteration, num_iterations=self.num_iterations)
             self.trainer.set_lr(lr)
             traj = torch.cat(parts, dim=0).to(self.device)  # (N, T)
             spread = reward_spread(traj, dp) if keys.REWARD in traj.keys(True) else None
@@ -208,26 +191,12 @@ class LearnerWorker(Worker):
             return {**metrics, **mean_over_ranks(extra, dp), "loss/learning_rate": lr,
                     "perf/staleness": float(staleness)}
 
-    def _learning_rate(self, iteration: int) -> float:
-        """A function of the iteration alone, so a resumed run uses the same schedule."""
-        if not self.cfg.anneal_lr:
-            return self.cfg.learning_rate
-        return self.cfg.learning_rate * (1.0 - iteration / max(1, self.num_iterations))
-
     def _epochs(self, batch: TensorDict, iteration: int) -> dict:
         """Epochs x minibatches x micro-batches of the algorithm's loss; ``loss/*`` metrics.
-        An update that trains the critic alone (``Algorithm.critic_only``) freezes every
-        other parameter for its length: they get no gradient, so the optimiser leaves them
-        (and their moments) as they are."""
+        Only the parameters ``Algorithm.trained_parameters`` names train (None: all); every
+        other one is frozen for the update's length (the critic warm-up of PPO)."""
         a, c = self.algorithm, self.cfg
-        critic_only = a.critic_only(iteration)
-        if critic_only and not self.policy.critic_parameter_names():
-            raise ValueError(
-                f"algorithm.critic_warmup: policy {type(self.policy).__name__} has no parameters "
-                "of its own critic to train alone (Policy.critic_parameter_names); set "
-                "algorithm.critic_warmup=0.")
-        with frozen_but(self.policy, self.policy.critic_parameter_names() if critic_only
-                        else None):
+        with frozen_but(self.policy, a.trained_parameters(self.policy, iteration)):
             terms = self.trainer.run_epochs(
                 batch, lambda mb: a.loss(self.policy, mb), epochs=c.update_epochs,
                 num_minibatches=c.num_minibatches, micro_batch_size=c.micro_batch_size,
@@ -235,7 +204,7 @@ class LearnerWorker(Worker):
                 stop_early=a.stop_early,
             )
         metrics = {f"loss/{k}": v for k, v in terms.items()}
-        if critic_only:
+        if a.critic_only(iteration):
             metrics["loss/critic_only"] = 1.0
         metrics["loss/total"] = sum(v for k, v in metrics.items() if k.startswith("loss/loss_"))
         metrics.update(a.batch_metrics(batch))

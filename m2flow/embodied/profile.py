@@ -46,7 +46,7 @@ from m2flow.pipelines.planner import measure
 from m2flow.pipelines.planner.graph import Graph
 from m2flow.pipelines.planner.profiles import Node, Profile
 from m2flow.runs import seeding
-from m2flow.runs.weights import sync_groups
+from m2flow.runs.profile import profile_switch, profile_sync
 
 RECORDED_STEPS = 4
 """Policy calls recorded for the learner's trajectory (tiled to rollout_steps): its cost
@@ -143,12 +143,8 @@ def profile(cfg: TrainConfig, *, say: Callable[[str], None] = print,
         prof.add_memory("learner", size=traj.numel(),
                         mb=base_mb + max(0.0, measure.rss_mb() - before))
         param_mb = _param_mb(policy)
-        bucket = cfg.runner.weight_sync_bucket_mb
-        sync_groups(learner, rollout, LearnerWorker, RolloutWorker, version=1, full=True,
-                    bucket_mb=bucket)
-        prof.add_time("learner", "sync", size=param_mb, cores=1, seconds=measure.median_seconds(
-            lambda: sync_groups(learner, rollout, LearnerWorker, RolloutWorker, version=1,
-                                full=False, bucket_mb=bucket), warm=1))
+        profile_sync(prof, learner, rollout, size_mb=param_mb,
+                     bucket_mb=cfg.runner.weight_sync_bucket_mb, cores=1)
         prof.add_memory("runtime", size=0, mb=base_mb + measure.RAY_DAEMONS_MB)
         if node.gpus:
             say("profile: policy and learner on GPU 0")
@@ -196,20 +192,10 @@ def _on_gpu(prof: Profile, cfg: TrainConfig, spec, sizes: list[int], steps: list
                           min_calls=1, min_s=0.0, sync=sync))
         prof.add_memory("learner", size=traj.numel(), device="cuda",
                         mb=torch.cuda.max_memory_allocated() / 2**20)
-        bucket = cfg.runner.weight_sync_bucket_mb
-        sync_groups(learner, rollout, LearnerWorker, RolloutWorker, version=1, full=True,
-                    bucket_mb=bucket)
-        prof.add_time("learner", "sync", size=_param_mb(worker.policy), cores=0, device="cuda",
-                      seconds=measure.median_seconds(lambda: sync_groups(
-                          learner, rollout, LearnerWorker, RolloutWorker, version=1,
-                          full=False, bucket_mb=bucket), warm=1, sync=sync))
-        for name, group in (("rollout", rollout), ("learner", learner)):
-            w = group.handles[0]
-            w.set_context_force(False)
-            off = measure.median_seconds(w.offload, warm=0, min_calls=1, min_s=0.0, sync=sync)
-            on = measure.median_seconds(w.onload, warm=0, min_calls=1, min_s=0.0, sync=sync)
-            prof.add_time(name, "offload", size=0, cores=0, device="cuda", seconds=off)
-            prof.add_time(name, "onload", size=0, cores=0, device="cuda", seconds=on)
+        profile_sync(prof, learner, rollout, size_mb=_param_mb(worker.policy),
+                     bucket_mb=cfg.runner.weight_sync_bucket_mb, cores=0, device="cuda",
+                     sync=sync)
+        profile_switch(prof, {"rollout": rollout, "learner": learner}, sync=sync)
     finally:
         for group in (learner, rollout):
             if group is not None:

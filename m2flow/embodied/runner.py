@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Optional
 
 from tensordict import TensorDict
@@ -32,9 +31,10 @@ from m2flow.embodied.plan import monitor as plan_monitor
 from m2flow.embodied.rollout_worker import RolloutWorker
 from m2flow.embodied.stages import rollout_rank
 from m2flow.pipelines import Channel
-from m2flow.pipelines.futures import Futures, Stopped, gather
+from m2flow.pipelines.futures import Futures, gather
 from m2flow.runs import checkpoint, seeding
 from m2flow.runs.logger import announce, log_field, memory_in_use
+from m2flow.runs.loop import RunLoop
 from m2flow.runs.session import RunSession
 from m2flow.runs.weights import send_state, sync_groups
 
@@ -58,13 +58,16 @@ BAR_FIELDS = [
 ]
 
 
-class EmbodiedRunner:
-    """Builds the cluster, places the three components and runs PPO iterations.
+class EmbodiedRunner(RunLoop):
+    """Builds the cluster, places the three components and runs PPO iterations in the run
+    loop (:class:`m2flow.runs.loop.RunLoop`, ``train``).
 
     Args:
         cfg: the root config.
         train: False builds env and rollout workers only (evaluation).
     """
+
+    log_fields, bar_fields = LOG_FIELDS, BAR_FIELDS
 
     def __init__(self, cfg: TrainConfig, *, train: bool = True):
         self.cfg = cfg
@@ -302,80 +305,64 @@ class EmbodiedRunner:
         if self._pending is not None:
             self._pending.result()
 
-    def train(self) -> dict:
-        """Iterates until ``runner.num_iterations`` or ``runner.stop_at_success``; a summary."""
-        cfg, r = self.cfg, self.cfg.runner
-        logger = self.session.open_run(r.num_iterations, self.iteration, LOG_FIELDS, BAR_FIELDS)
-        self.run_dir = self.session.run_dir
-        logger.info(f"run dir {self.run_dir}; {self.num_envs} envs of {cfg.env.name}, "
-                    f"placement {self.placement.mode}, backend {cfg.cluster.backend}")
-        start_wall, result, eval_s, start = time.perf_counter(), {}, 0.0, self.iteration
-        watch = NoSignalWatch(r.warn_no_signal_iterations, cfg.algorithm.name)
-        reach = r.stop_at_success if r.eval_curtail else None
-        stop_rule = SuccessStop(r.stop_at_success, r.stop_after_evals, metric=r.success_metric)
-        watch_plan = plan_monitor(cfg)  # cluster.plan: predicted against measured iterations
-        try:
-            for it in range(self.iteration, r.num_iterations):
-                metrics = self.iterate(it)
-                if watch_plan is not None:
-                    metrics.update(watch_plan.observe(metrics, self.set_stages, logger.info))
-                warning = watch.update(metrics)
-                if warning is not None:
-                    logger.info(warning)
-                if self._due(r.eval_interval):
-                    t0 = time.perf_counter()
-                    self.session.phase = "evaluation"
-                    self.drain()
-                    metrics.update(self.run_eval(reach=reach))
-                    metrics["time/eval"] = time.perf_counter() - t0
-                    eval_s += metrics["time/eval"]
-                    self.timings()  # eval's worker timings are not part of the next iteration
-                    self._last_end = time.perf_counter()  # nor is its wall time
-                    result = dict(metrics)
-                    stop = stop_rule.update(metrics[f"eval/{r.success_metric}"])
-                else:
-                    stop = False
-                logger.log(it, self.global_step, metrics)
-                if stop or self._due(r.checkpoint_interval):
-                    self.save(metrics)
-                if stop:
-                    logger.info(f"{stop_rule.describe(metrics[f'eval/{r.success_metric}'])}: "
-                                "stopping")
-                    break
-        except (Stopped, KeyboardInterrupt) as e:  # Ctrl-C (see runs.session.stop_on_ctrl_c)
-            self._pending = None  # abandoned: its workers are ended with the session
-            raise self.session.stopped(e, self.iteration, start=start, save=self.save,
-                                       resumed_from=cfg.resume) from None
-        except Exception as e:  # a worker died or raised, a channel stopped: one line
-            self._pending = None
-            raise self.session.failed(e, self.iteration, hint=memory_hint(cfg),
-                                      resumed_from=cfg.resume) from e
-        finally:
-            try:
-                self.drain()
-            finally:
-                logger.close()
-        return {
-            **result,
-            "iterations": self.iteration,
-            "env_steps": self.global_step,
-            "wall_s": time.perf_counter() - start_wall,
-            "eval_s": eval_s,
-            "checkpoint": str(self.run_dir / "checkpoints" / "last.pt"),
-        }
+    # -- the run loop's hooks (m2flow.runs.loop) ---------------------------------------------
+    def total(self) -> int:
+        return self.cfg.runner.num_iterations
 
-    def _due(self, interval: int) -> bool:
-        """True after the last iteration, and every ``interval`` iterations (0: never else)."""
-        last = self.iteration == self.cfg.runner.num_iterations
-        return last or (interval > 0 and self.iteration % interval == 0)
+    def logged_step(self) -> int:
+        return self.global_step
+
+    def describe(self) -> str:
+        cfg = self.cfg
+        return (f"{self.num_envs} envs of {cfg.env.name}, placement {self.placement.mode}, "
+                f"backend {cfg.cluster.backend}")
+
+    def before_loop(self, logger) -> dict:
+        """The run's watches: no learning signal, the plan's prediction (``cluster.plan``),
+        the success target (``runner.stop_at_success``)."""
+        r = self.cfg.runner
+        self._no_signal = NoSignalWatch(r.warn_no_signal_iterations, self.cfg.algorithm.name)
+        self._success_stop = SuccessStop(r.stop_at_success, r.stop_after_evals,
+                                         metric=r.success_metric)
+        self._plan_watch = plan_monitor(self.cfg)  # predicted against measured iterations
+        return {}
+
+    def watch(self, metrics: dict, logger) -> None:
+        if self._plan_watch is not None:
+            metrics.update(self._plan_watch.observe(metrics, self.set_stages, logger.info))
+        warning = self._no_signal.update(metrics)
+        if warning is not None:
+            logger.info(warning)
+
+    def evaluate(self) -> dict:
+        """``run_eval`` once the collection started ahead (overlap) ends; with
+        ``runner.eval_curtail``, cut short once ``runner.stop_at_success`` is out of reach."""
+        r = self.cfg.runner
+        self.drain()
+        out = self.run_eval(reach=r.stop_at_success if r.eval_curtail else None)
+        self.timings()  # eval's worker timings are not part of the next iteration
+        self._last_end = time.perf_counter()  # nor is its wall time
+        return out
+
+    def stop_reason(self, metrics: dict) -> Optional[str]:
+        success = metrics[f"eval/{self.cfg.runner.success_metric}"]
+        return self._success_stop.describe(success) if self._success_stop.update(success) else None
+
+    def memory_hint(self) -> str:
+        return memory_hint(self.cfg)
+
+    def abandon(self) -> None:
+        self._pending = None  # its workers are ended with the session
+
+    def summary(self) -> dict:
+        return {"env_steps": self.global_step}
 
     # -- checkpoints -------------------------------------------------------------------------
-    def save(self, metrics: Optional[dict] = None) -> Path:
+    def checkpoint_state(self) -> dict:
         # a save under way finishes even after Ctrl-C (stop_on_ctrl_c); every rank takes part
         # (a sharded learner gathers the state to rank 0), rank 0 returns it
         learner = self.learner.call(LearnerWorker.state_dict).wait(stoppable=False)[0]
-        return self.session.save(self.iteration, {"global_step": self.global_step,
-                                                  "learner": learner}, metrics)
+        return {"global_step": self.global_step, "learner": learner}
 
     def load(self, path: str) -> None:
         state = self.session.load(path)

@@ -26,7 +26,7 @@ from typing import Optional, Sequence
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
 SIM_THREADS = "1"
-BASE_PRELOAD = ("numpy", "gymnasium", "m2flow.envs.procs")  # what every env process runs
+BASE_PRELOAD = ("numpy", "gymnasium")  # what every env process runs (and procs, its own)
 
 
 _servers: dict = {}
@@ -130,7 +130,7 @@ class _ServerPopen(popen_forkserver.Popen):
         self.pid = forkserver.read_signed(self.sentinel)
 
 
-class _ServerProcess(mp.context.ForkServerProcess):
+class ServerProcess(mp.context.ForkServerProcess):
     """A process forked by a given :class:`_ForkServer`."""
 
     def __init__(self, server: _ForkServer, **kwargs):

@@ -13,7 +13,7 @@ import gymnasium as gym
 
 from m2flow.envs.base import EnvError
 from m2flow.envs.config import EnvConfig
-from m2flow.envs.registry import suggest
+from m2flow.registry import suggest
 from m2flow.envs.vector import GymVectorEnv
 
 

@@ -52,8 +52,7 @@ import numpy as np
 from m2flow import keys
 from m2flow.envs.base import EnvError
 from m2flow.envs.config import EnvConfig
-from m2flow.envs.fork import fork_server
-from m2flow.envs.procs import EnvRecipe
+from m2flow.envs.procs import EnvRecipe, env_server
 from m2flow.envs.vector import GymVectorEnv
 
 SUITE_MAX_STEPS = {
@@ -235,7 +234,7 @@ class LiberoEnv(GymVectorEnv):
         limit = cfg.max_episode_steps or SUITE_MAX_STEPS[suite]
         # after suite_tasks: prepare() has set LIBERO_CONFIG_PATH, which libero reads at import
         environ = gl_environ(opts.gl) + (("LIBERO_CONFIG_PATH", os.environ["LIBERO_CONFIG_PATH"]),)
-        fork_server(PRELOAD, environ)
+        env_server(PRELOAD, environ)
         make = [
             EnvRecipe(functools.partial(
                 LiberoTaskEnv, suite, ids, i % len(ids), cfg.obs_mode, cfg.image_size, limit,
@@ -263,7 +262,7 @@ def gl_environ(gl: str) -> tuple:
 def check_config(cfg: EnvConfig) -> tuple[str, LiberoOptions]:
     suite = cfg.name.split("/", 1)[1]
     if suite not in SUITE_MAX_STEPS:
-        from m2flow.envs.registry import suggest
+        from m2flow.registry import suggest
 
         raise EnvError(
             f"env.name={cfg.name!r}: LIBERO has no suite {suite!r}; use LIBERO/<suite> with "

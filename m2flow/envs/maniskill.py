@@ -30,9 +30,8 @@ from tensordict import TensorDict
 from m2flow import keys
 from m2flow.envs.base import BatchedEnv, EnvError, EnvSpec
 from m2flow.envs.config import EnvConfig
-from m2flow.envs.fork import fork_server
-from m2flow.envs.procs import EnvRecipe
-from m2flow.envs.registry import suggest
+from m2flow.envs.procs import EnvRecipe, env_server
+from m2flow.registry import suggest
 from m2flow.envs.vector import GymVectorEnv
 
 log = logging.getLogger(__name__)
@@ -90,7 +89,7 @@ class ManiSkillEnv(BatchedEnv):
         task = cfg.name.split("/", 1)[1]
         backend = _sim_backend(cfg.sim_backend, device)
         if backend == "cpu":
-            fork_server(PRELOAD)  # its imports overlap ours (check_config imports ManiSkill)
+            env_server(PRELOAD)  # its imports overlap ours (check_config imports ManiSkill)
         spec = self.check_config(cfg)
         limit = cfg.max_episode_steps or spec.max_episode_steps
         kw = dict(

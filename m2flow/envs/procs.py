@@ -34,8 +34,15 @@ import numpy as np
 
 from m2flow.envs import shm
 from m2flow.envs.base import EnvError
-from m2flow.envs.fork import _ServerProcess, fork_server
+from m2flow.envs.fork import ServerProcess, fork_server
 from m2flow.envs.shm import ObsBlock
+
+
+def env_server(preload: Sequence[str] = (), environ: Sequence[tuple] = ()):
+    """The fork server env processes of ``preload`` and ``environ`` are forked from (this
+    module is among its preloads: every env process runs it); launched now if it is not
+    running. An adapter calls this early, so the server's imports overlap its own."""
+    return fork_server((__name__, *preload), environ)
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +160,7 @@ class ProcessSlots:
         self.timeout = timeout
         self.start_timeout = start_timeout
         recipe = self.env_fns[0] if isinstance(self.env_fns[0], EnvRecipe) else EnvRecipe(None)
-        self.server = fork_server(recipe.preload, recipe.environ)
+        self.server = env_server(recipe.preload, recipe.environ)
         self.restarts = 0
         """Processes replaced since construction (dead or hung)."""
         n = len(self.env_fns)
@@ -253,7 +260,7 @@ class ProcessSlots:
     def _spawn(self, i: int) -> None:
         for attempt in range(2):
             parent, child = mp.Pipe()
-            proc = _ServerProcess(self.server, target=_serve, args=(child, self.env_fns[i]),
+            proc = ServerProcess(self.server, target=_serve, args=(child, self.env_fns[i]),
                                   daemon=True, name=f"m2flow-env-{i}")
             try:
                 proc.start()

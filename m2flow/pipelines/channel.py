@@ -171,9 +171,9 @@ class Channel:
         self._handles = list(receiver.handles) if receiver.backend == "ray" else None
         self._in_flight: dict = {}  # lane -> ObjectRef of this producer's last remote put
         # per rank: (hostname, Unix socket address) of its endpoint, for same-machine puts
-        from m2flow.pipelines.worker import Worker  # (worker imports this module)
-
-        self._addresses = receiver.call(Worker._m2flow_open_channel, self.uid, capacity).wait()
+        # (the receiver's worker class: this module knows workers only through their group)
+        self._addresses = receiver.call(receiver.worker_cls._m2flow_open_channel, self.uid,
+                                        capacity).wait()
         self._receiver = receiver
 
     def __getstate__(self):

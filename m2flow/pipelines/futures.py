@@ -102,7 +102,7 @@ def gather(*futures: Futures, timeout: Optional[float] = None,
     backend = backends.pop() if backends else "local"
     while pending:
         if stoppable:
-            _check_stop(list(dict.fromkeys(f"{f.group}.{f.method}()"
+            check_stop(list(dict.fromkeys(f"{f.group}.{f.method}()"
                                            for _, _, _, f in pending.values())))
         left = WAIT_SLICE_S if deadline is None else max(0.0, min(WAIT_SLICE_S,
                                                                   deadline - time.monotonic()))
@@ -143,7 +143,8 @@ def _death_among(pending: dict, backend: str) -> Optional[WorkerDied]:
     return None
 
 
-def _check_stop(waiting_on: list[str]) -> None:
+def check_stop(waiting_on: list[str]) -> None:
+    """Raises :class:`Stopped` (naming ``waiting_on``) once a stop was asked for (Ctrl-C)."""
     if _STOP.is_set():
         raise Stopped(waiting_on)
 

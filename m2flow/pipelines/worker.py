@@ -33,7 +33,7 @@ from m2flow.pipelines.cluster import VISIBLE_DEVICES, Cluster, gpu_names, visibl
 from m2flow.pipelines import distributed
 from m2flow.pipelines.context_switch import DeviceContext
 from m2flow.pipelines.errors import PlacementError, WorkerError
-from m2flow.pipelines.futures import Futures, _check_stop
+from m2flow.pipelines.futures import Futures, check_stop
 from m2flow.pipelines.placement import RankResources
 from m2flow.pipelines.timer import Timer
 
@@ -280,7 +280,7 @@ class WorkerGroup:
         self.process_group = self._process_group(cluster, ranks)
         if self.backend == "ray":
             for r, res in enumerate(ranks):
-                _check_stop([f"{self.name} start-up"])
+                check_stop([f"{self.name} start-up"])
                 self.handles.append(
                     _launch_ray_actor(cluster, self.worker_cls, self._info(r, res), args, kwargs))
             self.call(Worker._m2flow_started).wait()  # surfaces constructor errors here, with the rank
@@ -290,7 +290,7 @@ class WorkerGroup:
                 thread_name_prefix=f"m2flow-{self.name}",
             )
             for r, res in enumerate(ranks):  # in this thread: some simulators need it
-                _check_stop([f"{self.name} start-up"])
+                check_stop([f"{self.name} start-up"])
                 self.handles.append(
                     _construct_local(self.worker_cls, self._info(r, res), args, kwargs))
 

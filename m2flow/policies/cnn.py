@@ -23,13 +23,13 @@ from m2flow import keys
 from m2flow.policies import critics
 from m2flow.policies.base import PolicyError
 from m2flow.policies.config import PolicyConfig
-from m2flow.policies.mlp import ACTIVATIONS, GaussianActorCritic, _layer
+from m2flow.policies.mlp import ACTIVATIONS, GaussianActorCritic, orthogonal_linear
 from m2flow.policies.normalizer import RunningNorm
 
 # The unpadded convs need this many pixels per side to leave a 1x1 map; smaller images are
 # zero-padded up to it rather than refused.
 MIN_IMAGE_SIZE = 36
-CONV_GAIN = np.sqrt(2)  # ReLU gain, as _layer uses for hidden layers
+CONV_GAIN = np.sqrt(2)  # ReLU gain, as orthogonal_linear uses for hidden layers
 PIXEL_MAX = 255.0
 NATURE_ENCODER = "nature"
 TIMM_PREFIX = "timm/"
@@ -116,7 +116,7 @@ class NatureCNN(nn.Module):
         )
         with torch.no_grad():  # the flatten size depends on the image size
             n_flat = self.convs(self._to_float(torch.zeros(1, h, w, c, dtype=torch.uint8))).shape[1]
-        self.fc = nn.Sequential(_layer(n_flat, feature_dim), nn.ReLU())
+        self.fc = nn.Sequential(orthogonal_linear(n_flat, feature_dim), nn.ReLU())
 
     def _to_float(self, rgb: torch.Tensor) -> torch.Tensor:
         x = rgb.permute(0, 3, 1, 2).float() / PIXEL_MAX  # (B, C, H, W) in [0, 1]
@@ -167,7 +167,7 @@ class TimmEncoder(nn.Module):
         self.register_buffer("mean", torch.tensor(mean).view(1, c, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(std).view(1, c, 1, 1), persistent=False)
         self._check_image_size(h, w, c, model_name)
-        self.fc = nn.Sequential(_layer(self.backbone.num_features, feature_dim), nn.ReLU())
+        self.fc = nn.Sequential(orthogonal_linear(self.backbone.num_features, feature_dim), nn.ReLU())
 
     def _load(self, path: str, model_name: str) -> None:
         state = torch.load(path, map_location="cpu", weights_only=True)

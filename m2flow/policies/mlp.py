@@ -23,7 +23,8 @@ ACTOR_OUT_GAIN = 0.01 * np.sqrt(2)  # small initial means: start near zero actio
 CRITIC_OUT_GAIN = 1.0
 
 
-def _layer(n_in: int, n_out: int, gain: float = np.sqrt(2)) -> nn.Linear:
+def orthogonal_linear(n_in: int, n_out: int, gain: float = np.sqrt(2)) -> nn.Linear:
+    """A linear layer with orthogonal weights of ``gain`` and zero bias (the usual PPO init)."""
     layer = nn.Linear(n_in, n_out)
     nn.init.orthogonal_(layer.weight, gain)
     nn.init.zeros_(layer.bias)
@@ -33,9 +34,9 @@ def _layer(n_in: int, n_out: int, gain: float = np.sqrt(2)) -> nn.Linear:
 def mlp(n_in: int, hidden: list[int], n_out: int, activation: str, out_gain: float) -> nn.Sequential:
     layers, width = [], n_in
     for h in hidden:
-        layers += [_layer(width, h), ACTIVATIONS[activation]()]
+        layers += [orthogonal_linear(width, h), ACTIVATIONS[activation]()]
         width = h
-    layers.append(_layer(width, n_out, out_gain))
+    layers.append(orthogonal_linear(width, n_out, out_gain))
     return nn.Sequential(*layers)
 
 

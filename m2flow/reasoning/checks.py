@@ -76,7 +76,7 @@ RULES: list[Rule] = [
 
 def check_reasoning_config(cfg: ReasoningConfig) -> None:
     """Names, ranges, paths and placement of ``cfg``; raises a one-line ValueError
-    (``m2flow.cli`` prints it as the config error)."""
+    (``m2flow.cli.common`` prints it as the config error)."""
     check_names(cfg)
     check_fields(cfg, RULES)
     check_runner_base(cfg)
@@ -174,7 +174,7 @@ def memory_hint(cfg: ReasoningConfig) -> str:
     """The fields that size a reasoning run's memory, with their values: the fix an
     out-of-memory line gives (``m2flow.runs.session.RunOutOfMemory``).
 
-    >>> from m2flow.cli import load_run_config
+    >>> from m2flow.cli.common import load_run_config
     >>> memory_hint(load_run_config("reasoning_arith_grpo_tiny", []))  # doctest: +ELLIPSIS
     'lower algorithm.micro_batch_size (now ...) or algorithm.prompts_per_step x rollout.n (now ... x ... completions a step)'
     """

@@ -13,7 +13,7 @@ from m2flow.pipelines import Channel, Worker
 from m2flow.reasoning.batch import collate, sequences
 from m2flow.reasoning.config import ReasoningConfig
 from m2flow.reasoning.data import make_datasets
-from m2flow.reasoning.grpo import group_advantages, token_loss
+from m2flow.reasoning.grpo import completion_advantages, token_loss
 from m2flow.reasoning.model import load_model, resolve_dtype, sequence_logprobs
 from m2flow.runs import seeding
 from m2flow.runs.learner import Trainer
@@ -169,7 +169,7 @@ class ReasoningLearner(Worker):
                           batch_size=[len(problems)])
 
     # -- GRPO --------------------------------------------------------------------------------
-    def update(self, in_ch: Channel, *, num_groups: int, step: int) -> dict:
+    def update(self, in_ch: Channel, *, num_groups: int, iteration: int) -> dict:
         """One GRPO step over ``num_groups`` scored groups read from ``in_ch`` as they come.
 
         A micro-batch runs forward and backward as soon as ``micro_batch_size`` completions
@@ -185,12 +185,12 @@ class ReasoningLearner(Worker):
         for _ in range(num_groups):
             with self.timer("wait"):
                 group = in_ch.get(key=0, timeout=timeout)
-            staleness = max(staleness, step - int(group[keys.POLICY_VERSION].min()))
+            staleness = max(staleness, iteration - int(group[keys.POLICY_VERSION].min()))
             r = group[keys.COMPLETION_REWARD].float()
             if a.filter_groups and bool((r == r[0]).all()):
                 continue
             kept += 1
-            group[keys.ADVANTAGE] = group_advantages(r, r.numel(), a.eps)
+            group[keys.ADVANTAGE] = completion_advantages(r, a.eps)
             pending.append(group)
             if sum(g.batch_size[0] for g in pending) >= a.micro_batch_size:
                 self._micro_batch(pending, sums)

@@ -30,7 +30,7 @@ from m2flow.reasoning.config import ReasoningConfig
 from m2flow.reasoning.learner_worker import ReasoningLearner
 from m2flow.reasoning.reward_worker import RewardWorker
 from m2flow.reasoning.rollout_worker import ReasoningRollout, decode
-from m2flow.runs.weights import sync_groups
+from m2flow.runs.profile import profile_switch, profile_sync
 
 
 class _Groups:
@@ -104,21 +104,17 @@ def profile(cfg: ReasoningConfig, *, say: Callable[[str], None] = print,
         learner = WorkerGroup(cluster, "learner", ReasoningLearner,
                               [RankResources(0, float(node.cores), ())], cfg)
         update = learner.handles[0].update
-        update(_Groups(scored), num_groups=max(1, p // 4), step=0)  # warm: AdamW state
+        update(_Groups(scored), num_groups=max(1, p // 4), iteration=0)  # warm: AdamW state
         for c in sorted(counts, reverse=True):
             with measure.on_cores(every[:c]):
                 prof.add_time("learner", "learn", size=p * n, cores=c,
                               seconds=measure.median_seconds(
-                                  lambda: update(_Groups(scored), num_groups=p, step=0),
+                                  lambda: update(_Groups(scored), num_groups=p, iteration=0),
                                   warm=0, min_calls=1, min_s=1.0, max_calls=3))
         prof.add_memory("learner", size=p * n, mb=base_mb + max(0.0, measure.rss_mb() - before))
         param_mb = _param_mb(worker.model)
-        bucket = cfg.runner.weight_sync_bucket_mb
-        sync_groups(learner, rollout, ReasoningLearner, ReasoningRollout, version=1, full=True,
-                    bucket_mb=bucket)
-        prof.add_time("learner", "sync", size=param_mb, cores=1, seconds=measure.median_seconds(
-            lambda: sync_groups(learner, rollout, ReasoningLearner, ReasoningRollout,
-                                version=1, full=False, bucket_mb=bucket), warm=1))
+        profile_sync(prof, learner, rollout, size_mb=param_mb,
+                     bucket_mb=cfg.runner.weight_sync_bucket_mb, cores=1)
         prof.add_memory("runtime", size=0, mb=base_mb + measure.RAY_DAEMONS_MB)
         if node.gpus:
             say("profile: generation and learner on GPU 0")
@@ -153,26 +149,17 @@ def _on_gpu(prof: Profile, cfg: ReasoningConfig, prompts: list, calls: list[int]
         torch.cuda.reset_peak_memory_stats()
         learner = WorkerGroup(cluster, "learner", ReasoningLearner, gpu, cfg)
         update = learner.handles[0].update
-        update(_Groups(scored), num_groups=max(1, p // 4), step=0)
+        update(_Groups(scored), num_groups=max(1, p // 4), iteration=0)
         prof.add_time("learner", "learn", size=p * n, cores=0, device="cuda",
                       seconds=measure.median_seconds(
-                          lambda: update(_Groups(scored), num_groups=p, step=0), warm=0,
+                          lambda: update(_Groups(scored), num_groups=p, iteration=0), warm=0,
                           min_calls=1, min_s=0.0, sync=sync))
         prof.add_memory("learner", size=p * n, device="cuda",
                         mb=torch.cuda.max_memory_allocated() / 2**20)
-        bucket = cfg.runner.weight_sync_bucket_mb
-        sync_groups(learner, rollout, ReasoningLearner, ReasoningRollout, version=1, full=True,
-                    bucket_mb=bucket)
-        prof.add_time("learner", "sync", size=_param_mb(rollout.handles[0].model), cores=0,
-                      device="cuda", seconds=measure.median_seconds(lambda: sync_groups(
-                          learner, rollout, ReasoningLearner, ReasoningRollout, version=1,
-                          full=False, bucket_mb=bucket), warm=1, sync=sync))
-        for name, group in (("rollout", rollout), ("learner", learner)):
-            w = group.handles[0]
-            off = measure.median_seconds(w.offload, warm=0, min_calls=1, min_s=0.0, sync=sync)
-            on = measure.median_seconds(w.onload, warm=0, min_calls=1, min_s=0.0, sync=sync)
-            prof.add_time(name, "offload", size=0, cores=0, device="cuda", seconds=off)
-            prof.add_time(name, "onload", size=0, cores=0, device="cuda", seconds=on)
+        profile_sync(prof, learner, rollout, size_mb=_param_mb(rollout.handles[0].model),
+                     bucket_mb=cfg.runner.weight_sync_bucket_mb, cores=0, device="cuda",
+                     sync=sync)
+        profile_switch(prof, {"rollout": rollout, "learner": learner}, sync=sync)
     finally:
         for group in (learner, rollout):
             if group is not None:

@@ -71,16 +71,16 @@ class ReasoningRollout(Worker):
             out.append(self._perm[1][j])
         return out
 
-    def generate_step(self, out_ch: Channel, *, step: int) -> dict:
+    def generate_step(self, out_ch: Channel, *, iteration: int) -> dict:
         """Generates the step's groups call by call; each group goes to ``out_ch`` (key 0) as
         soon as its call returns, tagged with its problem index and the weights' version."""
         cfg = self.cfg.rollout
-        problems = self.problems_of_step(step)
+        problems = self.problems_of_step(iteration)
         tokens, t0 = 0, time.perf_counter()
         for c in range(0, len(problems), cfg.prompts_per_call):
             idx = problems[c : c + cfg.prompts_per_call]
             prompts = [self.train[i].prompt(self.cfg.data.template) for i in idx]
-            seed = seeding.derive(self.cfg.seed, seeding.SAMPLE, step, c)[0]
+            seed = seeding.derive(self.cfg.seed, seeding.SAMPLE, iteration, c)[0]
             with self.timer("generate"):
                 out = self.engine.generate(prompts, cfg.n, seed=seed)
             tokens += int(out[keys.COMPLETION_MASK].sum())

@@ -19,19 +19,19 @@ token count, so the micro-batch boundaries and arrival times do not enter the re
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Optional
 
 from tensordict import TensorDict
 
 from m2flow.pipelines import Channel, PlacementError
-from m2flow.pipelines.futures import Stopped, gather
+from m2flow.pipelines.futures import gather
 from m2flow.reasoning.checks import memory_hint
 from m2flow.reasoning.config import ReasoningConfig
 from m2flow.reasoning.learner_worker import ReasoningLearner
 from m2flow.reasoning.reward_worker import RewardWorker
 from m2flow.reasoning.rollout_worker import ReasoningRollout
 from m2flow.runs.logger import log_field
+from m2flow.runs.loop import RunLoop
 from m2flow.runs.session import RunSession
 from m2flow.runs.weights import send_state, sync_groups
 
@@ -63,14 +63,14 @@ class RewardSignalWatch:
     """
 
     def __init__(self, steps: int, reward: str):
-        self.steps, self.reward, self.streak = steps, reward, 0
+        self.iterations, self.reward, self.streak = steps, reward, 0
 
     def update(self, metrics: dict, *, num_groups: int) -> Optional[str]:
         if metrics["train/groups_constant"] < num_groups:
             self.streak = 0
             return None
         self.streak += 1
-        if self.steps <= 0 or self.streak % self.steps:
+        if self.iterations <= 0 or self.streak % self.iterations:
             return None
         return (
             f"WARNING: no reward signal for {self.streak} GRPO steps in a row: every group's "
@@ -98,7 +98,13 @@ def merge_accuracy(parts: list[dict]) -> dict:
             "problems": n, "samples": [s for p in parts for s in p["samples"]]}
 
 
-class ReasoningRunner:
+class ReasoningRunner(RunLoop):
+    """Builds the cluster, places rollout, reward and learner, and runs GRPO steps in the run
+    loop (:class:`m2flow.runs.loop.RunLoop`, ``train``); an iteration is one GRPO step."""
+
+    unit, checkpoint_prefix = "steps", "step"
+    log_fields, bar_fields = LOG_FIELDS, BAR_FIELDS
+
     def __init__(self, cfg: ReasoningConfig, *, train: bool = True):
         self.cfg = cfg
         self.session = RunSession(cfg, workload=WORKLOAD, best_metric="eval/accuracy")
@@ -128,7 +134,7 @@ class ReasoningRunner:
                 "turns); give them disjoint gpus or set placement.mode=collocated."
             )
         self.rollout = self.session.group("rollout", ReasoningRollout, cfg)
-        self.step = 0
+        self.iteration = 0
         self.learner = None
         if train:
             self.reward = self.session.group("reward", RewardWorker, cfg)
@@ -146,7 +152,7 @@ class ReasoningRunner:
         metrics = self.switcher.activate("learner")
         metrics.update(self.learner.call(ReasoningLearner.warm_start,
                                          steps=self.cfg.warm_start.steps).wait()[0])
-        metrics.update(self.sync_weights(self.step))
+        metrics.update(self.sync_weights(self.iteration))
         return metrics
 
     def sync_weights(self, version: int, *, full: bool = False) -> dict:
@@ -166,39 +172,39 @@ class ReasoningRunner:
         send_state(self.rollout, ReasoningRollout, state, version=version,
                    bucket_mb=self.cfg.runner.weight_sync_bucket_mb)
 
-    def iterate(self, step: int) -> dict:
+    def iterate(self, it: int) -> dict:
         """One GRPO step; its metrics."""
         p = self.cfg.algorithm.prompts_per_step
         t0 = time.perf_counter()
         self.session.phase = "generation"
         metrics = self.switcher.activate("rollout")
-        gen = self.rollout.call(ReasoningRollout.generate_step, self.gen_ch, step=step)
+        gen = self.rollout.call(ReasoningRollout.generate_step, self.gen_ch, iteration=it)
         score = self.reward.call(RewardWorker.score_step, self.gen_ch, self.scored_ch,
                                  num_groups=p)
         if self.mode == "pipelined":
             self.session.phase = "generation and learning"
             gen_out, score_out, learn_out = gather(
-                gen, score, self._update(step))
+                gen, score, self._update(it))
         else:
             gen_out, score_out = gather(gen, score)
             t_gen = time.perf_counter() - t0
             self.session.phase = "learning"
             for k, v in self.switcher.activate("learner").items():
                 metrics[k] += v
-            learn_out = self._update(step).wait()
+            learn_out = self._update(it).wait()
             metrics["time/driver_generate"] = t_gen
-        self.step = step + 1  # what the learner holds now (a stop from here saves it)
+        self.iteration = it + 1  # what the learner holds now (a stop from here saves it)
         self.session.phase = "weight sync"
-        metrics.update(self.sync_weights(step + 1))
+        metrics.update(self.sync_weights(it + 1))
         metrics.update(gen_out[0], **score_out[0], **learn_out[0], **self.timings())
         wall = time.perf_counter() - t0
         metrics["perf/gen_tokens_per_s"] = metrics["perf/gen_tokens"] / max(metrics["perf/gen_s"], 1e-9)
         metrics["perf/step_s"] = wall
         return metrics
 
-    def _update(self, step: int):
+    def _update(self, it: int):
         return self.learner.call(ReasoningLearner.update, self.scored_ch,
-                                 num_groups=self.cfg.algorithm.prompts_per_step, step=step)
+                                 num_groups=self.cfg.algorithm.prompts_per_step, iteration=it)
 
     def eval_accuracy(self, size: int = 0, samples: int = 0) -> dict:
         """Greedy held-out accuracy (``ReasoningRollout.eval_accuracy``), in slices of
@@ -226,78 +232,69 @@ class ReasoningRunner:
     def timings(self) -> dict[str, float]:
         return self.session.timings()
 
-    # -- the loop ----------------------------------------------------------------------------
-    def train(self) -> dict:
-        cfg, r = self.cfg, self.cfg.runner
-        logger = self.session.open_run(r.num_steps, self.step, LOG_FIELDS, BAR_FIELDS)
-        self.run_dir = self.session.run_dir
-        logger.info(f"run dir {self.run_dir}; GRPO on "
-                    f"{cfg.data.source}, mode {self.mode}, backend {cfg.cluster.backend}")
-        start, start_step = time.perf_counter(), self.step
-        result: dict = {}
-        try:
-            if self.step == 0:
-                if cfg.warm_start.steps > 0:
-                    self.session.phase = "warm start"
-                    ws = self.warm_start()
-                    logger.info(f"warm start: {cfg.warm_start.steps} SFT steps, loss "
-                                f"{ws['warm_start/loss_first']:.3f} -> {ws['warm_start/loss_last']:.3f}")
-                self.session.phase = "evaluation"
-                ev = self.eval_accuracy()
-                result["eval/accuracy_start"] = ev["accuracy"]
-                logger.info(f"held-out accuracy before GRPO: {ev['accuracy']:.3f} "
-                            f"({ev['problems']} problems)")
-                self.save({"eval/accuracy": ev["accuracy"]})
-                self.timings()  # the warm start's and evaluation's time is not step 0's
-            grpo_start = time.perf_counter()  # runner.max_minutes counts GRPO steps only
-            watch = RewardSignalWatch(r.warn_constant_reward_steps, cfg.algorithm.reward)
-            for step in range(self.step, r.num_steps):
-                metrics = self.iterate(step)
-                warning = watch.update(metrics, num_groups=cfg.algorithm.prompts_per_step)
-                if warning is not None:
-                    logger.info(warning)
-                over = (r.max_minutes is not None
-                        and time.perf_counter() - grpo_start > 60 * r.max_minutes)
-                last = self.step == r.num_steps or over
-                if last or (r.eval_interval > 0 and self.step % r.eval_interval == 0):
-                    t0 = time.perf_counter()
-                    self.session.phase = "evaluation"
-                    ev = self.eval_accuracy()
-                    metrics.update({"eval/accuracy": ev["accuracy"],
-                                    "eval/response_len": ev["response_len"],
-                                    "time/eval": time.perf_counter() - t0})
-                    result.update(metrics)
-                logger.log(step, self.step * cfg.algorithm.prompts_per_step * cfg.rollout.n,
-                           metrics)
-                due = r.checkpoint_interval > 0 and self.step % r.checkpoint_interval == 0
-                if last or due:
-                    self.save(metrics)
-                if over:
-                    logger.info(f"runner.max_minutes={r.max_minutes} reached: stopping")
-                    break
-        except (Stopped, KeyboardInterrupt) as e:  # Ctrl-C (see runs.session.stop_on_ctrl_c)
-            raise self.session.stopped(e, self.step, start=start_step, save=self.save,
-                                       unit="steps", resumed_from=cfg.resume) from None
-        except Exception as e:  # a worker died or raised, a channel stopped: one line
-            raise self.session.failed(e, self.step, hint=memory_hint(cfg), unit="steps",
-                                      resumed_from=cfg.resume) from e
-        finally:
-            logger.close()
-        return {**result, "steps": self.step, "wall_s": time.perf_counter() - start,
-                "grpo_s": time.perf_counter() - grpo_start,
-                "checkpoint": str(self.run_dir / "checkpoints" / "last.pt")}
+    # -- the run loop's hooks (m2flow.runs.loop) ---------------------------------------------
+    def total(self) -> int:
+        return self.cfg.runner.num_steps
+
+    def logged_step(self) -> int:
+        """Completions so far."""
+        return self.iteration * self.cfg.algorithm.prompts_per_step * self.cfg.rollout.n
+
+    def describe(self) -> str:
+        return (f"GRPO on {self.cfg.data.source}, mode {self.mode}, "
+                f"backend {self.cfg.cluster.backend}")
+
+    def before_loop(self, logger) -> dict:
+        """A fresh run: the warm start (``warm_start.steps`` SFT steps), then the held-out
+        accuracy before GRPO, saved as step 0."""
+        cfg = self.cfg
+        self._reward_watch = RewardSignalWatch(cfg.runner.warn_constant_reward_steps,
+                                               cfg.algorithm.reward)
+        if self.iteration > 0:
+            return {}
+        if cfg.warm_start.steps > 0:
+            self.session.phase = "warm start"
+            ws = self.warm_start()
+            logger.info(f"warm start: {cfg.warm_start.steps} SFT steps, loss "
+                        f"{ws['warm_start/loss_first']:.3f} -> {ws['warm_start/loss_last']:.3f}")
+        self.session.phase = "evaluation"
+        ev = self.eval_accuracy()
+        logger.info(f"held-out accuracy before GRPO: {ev['accuracy']:.3f} "
+                    f"({ev['problems']} problems)")
+        self.save({"eval/accuracy": ev["accuracy"]})
+        self.timings()  # the warm start's and evaluation's time is not step 0's
+        return {"eval/accuracy_start": ev["accuracy"]}
+
+    def watch(self, metrics: dict, logger) -> None:
+        warning = self._reward_watch.update(metrics,
+                                            num_groups=self.cfg.algorithm.prompts_per_step)
+        if warning is not None:
+            logger.info(warning)
+
+    def over_budget(self, loop_seconds: float) -> Optional[str]:
+        """``runner.max_minutes`` of GRPO steps (the warm start is not counted)."""
+        minutes = self.cfg.runner.max_minutes
+        if minutes is not None and loop_seconds > 60 * minutes:
+            return f"runner.max_minutes={minutes} reached"
+        return None
+
+    def evaluate(self) -> dict:
+        ev = self.eval_accuracy()
+        return {"eval/accuracy": ev["accuracy"], "eval/response_len": ev["response_len"]}
+
+    def memory_hint(self) -> str:
+        return memory_hint(self.cfg)
 
     # -- checkpoints -------------------------------------------------------------------------
-    def save(self, metrics: Optional[dict] = None) -> Path:
+    def checkpoint_state(self) -> dict:
         # a save under way finishes even after Ctrl-C (stop_on_ctrl_c)
-        learner = self.learner.call(ReasoningLearner.state_dict).wait(stoppable=False)[0]
-        return self.session.save(self.step, {"learner": learner}, metrics, prefix="step")
+        return {"learner": self.learner.call(ReasoningLearner.state_dict).wait(stoppable=False)[0]}
 
     def load(self, path: str) -> None:
         state = self.session.load(path)
         self.learner.call(ReasoningLearner.load_state_dict, state["learner"]).wait()
-        self.step = state["iteration"]
-        self.sync_weights(self.step, full=True)  # full anyway: the learner was loaded
+        self.iteration = state["iteration"]
+        self.sync_weights(self.iteration, full=True)  # full anyway: the learner was loaded
 
     def load_policy(self, state: dict) -> None:
         """Loads a checkpoint's weights into the rollout's engine (evaluation)."""

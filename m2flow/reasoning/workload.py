@@ -31,7 +31,7 @@ def train(cfg: ReasoningConfig) -> int:
     finally:
         runner.close()
     print(
-        f"done: {result['steps']} GRPO steps in {result['grpo_s'] / 60:.1f} min ({result['wall_s']:.0f} s "
+        f"done: {result['iterations']} GRPO steps in {result['loop_s'] / 60:.1f} min ({result['wall_s']:.0f} s "
         f"with warm start and evals); held-out accuracy "
         f"{result.get('eval/accuracy_start', float('nan')):.3f} before GRPO -> "
         f"{result.get('eval/accuracy', float('nan')):.3f} after; checkpoint {result['checkpoint']}"

@@ -1,4 +1,4 @@
-"""``m2flow-plot RUN_DIR...``: learning curves of runs into one PNG.
+"""Learning curves of runs into one PNG (the command is ``m2flow-plot``, :mod:`m2flow.cli.plot`).
 
 Reads each run's TensorBoard scalars (``<run>/tb``, written by :class:`RunLogger`) and draws,
 for each metric, one panel against the logged step (env steps for embodied runs, samples for
@@ -8,21 +8,15 @@ names the checkpoint it resumed from) continues the wall-time axis of the run it
 its clock starts where that run's was at the checkpoint's step, so a run stopped and resumed
 plots as one curve in two colours.
 
-    m2flow-plot runs/maniskill_pushcube_ppo_mlp/*/ -o pushcube.png
-    m2flow-plot runs/a runs/b --metrics eval/success_at_end env/return
-
 A metric a run never logged is left out of that run's panels; a folder that is not a run (no
 ``tb/`` with scalars) is one clear error line.
 """
 
 from __future__ import annotations
 
-import argparse
 import io
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 DEFAULT_METRICS = ("eval/success_once", "eval/success_at_end", "env/return")
 
@@ -127,24 +121,3 @@ def _label(run: Path) -> str:
     """``<config name>/<timestamp>`` of a run directory."""
     parts = run.resolve().parts
     return "/".join(parts[-2:])
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="m2flow-plot", description=__doc__.split("\n")[0])
-    parser.add_argument("runs", nargs="+", type=Path, help="run directories (runs/<name>/<time>)")
-    parser.add_argument("-o", "--out", type=Path, default=Path("curves.png"),
-                        help="the PNG to write (default curves.png)")
-    parser.add_argument("--metrics", nargs="+", default=list(DEFAULT_METRICS),
-                        help=f"scalar tags to draw (default {' '.join(DEFAULT_METRICS)})")
-    args = parser.parse_args(argv)
-    try:
-        out = plot(args.runs, args.out, tuple(args.metrics))
-    except ValueError as e:
-        print(f"m2flow-plot: {e}", file=sys.stderr)
-        return 2
-    print(f"m2flow-plot: {len(args.runs)} run(s), {', '.join(args.metrics)} -> {out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

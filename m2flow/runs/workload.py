@@ -1,6 +1,6 @@
 """What a workload tells the command line: its config schema, its start-up checks, and how it
-trains and evaluates. ``m2flow/cli.py`` holds the one table of workloads; nothing else knows
-more than one of them."""
+trains and evaluates. ``m2flow/cli/workloads.py`` holds the one table of workloads; nothing
+else knows more than one of them."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 under 10 s, before Ray, a worker or a simulator starts (and before ``runs/`` is written).
 
 Most cases run in one driver process (this file run as a script) that calls
-``m2flow.cli.train`` / ``evaluate`` for each and records the exit code, the stderr lines, the
+``m2flow.cli.train`` / ``m2flow.cli.eval`` for each and records the exit code, the stderr lines, the
 seconds and whether Ray was started; a few run as separate processes of the installed
 console scripts, which proves the exit code and the wall time a user sees.
 """
@@ -251,7 +251,7 @@ def test_console_script_exits_2_with_one_line_before_starting_anything(cid, all_
     _, prog, argv, fragment = all_cases[cid]
     script = Path(sys.executable).parent / prog
     cmd = [str(script), *argv] if script.exists() else [
-        sys.executable, "-c", f"import sys; from m2flow.cli import {_entry(prog)} as f; "
+        sys.executable, "-c", f"import sys; from m2flow.cli.{_entry(prog)} import main as f; "
                               "sys.argv[0] = 'x'; sys.exit(f())", *argv]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True,
@@ -281,8 +281,8 @@ def test_the_checks_know_the_runners_components():
                                               ("reasoning", "reasoning_arith_grpo_tiny")])
 def test_a_placed_component_the_workload_lacks_is_named_with_a_suggestion(workload, config):
     """(A cluster group listing 'lerner'; the command line cannot add a key to the group.)"""
-    from m2flow.cli import load_run_config
-    from m2flow.cli import workload as workload_of
+    from m2flow.cli.common import load_run_config
+    from m2flow.cli.workloads import workload as workload_of
     from m2flow.pipelines import ComponentPlacement
 
     cfg = load_run_config(config, ["runner.num_steps=1"] if workload == "reasoning" else [])
@@ -294,13 +294,13 @@ def test_a_placed_component_the_workload_lacks_is_named_with_a_suggestion(worklo
 
 
 def _entry(prog: str) -> str:
-    return {TRAIN: "train", EVAL: "evaluate"}[prog]
+    return {TRAIN: "train", EVAL: "eval"}[prog]
 
 
 def _drive(out: Path) -> None:
     """The driver: reads [[id, program, argv], ...] from stdin, runs each in this process,
     writes {id: {code, stderr, seconds, ray_started, exception}} to ``out``."""
-    from m2flow import cli
+    import importlib
 
     results = {}
     for cid, prog, argv in json.loads(sys.stdin.read()):
@@ -308,7 +308,7 @@ def _drive(out: Path) -> None:
         t0 = time.perf_counter()
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             try:
-                code = getattr(cli, _entry(prog))(list(argv))
+                code = importlib.import_module(f"m2flow.cli.{_entry(prog)}").main(list(argv))
             except SystemExit as e:  # argparse
                 code = e.code
             except BaseException:  # noqa: BLE001 - reported by the test, with its traceback

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from m2flow.cli import train
+from m2flow.cli.train import main as train
 
 RECORDS = Path(__file__).resolve().parent.parent / "records"
 UPDATE = os.environ.get("M2FLOW_UPDATE_RECORDS") == "1"

@@ -9,7 +9,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from m2flow.cli import evaluate, train
+from m2flow.cli.eval import main as evaluate
+from m2flow.cli.train import main as train
 from m2flow.embodied.algorithms.grpo import GRPOConfig
 from m2flow.embodied.learner_worker import LearnerWorker
 from m2flow.envs import EnvSpec

@@ -5,7 +5,7 @@ Slow (minutes): run with `make test-slow`.
 
 import pytest
 
-from m2flow.cli import load_run_config
+from m2flow.cli.common import load_run_config
 from m2flow.embodied.runner import EmbodiedRunner
 
 

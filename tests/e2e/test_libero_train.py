@@ -1,6 +1,6 @@
 """The LIBERO training config on real LIBERO envs: one PPO iteration, image + proprio CNN."""
 
-from m2flow.cli import train
+from m2flow.cli.train import main as train
 
 
 def test_libero_spatial_ppo_cnn_runs_one_iteration(tmp_path, capsys):

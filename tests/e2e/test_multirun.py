@@ -8,8 +8,10 @@ import pytest
 import torch
 import yaml
 
-import m2flow.cli as cli
-import m2flow.sweep as sweep
+import m2flow.cli.sweep as sweep
+from m2flow.cli.common import EXIT_CONFIG
+from m2flow.cli.train import main as train
+from m2flow.cli.workloads import workload
 from m2flow.runs import checkpoint
 
 TINY = ["env=gym_pendulum", "cluster=inprocess", "env.num_envs=2", "runner.rollout_steps=8",
@@ -24,7 +26,7 @@ def table_rows(out: str) -> list[list[str]]:
 
 
 def test_a_seed_sweep_runs_each_job_in_its_own_run_dir_and_sums_up(tmp_path, capsys):
-    assert cli.train(["-m", *TINY, f"runner.log_dir={tmp_path}", "seed=3,4,5"]) == 0
+    assert train(["-m", *TINY, f"runner.log_dir={tmp_path}", "seed=3,4,5"]) == 0
     out = capsys.readouterr().out
     rows = table_rows(out)
     assert [(r[0], r[1], r[6]) for r in rows] == [("0", "seed=3", "ok"), ("1", "seed=4", "ok"),
@@ -47,7 +49,7 @@ def test_a_seed_sweep_runs_each_job_in_its_own_run_dir_and_sums_up(tmp_path, cap
 
 
 def test_a_job_that_fails_is_a_row_and_the_sweep_goes_on(tmp_path, capsys, monkeypatch):
-    real = cli.workload
+    real = workload
 
     def failing_on_seed_1(name):
         w = real(name)
@@ -59,7 +61,7 @@ def test_a_job_that_fails_is_a_row_and_the_sweep_goes_on(tmp_path, capsys, monke
         return dataclasses.replace(w, train=train)
 
     monkeypatch.setattr(sweep, "workload", failing_on_seed_1)  # what a sweep job trains with
-    assert cli.train(["-m", *TINY, f"runner.log_dir={tmp_path}", "seed=0,1,2",
+    assert train(["-m", *TINY, f"runner.log_dir={tmp_path}", "seed=0,1,2",
                       "runner.rollout_steps=4,8"]) == 1
     rows = table_rows(capsys.readouterr().out)
     assert len(rows) == 6
@@ -73,8 +75,8 @@ def test_a_job_that_fails_is_a_row_and_the_sweep_goes_on(tmp_path, capsys, monke
 
 
 def test_a_bad_value_in_a_sweep_stops_it_before_any_job_runs(tmp_path, capsys):
-    assert cli.train(["-m", *TINY, f"runner.log_dir={tmp_path}", "seed=0,1",
-                      "env.num_envs=2,0"]) == cli.EXIT_CONFIG
+    assert train(["-m", *TINY, f"runner.log_dir={tmp_path}", "seed=0,1",
+                      "env.num_envs=2,0"]) == EXIT_CONFIG
     captured = capsys.readouterr()
     assert captured.out == ""
     lines = captured.err.strip().splitlines()

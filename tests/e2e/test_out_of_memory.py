@@ -16,7 +16,7 @@ def test_a_worker_killed_by_rays_memory_monitor_ends_the_run_with_one_line(tmp_p
     env = {**os.environ, "RAY_memory_usage_threshold": "0.0001",
            "RAY_memory_monitor_refresh_ms": "100", "RAY_USAGE_STATS_ENABLED": "0"}
     proc = subprocess.run(
-        [sys.executable, "-c", "from m2flow.cli import train; raise SystemExit(train())",
+        [sys.executable, "-c", "from m2flow.cli.train import main as train; raise SystemExit(train())",
          "--config-name", "maniskill_pushcube_ppo_mlp", "env.num_envs=2", "algorithm.num_minibatches=5",
          "runner.num_iterations=2", f"runner.log_dir={tmp_path}", "runner.progress_bar=false"],
         env=env, capture_output=True, text=True, timeout=240, cwd=Path(__file__).parents[2])
@@ -52,7 +52,7 @@ def test_a_run_whose_learner_is_killed_for_memory_after_a_checkpoint_names_it(tm
     """The runner's side, in process: the learner's second update raises what a call on a
     worker Ray killed for memory raises (pipelines.futures turns Ray's error into it, above);
     the run ends with RunOutOfMemory after 1 iteration, naming the checkpoint it wrote."""
-    from m2flow.cli import load_run_config
+    from m2flow.cli.common import load_run_config
     from m2flow.embodied.learner_worker import LearnerWorker
     from m2flow.embodied.runner import EmbodiedRunner
     from m2flow.pipelines import OutOfMemory

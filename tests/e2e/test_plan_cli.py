@@ -6,9 +6,9 @@ import json
 import pytest
 import yaml
 
-from m2flow.cli import load_run_config
-from m2flow.cli import train as train_cli
-from m2flow.planning import main as plan_cli
+from m2flow.cli.common import load_run_config
+from m2flow.cli.train import main as train_cli
+from m2flow.cli.plan import main as plan_cli
 from tests.pipelines.test_planner import FACTS, profile
 from m2flow.pipelines.planner.profiles import Node
 
@@ -98,7 +98,7 @@ def test_a_run_with_an_auto_plan_logs_its_drift_and_re_plans_the_stages(tmp_path
 def test_cfg_prints_plan_auto_as_given_without_measuring(capsys, monkeypatch):
     """``m2flow-train --cfg cluster.plan=auto`` prints the config; making the plan would
     measure every component (minutes), which printing a config must not do."""
-    import m2flow.planning as planning
+    import m2flow.cli.planning as planning
 
     def measuring(*args, **kwargs):
         raise AssertionError("--cfg made a plan")

@@ -5,8 +5,9 @@ import json
 import pytest
 import torch
 
-from m2flow.cli import load_run_config
-from m2flow.cli import evaluate, train
+from m2flow.cli.common import load_run_config
+from m2flow.cli.eval import main as evaluate
+from m2flow.cli.train import main as train
 
 # A random tiny model gets (almost) every arithmetic answer wrong, so with groups filtered
 # there would be nothing to train: these tests compare execution modes and checkpoints, not

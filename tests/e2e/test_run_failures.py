@@ -21,7 +21,7 @@ from pathlib import Path
 
 from m2flow.runs import checkpoint
 
-TRAIN = [sys.executable, "-c", "import sys; from m2flow.cli import train; sys.exit(train())"]
+TRAIN = [sys.executable, "-c", "import sys; from m2flow.cli.train import main as train; sys.exit(train())"]
 TINY = ["env.num_envs=2", "runner.rollout_steps=8", "runner.eval_interval=0",
         "runner.checkpoint_interval=1", "runner.stop_at_success=null", "seed=0"]
 PLUGIN = Path(__file__).parents[1] / "fault_plugin"

@@ -8,9 +8,10 @@ import sys
 import psutil
 import torch
 
-from m2flow.cli import load_run_config
+from m2flow.cli.common import load_run_config
 from m2flow.runs import checkpoint
-from m2flow.cli import evaluate, train
+from m2flow.cli.eval import main as evaluate
+from m2flow.cli.train import main as train
 from m2flow.embodied.runner import EmbodiedRunner
 
 TINY = [
@@ -70,9 +71,10 @@ def test_ray_run_resumes_to_the_same_weights_as_an_uninterrupted_run(tmp_path, r
 
 
 def run_to_file(path, program, *args):
-    """``program`` (``train`` or ``evaluate`` of m2flow.cli) in a subprocess whose stdout and
+    """``program`` (``train`` or ``evaluate``: m2flow.cli.train or .eval) in a subprocess whose stdout and
     stderr go to the file ``path``, as ``m2flow-train ... > log 2>&1`` does; its exit code."""
-    code = f"import sys; from m2flow.cli import {program}; sys.exit({program}())"
+    module = {"train": "train", "evaluate": "eval"}[program]
+    code = f"import sys; from m2flow.cli.{module} import main; sys.exit(main())"
     with open(path, "w") as f:
         return subprocess.run([sys.executable, "-c", code, *args], stdout=f,
                               stderr=subprocess.STDOUT, timeout=300).returncode

@@ -12,7 +12,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from m2flow.cli import load_run_config
+from m2flow.cli.common import load_run_config
 from m2flow.configs import ConfigError
 from m2flow.embodied import demos as demos_mod
 from m2flow.embodied.resets import env_seeds

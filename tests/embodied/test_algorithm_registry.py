@@ -137,7 +137,7 @@ def test_a_registered_toy_algorithm_runs_one_learner_update(registry):
 
 # -- Hydra: each algorithm's config is its own schema node ----------------------------------
 def test_algorithm_groups_compose_with_their_own_schema():
-    from m2flow.cli import load_run_config
+    from m2flow.cli.common import load_run_config
     from m2flow.configs import ConfigError
 
     ppo = load_run_config("maniskill_pushcube_ppo_mlp", ["algorithm.gae_lambda=0.5"])

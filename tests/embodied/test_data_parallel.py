@@ -198,7 +198,7 @@ def test_learner_ranks_on_cpu_use_gloo_on_own_gpus_nccl_and_on_a_shared_gpu_gloo
 
 def test_pushcube_ppo_trains_with_two_learner_ranks_under_ray(tmp_path, ray_cluster):
     """The real run: 2 env workers -> 2 learner ranks (gloo), 2 iterations, a checkpoint."""
-    from m2flow.cli import load_run_config
+    from m2flow.cli.common import load_run_config
     from m2flow.embodied.runner import EmbodiedRunner
 
     cfg = load_run_config("maniskill_pushcube_ppo_mlp", [

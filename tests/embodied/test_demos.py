@@ -96,7 +96,10 @@ def test_bad_input_is_one_line(tmp_path):
     (tmp_path / "x.h5").write_text("")
     with pytest.raises(ConfigError, match="x.h5 exists; pick another demos.output or set"):
         demos_mod.load_demos_config(overrides=[f"demos.output={tmp_path}/x"])
-    assert demos_mod.main([f"demos.output={tmp_path}/x"]) == demos_mod.EXIT_CONFIG
+    from m2flow.cli.common import EXIT_CONFIG
+    from m2flow.cli.demos import main
+
+    assert main([f"demos.output={tmp_path}/x"]) == EXIT_CONFIG
 
 
 def test_screw_motion_exp_coordinates_match_a_hand_computed_one():

@@ -6,9 +6,9 @@ import imageio.v2 as imageio
 import pytest
 
 from m2flow.configs import ConfigError
-from m2flow.cli import evaluate
+from m2flow.cli.eval import main as evaluate
 from m2flow.embodied.eval_protocol import plan
-from m2flow.cli import load_eval_config
+from m2flow.cli.common import load_eval_config
 
 QUIET = ["cluster=inprocess", "runner.progress_bar=false"]
 

@@ -253,7 +253,7 @@ def test_ppo_trains_with_sharded_learner_ranks_under_ray(tmp_path, ray_cluster):
     """The real run (Pendulum: a quick start): 2 learner ranks with shard=fsdp (gloo), 2
     iterations, weights broadcast over a link in small buckets; the rollout holds rank 0's
     gathered weights, and the checkpoint (every learner rank asked) holds them too."""
-    from m2flow.cli import load_run_config
+    from m2flow.cli.common import load_run_config
     from m2flow.embodied.rollout_worker import RolloutWorker
     from m2flow.embodied.runner import EmbodiedRunner
     from m2flow.runs import checkpoint

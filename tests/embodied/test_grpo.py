@@ -7,7 +7,8 @@ import torch
 from tensordict import TensorDict
 
 from m2flow.embodied.algorithms import AlgorithmError
-from m2flow.embodied.algorithms.advantages import group_advantages, keep_groups
+from m2flow.embodied.algorithms.advantages import keep_groups
+from m2flow.runs.rl import group_advantages
 from m2flow.embodied.algorithms.grpo import GRPO, GRPOConfig, grpo_loss
 
 
@@ -34,7 +35,7 @@ def test_filter_drops_all_success_and_all_failure_groups_and_bounds_are_config()
 
 def test_groups_must_divide_the_episodes():
     with pytest.raises(ValueError, match="group_size=4"):
-        group_advantages(torch.zeros(6), group_size=4)
+        keep_groups(torch.zeros(6).bool(), group_size=4)
 
 
 def test_prepare_gives_each_first_episode_its_group_advantage_and_drops_the_rest():

@@ -10,7 +10,7 @@ from tensordict import TensorDict
 from tests.pipelines.test_channel import Relay
 
 from m2flow import keys
-from m2flow.cli import load_run_config
+from m2flow.cli.common import load_run_config
 from m2flow.runs import seeding
 from m2flow.embodied.learner_worker import check_staleness
 from m2flow.embodied.runner import EmbodiedRunner

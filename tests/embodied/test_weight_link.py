@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from m2flow.cli import load_run_config
+from m2flow.cli.common import load_run_config
 from m2flow.embodied.learner_worker import LearnerWorker
 from m2flow.embodied.rollout_worker import RolloutWorker
 

@@ -6,7 +6,7 @@ switching ends on the same weights as one without."""
 import pytest
 import torch
 
-from m2flow.cli import load_run_config
+from m2flow.cli.common import load_run_config
 from m2flow.runs import checkpoint
 from m2flow.embodied.runner import EmbodiedRunner
 from m2flow.pipelines import (

@@ -109,7 +109,7 @@ def drive(out: Path) -> None:
     import ray
     from ray.cluster_utils import Cluster
 
-    from m2flow.cli import train
+    from m2flow.cli.train import main as train
 
     small = {"num_cpus": 1, "object_store_memory": 80 * 2**20}
     cluster = Cluster(initialize_head=True,

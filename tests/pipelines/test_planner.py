@@ -198,7 +198,7 @@ def test_a_chain_streams_the_update_when_rollout_and_learner_have_own_cores():
 
 
 def test_the_plan_file_round_trips_into_a_config_that_composes(tmp_path):
-    from m2flow.cli import load_run_config
+    from m2flow.cli.common import load_run_config
 
     node = Node(cores=2, memory_mb=24_000)
     g = embodied_graph(dict(FACTS, num_envs=4))
@@ -229,7 +229,7 @@ def test_a_profile_survives_json():
 
 
 def test_a_calibration_run_adds_what_the_components_miss_to_every_plan():
-    from m2flow.cli import load_run_config
+    from m2flow.cli.common import load_run_config
     from m2flow.pipelines.planner.calibration import calibration
 
     node = Node(cores=2)
@@ -258,7 +258,7 @@ def test_the_updates_time_inside_a_calibration_run_corrects_the_update_at_its_th
     predicted at 0.5 s in every plan, the 1-thread update keeps its profiled 0.2 s, and only
     what is still missing becomes the per-iteration overhead (a constant overhead of 0.3 s
     would have slowed the 1-thread plans as much)."""
-    from m2flow.cli import load_run_config
+    from m2flow.cli.common import load_run_config
     from m2flow.pipelines.planner.calibration import calibration
 
     node = Node(cores=2)
@@ -338,7 +338,7 @@ def test_a_run_drifting_from_its_prediction_re_plans_its_stages():
 
 def test_a_reasoning_plan_composes_with_a_component_its_cluster_option_lacks(tmp_path):
     """cluster=local lists no reward worker; the plan's placement is merged, not overridden."""
-    from m2flow.cli import load_run_config
+    from m2flow.cli.common import load_run_config
     from m2flow.reasoning.plan import graph as reasoning_graph
 
     node = Node(cores=2)

@@ -27,7 +27,7 @@ def train(learner, steps=2, lr=1e-3):
     groups = scored_groups(tiny_engine())
     learner.trainer.set_lr(lr)
     for step in range(steps):
-        learner.update(ListChannel([g.clone() for g in groups]), num_groups=4, step=step)
+        learner.update(ListChannel([g.clone() for g in groups]), num_groups=4, iteration=step)
 
 
 def test_the_walk_reaches_tensors_of_every_device_and_keeps_the_rest():

@@ -6,11 +6,12 @@ import math
 import pytest
 import torch
 
-from m2flow.cli import load_run_config
+from m2flow.cli.common import load_run_config
 from m2flow.configs import ConfigError
 from m2flow.reasoning.config import DataConfig, ModelConfig
 from m2flow.reasoning.data import DataError, make_datasets
-from m2flow.reasoning.grpo import group_advantages, token_loss
+from m2flow.reasoning.grpo import token_loss
+from m2flow.runs.rl import group_advantages
 from m2flow.reasoning.model import (
     ModelError,
     load_model,
@@ -188,8 +189,8 @@ def test_update_is_the_same_for_any_micro_batch_size():
     groups = scored_groups(tiny_engine())
     a = make_learner(learner_config(micro_batch=4))
     b = make_learner(learner_config(micro_batch=16))
-    ma = a.update(ListChannel([g.clone() for g in groups]), num_groups=4, step=0)
-    mb = b.update(ListChannel([g.clone() for g in groups]), num_groups=4, step=0)
+    ma = a.update(ListChannel([g.clone() for g in groups]), num_groups=4, iteration=0)
+    mb = b.update(ListChannel([g.clone() for g in groups]), num_groups=4, iteration=0)
     assert ma["train/groups_kept"] == 2.0  # the all-correct groups are filtered out
     assert ma["train/tokens_trained"] == mb["train/tokens_trained"] > 0
     for (name, pa), pb in zip(a.model.named_parameters(), b.model.parameters()):
@@ -214,7 +215,7 @@ def test_grpo_step_raises_the_rewarded_completions_logprob():
         return (lp * group["completion_mask"]).sum(-1)
 
     before = mean_lp(groups[0])
-    learner.update(ListChannel([g.clone() for g in groups]), num_groups=2, step=0)
+    learner.update(ListChannel([g.clone() for g in groups]), num_groups=2, iteration=0)
     after = mean_lp(groups[0])
     good = groups[0]["reward"] == 1
     assert (after - before)[good].mean() > (after - before)[~good].mean()

@@ -5,7 +5,7 @@ the number of buckets is the hand-worked count for the tiny model's parameter si
 import pytest
 import torch
 
-from m2flow.cli import load_run_config
+from m2flow.cli.common import load_run_config
 from m2flow.reasoning.learner_worker import ReasoningLearner
 from m2flow.reasoning.rollout_worker import ReasoningRollout
 from m2flow.reasoning.runner import ReasoningRunner
@@ -138,7 +138,7 @@ def test_resume_and_evaluation_send_the_checkpoint_in_buckets(tmp_path):
     torch.manual_seed(123)  # nothing depends on the seed of the process
     resumed = ReasoningRunner(resumed_cfg)  # loads the checkpoint and syncs it, full
     try:
-        assert resumed.step == 1 and resumed.rollout.handles[0].version == 1
+        assert resumed.iteration == 1 and resumed.rollout.handles[0].version == 1
         assert_same_weights(resumed.rollout.handles[0].engine.model, saved)
     finally:
         resumed.close()

@@ -141,7 +141,7 @@ def test_find_latest_picks_the_newest_checkpoint_of_the_same_run_name(tmp_path):
 
 
 def test_resume_latest_and_auto_in_the_config(tmp_path, capsys):
-    from m2flow.cli import load_run_config
+    from m2flow.cli.common import load_run_config
     from m2flow.configs import ConfigError
 
     base = ["env=gym_pendulum", "cluster=inprocess", f"runner.log_dir={tmp_path}", "run_name=r"]
@@ -175,7 +175,7 @@ def test_resolve_a_file_a_run_directory_and_a_folder_of_runs(tmp_path):
 
 
 def test_m2flow_eval_takes_a_folder_of_runs(tmp_path):
-    from m2flow.cli import load_eval_config, load_run_config
+    from m2flow.cli.common import load_eval_config, load_run_config
     from m2flow.configs import ConfigError
     from m2flow.runs.session import config_yaml
 

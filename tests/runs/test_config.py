@@ -5,7 +5,8 @@ import json
 import pytest
 import torch
 
-from m2flow.cli import load_run_config, register_schemas
+from m2flow.cli.common import load_run_config
+from m2flow.cli.workloads import register_schemas
 from m2flow.configs import ConfigError, load_config, to_object
 from m2flow.configs.loader import entry_configs
 
@@ -86,7 +87,7 @@ def test_unknown_entry_config_lists_the_real_ones():
 
 
 def test_cli_prints_one_line_and_exits_2(capsys):
-    from m2flow.cli import train
+    from m2flow.cli.train import main as train
 
     assert train(["env.num_envz=2"]) == 2
     err = capsys.readouterr().err.strip()

@@ -11,10 +11,10 @@ import time
 import uuid
 from pathlib import Path
 
-from m2flow.cli import load_run_config
+from m2flow.cli.common import load_run_config
 from m2flow.runs import checkpoint
 
-TRAIN = [sys.executable, "-c", "import sys; from m2flow.cli import train; sys.exit(train())"]
+TRAIN = [sys.executable, "-c", "import sys; from m2flow.cli.train import main as train; sys.exit(train())"]
 PUSHCUBE = ["env.num_envs=2", "runner.num_iterations=1000", "runner.stop_at_success=null"]
 STOP_BOUND_S = 15.0  # the phases interrupted below last over 60 s
 GONE_BOUND_S = 10.0  # Ray's daemons and the simulator processes end this soon after the driver

@@ -6,7 +6,8 @@ import struct
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-from m2flow.runs.plot import main, read_run
+from m2flow.cli.plot import main
+from m2flow.runs.plot import read_run
 
 # (step, eval/success_once) of two runs, written below as RunLogger writes them
 RUN_A = [(800, 0.25), (1600, 0.5), (2400, 0.75)]

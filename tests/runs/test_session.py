@@ -147,7 +147,7 @@ def test_a_stop_saves_the_last_iteration_only_when_the_learner_is_idle(tmp_path)
 
 def test_ctrl_c_ends_a_run_with_one_line_naming_the_last_checkpoint(tmp_path):
     """A real run of the CLI (in-process workers, a gymnasium env) interrupted by SIGINT."""
-    cmd = [sys.executable, "-c", "import sys; from m2flow.cli import train; sys.exit(train())",
+    cmd = [sys.executable, "-c", "import sys; from m2flow.cli.train import main as train; sys.exit(train())",
            "env=gym_pendulum", "cluster=inprocess", "env.num_envs=2", "runner.rollout_steps=8",
            "runner.num_iterations=100000", "runner.checkpoint_interval=1",
            "runner.eval_interval=0", f"runner.log_dir={tmp_path}"]

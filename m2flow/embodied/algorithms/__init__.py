@@ -4,7 +4,9 @@ Names map to ``"module:Class"`` strings imported on lookup; installed packages a
 through the entry-point group ``m2flow.algorithms``; ``register_algorithm(name, cls)`` (or as a
 decorator) adds one in code, ``override=True`` to replace. A new algorithm is one module (its
 config dataclass, ``prepare`` and ``loss``, and ``ALGORITHM = <its class>``) and one
-``configs/algorithm/<name>.yaml``.
+``configs/algorithm/<name>.yaml``; its config's ``validate`` checks its fields with
+:func:`check_field`, and what it changes in the learner's loop (parameter groups, the step
+size's schedule, parameters frozen for an update) it says through :class:`Algorithm`'s hooks.
 
 >>> algorithm_class("ppo").__name__, algorithm_class("ppo").config_class.__name__
 ('PPO', 'PPOConfig')
@@ -17,7 +19,8 @@ Unknown algorithm 'pp0'. Known: bc, grpo, ppo. Did you mean 'ppo'?
 
 from __future__ import annotations
 
-from m2flow.embodied.algorithms.base import Algorithm, AlgorithmConfig, AlgorithmError
+from m2flow.embodied.algorithms.base import (
+    Algorithm, AlgorithmConfig, AlgorithmError, check_field)
 from m2flow.registry import Registry
 
 ENTRY_POINT_GROUP = "m2flow.algorithms"
@@ -60,6 +63,7 @@ __all__ = [
     "AlgorithmConfig",
     "AlgorithmError",
     "algorithm_class",
+    "check_field",
     "register_algorithm",
     "register_schemas",
     "registered_algorithms",

@@ -3,7 +3,8 @@ returns grouped by initial state (GRPO).
 
 GRPO: envs come in groups of ``group_size`` that reset to the same initial state (LIBERO
 init-state id, ManiSkill seed). Each episode's advantage is its return against its group,
-``(R - mean(group)) / (std(group) + eps)``, and every action of the episode carries it. A group
+``(R - mean(group)) / (std(group) + eps)`` (:func:`m2flow.runs.rl.group_advantages`, shared with
+reasoning), and every action of the episode carries it. A group
 whose episodes all succeeded or all failed says nothing about which actions were better; groups
 whose success rate lies outside ``[low, high]`` are dropped (by default: keep a group unless
 all its episodes share one outcome).
@@ -46,18 +47,6 @@ def gae(
         running = delta + gamma * gae_lambda * not_done[:, t] * running
         advantage[:, t] = running
     return advantage, advantage + value
-
-
-def group_advantages(returns: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
-    """Per-episode advantage against its group; ``returns`` lists groups one after another.
-
-    >>> group_advantages(torch.tensor([1.0, 0.0, 0.0, 2.0, 2.0, 2.0]), group_size=3)
-    tensor([ 1.4142, -0.7071, -0.7071,  0.0000,  0.0000,  0.0000])
-    """
-    r = _grouped(returns.float(), group_size)
-    mean = r.mean(dim=1, keepdim=True)
-    std = r.std(dim=1, unbiased=False, keepdim=True)
-    return ((r - mean) / (std + eps)).reshape(-1)
 
 
 def keep_groups(success: torch.Tensor, group_size: int, low: float = 0.0,

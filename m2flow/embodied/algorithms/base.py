@@ -1,9 +1,12 @@
 """What an embodied algorithm is: a config, a ``prepare`` (advantages and targets on the env
 workers' trajectories) and a ``loss`` on minibatches; the learner worker runs the loop.
 
-The generic loop (``m2flow.embodied.learner_worker``), per update::
+The generic loop (``m2flow.embodied.learner_worker``): once, Adam on
+``algorithm.param_groups(policy, params)``; then per update::
 
+    lr = algorithm.learning_rate(i, num_iterations=n)  # each group's: lr x its lr_scale
     batch, metrics = algorithm.prepare(policy, traj, iteration=i, staleness=s)  # (N, T) -> (B,)
+    only algorithm.trained_parameters(policy, i) (None: all) get gradients, while
     for each epoch, for each minibatch mb of a seeded permutation of batch:
         mb = algorithm.minibatch(mb)                 # whole-minibatch statistics
         for each micro-batch of mb:                  # weighted by its share of mb
@@ -11,6 +14,11 @@ The generic loop (``m2flow.embodied.learner_worker``), per update::
         clip, optimiser step
     after each epoch: algorithm.stop_early(last terms) ends the loop
     metrics |= algorithm.batch_metrics(batch)
+
+The loop's own sizes (step size, epochs, minibatches, micro-batches, clip, precision) are
+the fields of :class:`AlgorithmConfig`, which every algorithm's config has; whatever one
+algorithm adds (PPO's critic step size and warm-up) reaches the loop only through these hooks,
+so the learner reads no field of any one algorithm.
 """
 
 from __future__ import annotations
@@ -60,18 +68,27 @@ class AlgorithmConfig:
 
     def validate(self) -> None:
         """Raises AlgorithmError (a ValueError) naming the first field out of range."""
-        _check(self, "learning_rate", self.learning_rate > 0, "must be > 0.")
-        _check(self, "update_epochs", self.update_epochs >= 1, "must be >= 1.")
-        _check(self, "num_minibatches", self.num_minibatches >= 1, "must be >= 1.")
-        _check(self, "micro_batch_size",
-               self.micro_batch_size is None or self.micro_batch_size >= 1,
-               "must be >= 1, or null for the whole minibatch.")
-        _check(self, "max_grad_norm", self.max_grad_norm > 0, "must be > 0.")
-        _check(self, "precision", self.precision in PRECISIONS,
-               f"use one of {', '.join(PRECISIONS)}.")
+        check_field(self, "learning_rate", self.learning_rate > 0, "must be > 0.")
+        check_field(self, "update_epochs", self.update_epochs >= 1, "must be >= 1.")
+        check_field(self, "num_minibatches", self.num_minibatches >= 1, "must be >= 1.")
+        check_field(self, "micro_batch_size",
+                    self.micro_batch_size is None or self.micro_batch_size >= 1,
+                    "must be >= 1, or null for the whole minibatch.")
+        check_field(self, "max_grad_norm", self.max_grad_norm > 0, "must be > 0.")
+        check_field(self, "precision", self.precision in PRECISIONS,
+                    f"use one of {', '.join(PRECISIONS)}.")
 
 
-def _check(cfg, field: str, ok: bool, fix: str) -> None:
+def check_field(cfg, field: str, ok: bool, fix: str) -> None:
+    """Raises AlgorithmError ``algorithm.<field>=<value>: <fix>`` unless ``ok``: what a
+    config's ``validate`` calls for each field it checks (a plugin's config too).
+
+    >>> check_field(AlgorithmConfig(name="x", learning_rate=0.0), "learning_rate", False,
+    ...             "must be > 0.")
+    Traceback (most recent call last):
+    ...
+    m2flow.embodied.algorithms.base.AlgorithmError: algorithm.learning_rate=0.0: must be > 0.
+    """
     if not ok:
         raise AlgorithmError(f"algorithm.{field}={getattr(cfg, field)!r}: {fix}")
 
@@ -121,10 +138,47 @@ class Algorithm(ABC):
         """After an epoch, on its last minibatch's terms: True ends the update."""
         return False
 
+    def param_groups(self, policy, params: list) -> list[dict]:
+        """The optimiser's parameter groups over ``params`` (every parameter of ``policy``,
+        frozen ones too; sharded, the shards), built once with the learner's optimiser. A
+        group may carry ``lr`` (its own step size) and ``lr_scale`` (its step size's ratio to
+        :meth:`learning_rate`, which the learner applies at every update, so a schedule keeps
+        the ratio). Default: one group of them all at :meth:`learning_rate`. An algorithm
+        overrides it to step some parameters at a size of their own (PPO: the critic's at
+        ``critic_learning_rate``)."""
+        return [{"params": list(params)}]
+
+    def learning_rate(self, iteration: int, *, num_iterations: int) -> float:
+        """The step size of the update of ``iteration`` in a run of ``num_iterations``
+        (groups with an ``lr_scale`` get that multiple of it). A function of these two alone,
+        so a resumed run takes the steps the uninterrupted one would have. Default:
+        ``learning_rate``, or with ``anneal_lr`` decayed linearly from it towards 0 at
+        ``num_iterations`` (cleanRL's anneal_lr)."""
+        if not self.cfg.anneal_lr:
+            return self.cfg.learning_rate
+        return self.cfg.learning_rate * (1.0 - iteration / max(1, num_iterations))
+
     def critic_only(self, iteration: int) -> bool:
         """Whether the update of ``iteration`` trains the critic alone (the policy's other
-        parameters frozen): PPO's ``critic_warmup``."""
+        parameters frozen; the learner reports ``loss/critic_only``): PPO's
+        ``critic_warmup``."""
         return False
+
+    def trained_parameters(self, policy, iteration: int) -> Optional[list[str]]:
+        """The names of the only parameters of ``policy`` the update of ``iteration`` trains
+        (None: all of them). The learner freezes every other one for the update's length:
+        they get no gradient, so the optimiser leaves them (and their moments) as they are.
+        Default: while :meth:`critic_only`, the critic's (``Policy.critic_parameter_names``),
+        a ValueError when the policy has none (else nothing would train)."""
+        if not self.critic_only(iteration):
+            return None
+        names = policy.critic_parameter_names()
+        if not names:
+            raise ValueError(
+                f"algorithm={self.cfg.name}: the update of iteration {iteration} trains the "
+                f"critic alone (Algorithm.critic_only), but policy {type(policy).__name__} has "
+                "no parameters of its own critic (Policy.critic_parameter_names).")
+        return names
 
     def batch_metrics(self, batch: TensorDict) -> dict:
         """Metrics of the whole prepared batch after the update (named with their prefix)."""

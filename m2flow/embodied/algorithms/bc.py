@@ -45,7 +45,8 @@ from omegaconf import MISSING
 from tensordict import TensorDict
 
 from m2flow import keys
-from m2flow.embodied.algorithms.base import Algorithm, AlgorithmConfig, AlgorithmError, _check
+from m2flow.embodied.algorithms.base import (
+    Algorithm, AlgorithmConfig, AlgorithmError, check_field)
 from m2flow.embodied.augment import shift_images
 from m2flow.runs import seeding
 
@@ -99,14 +100,14 @@ class BCConfig(AlgorithmConfig):
 
     def validate(self) -> None:
         super().validate()
-        _check(self, "loss", self.loss in BC_LOSSES, f"use one of {', '.join(BC_LOSSES)}.")
-        _check(self, "image_shift", self.image_shift >= 0,
-               "must be >= 0 (pixels of random shift; 0: no augmentation).")
-        _check(self, "target_noise", self.target_noise >= 0,
-               "must be >= 0 (the std of the noise on the expert actions; 0: none).")
-        _check(self, "batch_size", self.batch_size >= 1, "must be >= 1.")
-        _check(self, "num_demos", self.num_demos is None or self.num_demos >= 1,
-               "must be >= 1, or null for every episode of the dataset.")
+        check_field(self, "loss", self.loss in BC_LOSSES, f"use one of {', '.join(BC_LOSSES)}.")
+        check_field(self, "image_shift", self.image_shift >= 0,
+                    "must be >= 0 (pixels of random shift; 0: no augmentation).")
+        check_field(self, "target_noise", self.target_noise >= 0,
+                    "must be >= 0 (the std of the noise on the expert actions; 0: none).")
+        check_field(self, "batch_size", self.batch_size >= 1, "must be >= 1.")
+        check_field(self, "num_demos", self.num_demos is None or self.num_demos >= 1,
+                    "must be >= 1, or null for every episode of the dataset.")
 
 
 class BC(Algorithm):

@@ -15,10 +15,10 @@ import torch
 from tensordict import TensorDict
 
 from m2flow import keys
-from m2flow.embodied.algorithms.advantages import first_episodes, group_advantages, keep_groups
-from m2flow.embodied.algorithms.base import Algorithm, AlgorithmConfig, _check, flatten_valid
-from m2flow.embodied.algorithms.losses import (
-    LOGPROB_LEVELS, clipped_surrogate, level_log_probs, per_ratio, ratio_stats)
+from m2flow.embodied.algorithms.advantages import first_episodes, keep_groups
+from m2flow.embodied.algorithms.base import Algorithm, AlgorithmConfig, check_field, flatten_valid
+from m2flow.embodied.algorithms.losses import LOGPROB_LEVELS, level_log_probs, per_ratio
+from m2flow.runs.rl import clipped_surrogate, group_advantages, ratio_stats
 
 
 @dataclass
@@ -53,17 +53,17 @@ class GRPOConfig(AlgorithmConfig):
 
     def validate(self) -> None:
         super().validate()
-        _check(self, "clip_coef", self.clip_coef > 0, "must be > 0.")
-        _check(self, "ent_coef", self.ent_coef >= 0, "must be >= 0.")
-        _check(self, "target_kl", self.target_kl is None or self.target_kl > 0,
-               "must be > 0, or null to never stop early.")
-        _check(self, "group_size", self.group_size >= 2,
-               "must be >= 2 (a group of one has no advantage against its group).")
-        _check(self, "filter_low", self.filter_low < self.filter_high,
-               f"must be < algorithm.filter_high={self.filter_high!r} (no group's success "
-               "rate lies between them: every group would be dropped).")
-        _check(self, "logprob_level", self.logprob_level in LOGPROB_LEVELS,
-               f"use one of {', '.join(LOGPROB_LEVELS)}.")
+        check_field(self, "clip_coef", self.clip_coef > 0, "must be > 0.")
+        check_field(self, "ent_coef", self.ent_coef >= 0, "must be >= 0.")
+        check_field(self, "target_kl", self.target_kl is None or self.target_kl > 0,
+                    "must be > 0, or null to never stop early.")
+        check_field(self, "group_size", self.group_size >= 2,
+                    "must be >= 2 (a group of one has no advantage against its group).")
+        check_field(self, "filter_low", self.filter_low < self.filter_high,
+                    f"must be < algorithm.filter_high={self.filter_high!r} (no group's success "
+                    "rate lies between them: every group would be dropped).")
+        check_field(self, "logprob_level", self.logprob_level in LOGPROB_LEVELS,
+                    f"use one of {', '.join(LOGPROB_LEVELS)}.")
 
 
 class GRPO(Algorithm):
@@ -101,7 +101,7 @@ class GRPO(Algorithm):
             lost = ~traj[keys.VALID].all(1)
             success = success & ~lost
             at_end = at_end & ~lost
-        keep = keep_groups(success, c.group_size, c.filter_low, c.filter_high)
+        keep = keep_groups(success, c.group_size, c.filter_low, c.filter_high)  # (checks sizes)
         mixed = keep_groups(success, c.group_size)  # neither all-success nor all-failure
         adv = group_advantages(ret, c.group_size)
         traj[keys.ADVANTAGE] = adv[:, None].expand(traj.shape).clone()

@@ -1,5 +1,6 @@
-"""Loss pieces PPO and GRPO share: the clipped surrogate, the ratio diagnostics and the unit
-of the policy ratio (a whole chunk, each action or each token of a VLA's output)."""
+"""Loss pieces embodied PPO and GRPO share: the unit of the policy ratio (a whole chunk, each
+action or each token of a VLA's output). The clipped surrogate and its diagnostics are the
+maths both workloads share (:mod:`m2flow.runs.rl`)."""
 
 from __future__ import annotations
 
@@ -44,22 +45,3 @@ def level_log_probs(out: TensorDict, mb: TensorDict, level: str,
 def per_ratio(adv: torch.Tensor, log_ratio: torch.Tensor) -> torch.Tensor:
     """A per-sample advantage (B,) spread over each sample's ratios (B, ...)."""
     return adv.reshape(-1, *([1] * (log_ratio.ndim - 1))).expand_as(log_ratio)
-
-
-def clipped_surrogate(log_ratio: torch.Tensor, adv: torch.Tensor, clip_coef: float) -> torch.Tensor:
-    """PPO's clipped policy objective, as a loss: mean of max(-A r, -A clip(r)).
-
-    >>> lr = torch.log(torch.tensor([1.5, 0.5]))  # ratios 1.5 (A=+1) and 0.5 (A=-1)
-    >>> clipped_surrogate(lr, torch.tensor([1.0, -1.0]), 0.2)  # (-1.2 + 0.8) / 2
-    tensor(-0.2000)
-    """
-    ratio = log_ratio.exp()
-    return torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
-
-
-@torch.no_grad()
-def ratio_stats(log_ratio: torch.Tensor, clip_coef: float) -> dict:
-    """``approx_kl`` (the k3 estimator of KL(old || new)) and ``clip_fraction``, means."""
-    ratio = log_ratio.exp()
-    return {"approx_kl": ((ratio - 1) - log_ratio).mean(),
-            "clip_fraction": ((ratio - 1.0).abs() > clip_coef).float().mean()}

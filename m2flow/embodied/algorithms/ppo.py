@@ -13,13 +13,13 @@ from m2flow.embodied.algorithms.advantages import gae
 from m2flow.embodied.algorithms.base import (
     Algorithm,
     AlgorithmConfig,
-    _check,
     batched_values,
+    check_field,
     flatten_valid,
 )
-from m2flow.embodied.algorithms.losses import (
-    LOGPROB_LEVELS, clipped_surrogate, level_log_probs, per_ratio, ratio_stats)
+from m2flow.embodied.algorithms.losses import LOGPROB_LEVELS, level_log_probs, per_ratio
 from m2flow.pipelines.distributed import DataParallel
+from m2flow.runs.rl import clipped_surrogate, ratio_stats
 
 
 @dataclass
@@ -63,20 +63,20 @@ class PPOConfig(AlgorithmConfig):
 
     def validate(self) -> None:
         super().validate()
-        _check(self, "logprob_level", self.logprob_level in LOGPROB_LEVELS,
-               f"use one of {', '.join(LOGPROB_LEVELS)}.")
-        _check(self, "gamma", 0 < self.gamma <= 1, "must be in (0, 1].")
-        _check(self, "gae_lambda", 0 <= self.gae_lambda <= 1, "must be in [0, 1].")
-        _check(self, "clip_coef", self.clip_coef > 0, "must be > 0.")
-        _check(self, "vf_coef", self.vf_coef >= 0, "must be >= 0.")
-        _check(self, "ent_coef", self.ent_coef >= 0, "must be >= 0.")
-        _check(self, "target_kl", self.target_kl is None or self.target_kl > 0,
-               "must be > 0, or null to never stop early.")
-        _check(self, "critic_learning_rate",
-               self.critic_learning_rate is None or self.critic_learning_rate > 0,
-               "must be > 0, or null for learning_rate.")
-        _check(self, "critic_warmup", self.critic_warmup >= 0,
-               "must be >= 0 (iterations that train the critic alone).")
+        check_field(self, "logprob_level", self.logprob_level in LOGPROB_LEVELS,
+                    f"use one of {', '.join(LOGPROB_LEVELS)}.")
+        check_field(self, "gamma", 0 < self.gamma <= 1, "must be in (0, 1].")
+        check_field(self, "gae_lambda", 0 <= self.gae_lambda <= 1, "must be in [0, 1].")
+        check_field(self, "clip_coef", self.clip_coef > 0, "must be > 0.")
+        check_field(self, "vf_coef", self.vf_coef >= 0, "must be >= 0.")
+        check_field(self, "ent_coef", self.ent_coef >= 0, "must be >= 0.")
+        check_field(self, "target_kl", self.target_kl is None or self.target_kl > 0,
+                    "must be > 0, or null to never stop early.")
+        check_field(self, "critic_learning_rate",
+                    self.critic_learning_rate is None or self.critic_learning_rate > 0,
+                    "must be > 0, or null for learning_rate.")
+        check_field(self, "critic_warmup", self.critic_warmup >= 0,
+                    "must be >= 0 (iterations that train the critic alone).")
 
 
 class PPO(Algorithm):
@@ -134,8 +134,37 @@ class PPO(Algorithm):
     def stop_early(self, terms: dict) -> bool:
         return self.cfg.target_kl is not None and terms["approx_kl"] > self.cfg.target_kl
 
+    def param_groups(self, policy, params: list) -> list[dict]:
+        """One group, or with ``critic_learning_rate`` the critic's parameters
+        (``Policy.critic_parameter_names``) in a group of their own at that step size, its
+        ``lr_scale`` the ratio to ``learning_rate`` (which annealing keeps)."""
+        critic_lr = self.cfg.critic_learning_rate
+        if critic_lr is None:
+            return super().param_groups(policy, params)
+        names = set(policy.critic_parameter_names())
+        if not names:
+            raise ValueError(
+                f"algorithm.critic_learning_rate: policy {type(policy).__name__} has no "
+                "parameters of its own critic (Policy.critic_parameter_names); leave it null.")
+        critic = {id(p) for n, p in policy.named_parameters() if n in names}
+        scale = critic_lr / self.cfg.learning_rate
+        return [{"params": [p for p in params if id(p) not in critic]},
+                {"params": [p for p in params if id(p) in critic], "lr": critic_lr,
+                 "lr_scale": scale}]
+
     def critic_only(self, iteration: int) -> bool:
+        """The first ``critic_warmup`` iterations train the critic alone."""
         return iteration < self.cfg.critic_warmup
+
+    def trained_parameters(self, policy, iteration: int) -> Optional[list[str]]:
+        """The base's (the critic's during the warm-up), with the error naming the field to
+        change when the policy has no critic of its own to train alone."""
+        if self.critic_only(iteration) and not policy.critic_parameter_names():
+            raise ValueError(
+                f"algorithm.critic_warmup: policy {type(policy).__name__} has no parameters "
+                "of its own critic to train alone (Policy.critic_parameter_names); set "
+                "algorithm.critic_warmup=0.")
+        return super().trained_parameters(policy, iteration)
 
     def batch_metrics(self, batch: TensorDict) -> dict:
         pred, target = batch[keys.VALUE], batch[keys.RETURN]

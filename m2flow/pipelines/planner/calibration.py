@@ -15,7 +15,7 @@ from __future__ import annotations
 from m2flow.pipelines.placement import ComponentPlacement
 from m2flow.pipelines.planner.costmodel import CostModels, fit
 from m2flow.pipelines.planner.graph import Graph
-from m2flow.pipelines.planner.search import Plan, _ranks, predict
+from m2flow.pipelines.planner.search import Plan, placed_ranks, predict
 
 
 def models_for(profile, graph: Graph) -> CostModels:
@@ -58,7 +58,7 @@ def models_for(profile, graph: Graph) -> CostModels:
 
 def _threads(plan: Plan, graph: Graph, name: str, node) -> int:
     """The threads a component's rank runs with under ``plan`` (as the search sees them)."""
-    return _ranks(plan, graph, node)[name][0].threads
+    return placed_ranks(plan, graph, node)[name][0].threads
 
 
 def plan_of(cluster_cfg, graph: Graph, *, lanes: int, overlap: bool) -> Plan:

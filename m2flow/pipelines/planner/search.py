@@ -122,7 +122,7 @@ class _Rank:
         return "cpu" if self.gpu is None else "cuda"
 
 
-def _ranks(plan: Plan, graph: Graph, node: Node) -> dict[str, list[_Rank]]:
+def placed_ranks(plan: Plan, graph: Graph, node: Node) -> dict[str, list[_Rank]]:
     """Each component's ranks as the engine's Placement resolves them; PlacementError if it
     refuses the plan."""
     placed = Placement(PlacementConfig(mode=plan.mode, components=dict(plan.components)),
@@ -175,7 +175,7 @@ def predict(plan: Plan, graph: Graph, models: CostModels, node: Node) -> Predict
         if reason:
             out.infeasible = reason
             return out
-        ranks = _ranks(plan, graph, node)
+        ranks = placed_ranks(plan, graph, node)
         parts = _time(plan, graph, _Costs(graph, models), ranks, out.busy)
         _memory(out, plan, graph, models, ranks)
     except PlacementError as e:

@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from m2flow.cli import (
-    EXIT_CONFIG, _interruptible, _run_config, _setup_logging, _train_command, load_run_config,
-    workload)
+from m2flow.cli.common import (
+    EXIT_CONFIG, interruptible, load_run_config, setup_logging, train_command)
+from m2flow.cli.workloads import run_config, workload
 
 
 def multirun(config_name: str, overrides: Sequence[str], show_cfg: bool = False) -> int:
@@ -47,7 +47,7 @@ def multirun(config_name: str, overrides: Sequence[str], show_cfg: bool = False)
         for i, (job, cfg) in enumerate(zip(jobs, cfgs)):
             print(f"# job {i}: {shlex.join(job)}\n{OmegaConf.to_yaml(OmegaConf.structured(cfg))}")
         return 0
-    _setup_logging()
+    setup_logging()
     task = SweepJob(config_name, len(jobs))
     hydra_args = _sweep_defaults(overrides, cfgs[0].runner.log_dir) + list(overrides)
 
@@ -59,8 +59,8 @@ def multirun(config_name: str, overrides: Sequence[str], show_cfg: bool = False)
             return EXIT_CONFIG
         return _report(returns, jobs)
 
-    return _interruptible("m2flow-train", sweep,
-                          command=lambda ckpt: _train_command(config_name, task.current, ckpt))
+    return interruptible("m2flow-train", sweep,
+                         command=lambda ckpt: train_command(config_name, task.current, ckpt))
 
 
 class SweepJob:
@@ -91,13 +91,13 @@ class SweepJob:
         t0 = time.perf_counter()
         runs, before, text, cfg = None, set(), None, None
         try:
-            cfg = _run_config(composed)
+            cfg = run_config(composed)
             runs = Path(cfg.runner.log_dir) / cfg.run_name
             before, text = set(runs.glob("*")), config_yaml(cfg)
             rc = workload(cfg.workload).train(cfg)
             row["status"] = "ok" if rc == 0 else f"exit {rc}"
         except (Stopped, RunInterrupted, KeyboardInterrupt):
-            raise  # ends the sweep (Hydra hands it on; _interruptible says where)
+            raise  # ends the sweep (Hydra hands it on; interruptible says where)
         except Exception as e:  # this job's failure, in the table; the sweep goes on
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             row["status"] = f"failed: {type(e).__name__}: {first}".rstrip(": ")
@@ -119,7 +119,7 @@ class SweepJob:
                 return
             w = workload(cfg.workload)
             e = run_failed(e, cfg, hint=w.memory_hint(cfg) if w.memory_hint else "")
-        command = lambda ckpt: _train_command(self.config_name, self.current, ckpt)  # noqa: E731
+        command = lambda ckpt: train_command(self.config_name, self.current, ckpt)  # noqa: E731
         print(f"m2flow-train: job {job}: {e.describe(command)}", file=sys.stderr, flush=True)
 
 

@@ -1,20 +1,13 @@
-"""``m2flow-plan``: measure a config's components, search every plan, keep the best as a file.
+"""Plan making for ``m2flow-plan`` and ``cluster.plan``: measure a config's components,
+search every plan, keep the best as a file; apply a plan file (or ``auto``: one made now) to a
+config while it loads; run the best plans for real to check their predictions.
 
-    m2flow-plan --config-name maniskill_pushcube_ppo_cnn        # profile, plan, write the file
-    m2flow-plan --config-name maniskill_pushcube_ppo_cnn --verify   # + run the best two for real
-    m2flow-plan --config-name X --profile plans/X.profile.json  # plan again, no measuring
-    m2flow-train --config-name X cluster.plan=plans/X.yaml      # train with the plan
-    m2flow-train --config-name X cluster.plan=auto              # plan at start-up, watch drift
-
-It prints the best plans (predicted seconds per iteration, throughput, memory; infeasible ones
-with the reason), writes the chosen one to ``plans/<config>.yaml`` (``-o``) and the measured
-profile next to it (``.profile.json``). The planner is :mod:`m2flow.pipelines.planner`; each
-workload measures its own components (``m2flow.cli.PLANNERS``).
+The planner itself is :mod:`m2flow.pipelines.planner`; each workload measures its own
+components (:data:`m2flow.cli.workloads.PLANNERS`). The command is :mod:`m2flow.cli.plan`.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import shlex
@@ -24,6 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from m2flow.cli.workloads import planner, run_config
 from m2flow.pipelines.planner.planfile import (
     PlanFileError, cluster_group, read_plan, write_plan)
 from m2flow.pipelines.planner.profiles import Profile
@@ -51,7 +45,8 @@ def merge_cluster(composed, cluster: dict):
     return composed
 
 
-def _without_plan(overrides: Sequence[str]) -> list[str]:
+def without_plan(overrides: Sequence[str]) -> list[str]:
+    """``overrides`` less any ``cluster.plan=`` (a plan is made for the others)."""
     return [o for o in overrides if o.lstrip("+~").split("=", 1)[0] != "cluster.plan"]
 
 
@@ -64,8 +59,6 @@ def measure(cfg, *, calibrate: bool = True, say: Callable[[str], None] = print):
     """``cfg``'s workload's components profiled, then (``calibrate``, Ray configs only) a
     short real run of the config as it is that measures the framework's own cost per
     iteration, kept in the profile's facts. Returns (profile, graph)."""
-    from m2flow.cli import planner
-
     module = planner(cfg.workload)
     prof, graph = module.profile(cfg, say=say)
     if calibrate and cfg.cluster.backend == "ray":
@@ -83,8 +76,6 @@ def make_plan(cfg, config_name: str, overrides: Sequence[str], *, output: Path,
     """Profiles ``cfg`` (or reads ``profile_path``), calibrates on a short real run of the
     config as it is (``calibrate``, Ray configs only), searches, prints the table, writes
     the plan file ``output`` (and the profile next to it). Returns (predictions, graph)."""
-    from m2flow.cli import planner
-
     module = planner(cfg.workload)
     if profile_path:
         prof = Profile.load(profile_path)
@@ -129,19 +120,17 @@ def with_plan(config_name: str, overrides: Sequence[str], composed):
 
     value = str(composed.cluster.plan)
     if value == AUTO:
-        from m2flow.cli import _run_config
-
-        cfg = _run_config(composed)
+        cfg = run_config(composed)
         out = Path(cfg.runner.log_dir) / cfg.run_name / PLAN_DIR / \
             f"{datetime.now():%Y%m%d-%H%M%S}.yaml"
         try:
-            make_plan(cfg, config_name, _without_plan(overrides), output=out, elastic=True,
+            make_plan(cfg, config_name, without_plan(overrides), output=out, elastic=True,
                       top=5)
         except PlanError as e:
             raise ConfigError(f"config error: cluster.plan=auto: {e}") from None
         plan = read_plan(out)
         print(f"plan: cluster.plan=auto chose {plan.label}; written to {out}", flush=True)
-        final = _without_plan(overrides) + plan.overrides + [f"cluster.plan={out}"]
+        final = without_plan(overrides) + plan.overrides + [f"cluster.plan={out}"]
         return merge_cluster(load_config(config_name, final), plan.cluster)
     try:
         plan = read_plan(value)
@@ -163,20 +152,17 @@ def config_of(config_name: str, overrides: Sequence[str], plan, graph, elastic: 
     """The run config of ``config_name`` with ``overrides`` and ``plan`` (a search plan)
     applied: its workload keys after the overrides, its placement merged on (``elastic``:
     built to change its lanes at run time)."""
-    from m2flow.cli import _run_config
     from m2flow.configs import load_config
 
     knobs = graph.knob_overrides(plan, elastic=elastic)
-    composed = load_config(config_name, _without_plan(overrides) + knobs)
-    return _run_config(merge_cluster(composed, cluster_group(plan)))
+    composed = load_config(config_name, without_plan(overrides) + knobs)
+    return run_config(merge_cluster(composed, cluster_group(plan)))
 
 
 def verify(config_name: str, overrides: Sequence[str], preds: Sequence[Prediction], graph,
            *, iterations: int, count: int = 2, say: Callable[[str], None] = print) -> list[dict]:
     """Runs the first ``count`` feasible plans for ``iterations`` real iterations each (after
     one warm-up) and prints predicted against measured seconds per iteration."""
-    from m2flow.cli import planner
-
     rows = []
     for pred in [p for p in preds if p.feasible][:count]:
         cfg = config_of(config_name, overrides, pred.plan, graph)
@@ -196,68 +182,3 @@ def verify(config_name: str, overrides: Sequence[str], preds: Sequence[Predictio
         say(f"verify: the chosen plan was {'faster' if right else 'SLOWER'} than the runner-up "
             f"({rows[0]['measured_s']:.3f} s against {rows[1]['measured_s']:.3f} s)")
     return rows
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    """``m2flow-plan``; Ctrl-C ends it with one line (what it measured is closed first)."""
-    from m2flow.cli import EXIT_INTERRUPTED
-
-    try:
-        return _main(argv)
-    except KeyboardInterrupt:
-        print("\nm2flow-plan: interrupted; no plan written.", file=sys.stderr, flush=True)
-        return EXIT_INTERRUPTED
-
-
-def _main(argv: Optional[list[str]] = None) -> int:
-    from m2flow.cli import DEFAULT_CONFIG, EXIT_CONFIG, _setup_logging, load_run_config
-    from m2flow.configs import ConfigError
-
-    parser = argparse.ArgumentParser(prog="m2flow-plan", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config-name", "-cn", default=DEFAULT_CONFIG,
-                        help=f"entry config in m2flow/configs (default: {DEFAULT_CONFIG})")
-    parser.add_argument("--output", "-o", default=None,
-                        help=f"plan file to write (default: {PLAN_DIR}/<config name>.yaml)")
-    parser.add_argument("--profile", default=None,
-                        help="a profile written by an earlier m2flow-plan: plan without measuring")
-    parser.add_argument("--top", type=int, default=10, help="feasible plans to print")
-    parser.add_argument("--no-calibrate", action="store_true",
-                        help="skip the short real run of the config as it is that measures "
-                             "the framework's own cost per iteration")
-    parser.add_argument("--no-overlap", action="store_true",
-                        help="leave learner overlap out of the plans (it trains on data one "
-                             "update stale, which can cost more iterations than it saves)")
-    parser.add_argument("--verify", action="store_true",
-                        help="run the chosen plan and the runner-up for real and print "
-                             "predicted against measured iteration time")
-    parser.add_argument("--iterations", type=int, default=3,
-                        help="timed iterations per plan with --verify (after one warm-up)")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides, as m2flow-train takes")
-    args = parser.parse_args(argv)
-    overrides = _without_plan(args.overrides)
-    output = Path(args.output or Path(PLAN_DIR) / f"{args.config_name}.yaml")
-    try:
-        if args.profile and not Path(args.profile).is_file():
-            raise ConfigError(f"config error: --profile {args.profile}: no such file; give a "
-                              ".profile.json written by m2flow-plan.")
-        cfg = load_run_config(args.config_name, overrides)
-        if cfg.cluster.address is not None:
-            raise ConfigError(
-                f"config error: cluster.address={cfg.cluster.address}: m2flow-plan plans the "
-                "machine it runs on; run it on one node of the cluster without cluster.address.")
-        _setup_logging()
-        preds, graph = make_plan(cfg, args.config_name, overrides, output=output,
-                                 profile_path=args.profile, top=args.top,
-                                 calibrate=not args.no_calibrate,
-                                 overlap=not args.no_overlap)
-    except (ConfigError, PlanError) as e:
-        text = str(e)
-        print(f"m2flow-plan: {text if text.startswith('config error') else 'error: ' + text}",
-              file=sys.stderr)
-        return EXIT_CONFIG
-    print(f"plan: written to {output}; train with: m2flow-train --config-name "
-          f"{args.config_name} cluster.plan={output}", flush=True)
-    if args.verify:
-        verify(args.config_name, overrides, preds, graph, iterations=args.iterations)
-    return 0

@@ -1,0 +1,172 @@
+"""The one run loop both workloads fill in: iterate, evaluate, log, checkpoint, stop; Ctrl-C
+and failures end it with one line.
+
+A workload's runner subclasses :class:`RunLoop` and fills in what an iteration is
+(``iterate``), how it evaluates (``evaluate``), what a checkpoint holds (``checkpoint_state``)
+and its own rules (``watch``, ``stop_reason``, ``over_budget``, ``before_loop``). The loop owns
+the order, which is the same for both:
+
+    before_loop (once, inside the same error handling)
+    for it in range(iteration, total):
+        metrics = iterate(it)                 # sets self.iteration = it + 1
+        watch(metrics)                        # warnings, plan monitor
+        out of budget? -> this is the last iteration
+        last or every eval_interval: evaluate; stop_reason(metrics)
+        log (step: logged_step())
+        stopping, last or every checkpoint_interval: save
+        stopping: say why, leave
+
+``self.iteration`` counts the iterations done (a GRPO step of the reasoning workload is one):
+what the learner holds, what a checkpoint is numbered by and what a resumed run starts from.
+A first Ctrl-C saves the last completed iteration and ends the run with one line saying how to
+resume (``RunSession.stopped``); an error ends it with one line naming the worker and the cause
+(``RunSession.failed``, the traceback in the run's ``train.log``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from m2flow.pipelines.futures import Stopped
+from m2flow.runs.logger import LogField, RunLogger
+from m2flow.runs.session import RunSession
+
+
+class RunLoop:
+    """Base of a runner: :meth:`train` runs the loop; subclasses fill in the hooks below.
+
+    A subclass sets ``cfg`` (with ``runner.eval_interval``, ``runner.checkpoint_interval`` and
+    ``resume``), ``session`` and ``iteration`` before :meth:`train`.
+    """
+
+    unit = "iterations"
+    """What an iteration is called in the end line (reasoning: its GRPO "steps")."""
+    checkpoint_prefix = "iter"
+    """Checkpoint file names: ``<prefix>_<iteration>.pt``."""
+    log_fields: Sequence[LogField] = ()
+    bar_fields: Sequence[LogField] = ()
+    cfg: object
+    session: RunSession
+    iteration: int = 0
+
+    # -- what a runner fills in --------------------------------------------------------------
+    def total(self) -> int:
+        """Iterations the run goes to (at most)."""
+        raise NotImplementedError
+
+    def iterate(self, it: int) -> dict:
+        """Iteration ``it``; sets ``self.iteration = it + 1`` once the learner holds its
+        update (a stop from there saves it); returns its metrics."""
+        raise NotImplementedError
+
+    def evaluate(self) -> dict:
+        """An evaluation; its metrics (``eval/...``), merged into the iteration's."""
+        raise NotImplementedError
+
+    def logged_step(self) -> int:
+        """The x of the iteration's log line and scalars (env steps, samples)."""
+        raise NotImplementedError
+
+    def checkpoint_state(self) -> dict:
+        """What a checkpoint holds besides the run's own fields (the learner's state)."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """The run's first log line after ``run dir X; ``."""
+        return ""
+
+    def before_loop(self, logger: RunLogger) -> dict:
+        """Work before the first iteration (reasoning: its warm start and first evaluation);
+        returns metrics the summary keeps."""
+        return {}
+
+    def watch(self, metrics: dict, logger: RunLogger) -> None:
+        """After each iteration: warnings and monitors (may add metrics)."""
+
+    def over_budget(self, loop_seconds: float) -> Optional[str]:
+        """Why the run stops now for its time budget (this iteration is then the last:
+        evaluated and saved), or None."""
+        return None
+
+    def stop_reason(self, metrics: dict) -> Optional[str]:
+        """After an evaluation: why the run stops here (a success target reached), or None."""
+        return None
+
+    def memory_hint(self) -> str:
+        """The fields that size the run's memory, for the line of a run killed for memory."""
+        return ""
+
+    def drain(self) -> None:
+        """Finishes work started ahead (learner overlap) before an evaluation, a save or the end."""
+
+    def abandon(self) -> None:
+        """Forgets work started ahead when the run ends by Ctrl-C or an error (its workers end
+        with the session)."""
+
+    def summary(self) -> dict:
+        """The workload's own entries of the summary ``train`` returns."""
+        return {}
+
+    # -- the loop ----------------------------------------------------------------------------
+    def due(self, interval: int) -> bool:
+        """True after the last iteration, and every ``interval`` iterations (0: never else)."""
+        return self.iteration == self.total() or (interval > 0 and self.iteration % interval == 0)
+
+    def save(self, metrics: Optional[dict] = None) -> Path:
+        """A checkpoint of the iterations done, named by ``checkpoint_prefix``."""
+        return self.session.save(self.iteration, self.checkpoint_state(), metrics,
+                                 prefix=self.checkpoint_prefix)
+
+    def train(self) -> dict:
+        """Iterates to ``total()``, or until a stop reason or the budget; returns a summary:
+        the last evaluation's metrics, ``iterations``, ``wall_s`` (the whole call), ``loop_s``
+        (the iterations and their evaluations), ``eval_s``, ``checkpoint`` (``last.pt``) and
+        the workload's own (``summary``)."""
+        cfg, r = self.cfg, self.cfg.runner
+        logger = self.session.open_run(self.total(), self.iteration, self.log_fields,
+                                       self.bar_fields)
+        self.run_dir = self.session.run_dir
+        logger.info(f"run dir {self.run_dir}; {self.describe()}")
+        start_wall, start = time.perf_counter(), self.iteration
+        loop_start, result, eval_s = start_wall, {}, 0.0
+        try:
+            result.update(self.before_loop(logger))
+            loop_start = time.perf_counter()
+            for it in range(self.iteration, self.total()):
+                metrics = self.iterate(it)
+                self.watch(metrics, logger)
+                reason = self.over_budget(time.perf_counter() - loop_start)
+                last = self.iteration == self.total() or reason is not None
+                if last or self.due(r.eval_interval):
+                    t0 = time.perf_counter()
+                    self.session.phase = "evaluation"
+                    metrics.update(self.evaluate())
+                    metrics["time/eval"] = time.perf_counter() - t0
+                    eval_s += metrics["time/eval"]
+                    result.update(metrics)
+                    reason = reason or self.stop_reason(metrics)
+                logger.log(it, self.logged_step(), metrics)
+                if reason is not None or last or self.due(r.checkpoint_interval):
+                    self.save(metrics)
+                if reason is not None:
+                    logger.info(f"{reason}: stopping")
+                    break
+        except (Stopped, KeyboardInterrupt) as e:  # Ctrl-C (see runs.session.stop_on_ctrl_c)
+            self.abandon()
+            raise self.session.stopped(e, self.iteration, start=start, save=self.save,
+                                       unit=self.unit, resumed_from=cfg.resume) from None
+        except Exception as e:  # a worker died or raised, a channel stopped: one line
+            self.abandon()
+            raise self.session.failed(e, self.iteration, hint=self.memory_hint(),
+                                      unit=self.unit, resumed_from=cfg.resume) from e
+        finally:
+            try:
+                self.drain()
+            finally:
+                logger.close()
+        return {**result, "iterations": self.iteration,
+                "wall_s": time.perf_counter() - start_wall,
+                "loop_s": time.perf_counter() - loop_start, "eval_s": eval_s,
+                "checkpoint": str(self.run_dir / "checkpoints" / "last.pt"), **self.summary()}

@@ -1,0 +1,40 @@
+"""What both workloads' profilers (``m2flow-plan``) measure alike: the learner's weight sync
+to the rollout, and on a GPU each component's offload and onload (context switch)."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from m2flow.pipelines import WorkerGroup
+from m2flow.pipelines.planner import measure
+from m2flow.pipelines.planner.profiles import Profile
+from m2flow.runs.weights import sync_groups
+
+
+def profile_sync(prof: Profile, learner: WorkerGroup, rollout: WorkerGroup, *, size_mb: float,
+                 bucket_mb: float, cores: int, device: str = "cpu",
+                 sync: Optional[Callable[[], None]] = None) -> None:
+    """Adds ``learner.sync`` to ``prof`` (``size_mb``: the model's weights): the median of
+    partial syncs after one full one, untimed (a run's first sync ships everything, later
+    ones what an update changed). ``sync``: the device's synchronize (a GPU), so a timing
+    covers the work it started."""
+    learner_cls, rollout_cls = learner.worker_cls, rollout.worker_cls
+    sync_groups(learner, rollout, learner_cls, rollout_cls, version=1, full=True,
+                bucket_mb=bucket_mb)
+    prof.add_time("learner", "sync", size=size_mb, cores=cores, device=device,
+                  seconds=measure.median_seconds(lambda: sync_groups(
+                      learner, rollout, learner_cls, rollout_cls, version=1, full=False,
+                      bucket_mb=bucket_mb), warm=1, sync=sync))
+
+
+def profile_switch(prof: Profile, groups: dict[str, WorkerGroup], *,
+                   sync: Callable[[], None]) -> None:
+    """Adds ``offload`` and ``onload`` on the GPU of each group's rank 0 to ``prof`` (its
+    registered state, moved for real: ``force`` off, the device is a GPU)."""
+    for name, group in groups.items():
+        w = group.handles[0]
+        w.set_context_force(False)
+        off = measure.median_seconds(w.offload, warm=0, min_calls=1, min_s=0.0, sync=sync)
+        on = measure.median_seconds(w.onload, warm=0, min_calls=1, min_s=0.0, sync=sync)
+        prof.add_time(name, "offload", size=0, cores=0, device="cuda", seconds=off)
+        prof.add_time(name, "onload", size=0, cores=0, device="cuda", seconds=on)
