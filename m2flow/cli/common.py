@@ -192,5 +192,13 @@ def train_command(config_name: str, overrides: Sequence[str], checkpoint=None) -
     return shlex.join(["m2flow-train", "--config-name", config_name, *kept])
 
 
+def print_config(cfg) -> int:
+    """``--cfg``: the composed config object as YAML on stdout; exit code 0."""
+    from omegaconf import OmegaConf
+
+    print(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    return 0
+
+
 def setup_logging() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

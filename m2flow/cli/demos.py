@@ -15,7 +15,7 @@ import argparse
 import sys
 from typing import Optional
 
-from m2flow.cli.common import EXIT_CONFIG
+from m2flow.cli.common import EXIT_CONFIG, print_config
 from m2flow.embodied import demos as library
 from m2flow.embodied.demos import (
     CONFIG_DIR, DEFAULT_CONFIG, generate, load_demos_config, output_stem, save)
@@ -40,10 +40,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"m2flow-demos: {e}", file=sys.stderr)
         return EXIT_CONFIG
     if args.cfg:
-        from omegaconf import OmegaConf
-
-        print(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-        return 0
+        return print_config(cfg)
     stem = output_stem(cfg)
     print(f"m2flow-demos: {cfg.env.name} ({cfg.env.obs_mode}, {cfg.env.control_mode}) -> "
           f"{stem}.h5", flush=True)

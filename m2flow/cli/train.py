@@ -15,8 +15,8 @@ import sys
 from typing import Optional
 
 from m2flow.cli.common import (
-    DEFAULT_CONFIG, EXIT_CONFIG, interruptible, load_run_config, quiet_ctrl_c, setup_logging,
-    train_command)
+    DEFAULT_CONFIG, EXIT_CONFIG, interruptible, load_run_config, print_config, quiet_ctrl_c,
+    setup_logging, train_command)
 from m2flow.cli.workloads import workload
 
 
@@ -50,10 +50,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"m2flow-train: {e}", file=sys.stderr)
         return EXIT_CONFIG
     if args.cfg:
-        from omegaconf import OmegaConf
-
-        print(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-        return 0
+        return print_config(cfg)
     setup_logging()
     w = workload(cfg.workload)
     return interruptible("m2flow-train", lambda: w.train(cfg),
