@@ -14,6 +14,7 @@ key                               dtype      shape (per row)  written by
 ("obs", "state")                  float32    (D,)             envs: proprio/state vector
 ("obs", "rgb")                    uint8      (H, W, 3)        envs: camera image (rgb obs modes)
 ("obs", "wrist_rgb")              uint8      (H, W, 3)        envs: wrist camera (LIBERO)
+("obs", "depth")                  float32    (H, W, 1)        envs: depth image in [0, 1] (mjlab)
 ("obs", "privileged")             float32    (P,)             envs: simulator state, training only
 ("obs", "task")                   int64      ()               multi-task envs: index in spec.tasks
 "action"                          float32    (A,) | (K, A)    policies.act (raw sample; K: chunk)
@@ -78,6 +79,7 @@ NEXT = "next"
 STATE = (OBS, "state")
 RGB = (OBS, "rgb")
 WRIST_RGB = (OBS, "wrist_rgb")
+DEPTH = (OBS, "depth")
 PRIVILEGED = (OBS, "privileged")  # env.privileged_state: critic, aux loss; never the actor
 TASK = (OBS, "task")
 

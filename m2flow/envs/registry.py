@@ -28,6 +28,7 @@ ENVS = Registry(
         "ManiSkill/*": "m2flow.envs.maniskill:ManiSkillEnv",
         "gym/*": "m2flow.envs.gymnasium_env:GymnasiumEnv",
         "LIBERO/*": "m2flow.envs.libero:LiberoEnv",
+        "mjlab/*": "m2flow.envs.mjlab_env:MjlabEnv",
     },
 )
 

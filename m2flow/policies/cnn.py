@@ -23,7 +23,8 @@ from m2flow import keys
 from m2flow.policies import critics
 from m2flow.policies.base import PolicyError
 from m2flow.policies.config import PolicyConfig
-from m2flow.policies.mlp import ACTIVATIONS, GaussianActorCritic, orthogonal_linear
+from m2flow.policies.layers import ACTIVATIONS, orthogonal_linear
+from m2flow.policies.mlp import GaussianActorCritic
 from m2flow.policies.normalizer import RunningNorm
 
 # The unpadded convs need this many pixels per side to leave a 1x1 map; smaller images are

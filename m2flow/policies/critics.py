@@ -16,7 +16,7 @@ from torch import nn
 
 from m2flow import keys
 from m2flow.policies.base import PolicyError
-from m2flow.policies.mlp import CRITIC_OUT_GAIN, mlp
+from m2flow.policies.layers import CRITIC_OUT_GAIN, mlp
 from m2flow.policies.normalizer import RunningNorm
 
 PRIVILEGED = "privileged"
@@ -28,7 +28,7 @@ def privileged_dim(obs_shapes: dict, setting: str) -> int:
     key = keys.leaf(keys.PRIVILEGED)
     if key not in obs_shapes or len(obs_shapes[key]) != 1:
         raise PolicyError(f"{setting} needs a flat ('obs', 'privileged') vector; this "
-                          f"env gives {obs_shapes}. Set env.privileged_state=true (ManiSkill).")
+                          f"env gives {obs_shapes}. Set env.privileged_state=true (ManiSkill, mjlab).")
     return obs_shapes[key][0]
 
 
@@ -37,7 +37,7 @@ def check_env(env_cfg, setting: str, instead: str) -> None:
     (e.g. ``policy.kwargs.critic=privileged``); ``instead``: the other way out."""
     if not getattr(env_cfg, "privileged_state", False):
         raise PolicyError(f"{setting} reads ('obs','privileged'), which the env returns only "
-                          f"with env.privileged_state=true (ManiSkill); set it, or {instead}.")
+                          f"with env.privileged_state=true (ManiSkill, mjlab); set it, or {instead}.")
 
 
 class PrivilegedCritic(nn.Module):

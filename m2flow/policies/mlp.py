@@ -1,8 +1,10 @@
 """Gaussian MLP actor-critic for state observations (cleanRL / ManiSkill PPO baseline shape).
 
 Reads ``("obs", "state")`` (B, D). Actor: MLP -> action mean; a learned state-independent
-log-std. Critic: a separate MLP -> value. Actions are raw Gaussian samples; the env clips them
-to its bounds, and log-probs are of the unclipped sample.
+log-std. Critic: a separate MLP -> value, over the same state or, with
+``policy.kwargs.critic=privileged``, over ``("obs", "privileged")`` (an mjlab task's critic
+group: its noise-free observations). Actions are raw Gaussian samples; the env clips them to
+its bounds, and log-probs are of the unclipped sample.
 """
 
 from __future__ import annotations
@@ -14,31 +16,13 @@ from torch import nn
 from torch.distributions import Normal
 
 from m2flow import keys
+from m2flow.policies import critics
 from m2flow.policies.base import Policy, PolicyError
 from m2flow.policies.config import PolicyConfig
+from m2flow.policies.layers import ACTIVATIONS, ACTOR_OUT_GAIN, CRITIC_OUT_GAIN, mlp
 from m2flow.policies.normalizer import RunningNorm
 
-ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU}
-ACTOR_OUT_GAIN = 0.01 * np.sqrt(2)  # small initial means: start near zero action
-CRITIC_OUT_GAIN = 1.0
-
-
-def orthogonal_linear(n_in: int, n_out: int, gain: float = np.sqrt(2)) -> nn.Linear:
-    """A linear layer with orthogonal weights of ``gain`` and zero bias (the usual PPO init)."""
-    layer = nn.Linear(n_in, n_out)
-    nn.init.orthogonal_(layer.weight, gain)
-    nn.init.zeros_(layer.bias)
-    return layer
-
-
-def mlp(n_in: int, hidden: list[int], n_out: int, activation: str, out_gain: float) -> nn.Sequential:
-    layers, width = [], n_in
-    for h in hidden:
-        layers += [orthogonal_linear(width, h), ACTIVATIONS[activation]()]
-        width = h
-    layers.append(orthogonal_linear(width, n_out, out_gain))
-    return nn.Sequential(*layers)
-
+SHARED_CRITIC, PRIVILEGED_CRITIC = "shared", critics.PRIVILEGED
 
 class GaussianActorCritic(Policy):
     """A Gaussian actor and a critic, both MLPs over ``_features(obs)``: subclasses say how
@@ -135,6 +119,9 @@ class GaussianMLPPolicy(GaussianActorCritic):
     @staticmethod
     def check_config(policy_cfg: PolicyConfig, env_cfg) -> None:
         GaussianActorCritic.check_config(policy_cfg, env_cfg)
+        if _critic(policy_cfg.kwargs) == PRIVILEGED_CRITIC:
+            critics.check_env(env_cfg, "policy.kwargs.critic=privileged",
+                              "drop policy.kwargs.critic")
         if env_cfg.obs_mode != "state":
             raise PolicyError(
                 f"policy=mlp reads only ('obs','state'); env.obs_mode={env_cfg.obs_mode} renders "
@@ -151,10 +138,37 @@ class GaussianMLPPolicy(GaussianActorCritic):
         obs_dim = env_spec.obs_shapes["state"][0]
         self._build_heads(obs_dim, env_spec.action_dim, cfg)
         self.obs_norm = RunningNorm(obs_dim) if cfg.normalize_obs else nn.Identity()
+        self.privileged_critic = _critic(cfg.kwargs) == PRIVILEGED_CRITIC
+        if self.privileged_critic:  # replaces the critic over the state
+            n_priv = critics.privileged_dim(env_spec.obs_shapes, "policy.kwargs.critic=privileged")
+            self.critic = critics.PrivilegedCritic(n_priv, cfg.hidden_sizes, cfg.activation)
 
     def _features(self, obs: TensorDict) -> torch.Tensor:
         return self.obs_norm(obs[keys.leaf(keys.STATE)])
 
+    def _value(self, obs: TensorDict, features: torch.Tensor) -> torch.Tensor:
+        if not self.privileged_critic:
+            return super()._value(obs, features)
+        return self.critic(obs)
+
     def observe(self, batch: TensorDict) -> None:
         if isinstance(self.obs_norm, RunningNorm):
             self.obs_norm.update(batch[keys.STATE])
+        if self.privileged_critic:
+            self.critic.observe(batch)
+
+
+def _critic(kwargs) -> str:
+    """``policy.kwargs`` of ``policy.name=mlp``: only ``critic`` ('shared': the critic MLP reads
+    the state as the actor does; 'privileged': ``("obs", "privileged")``); PolicyError for
+    anything else."""
+    unknown = sorted(set(kwargs) - {"critic"})
+    if unknown:
+        raise PolicyError(f"policy.kwargs.{unknown[0]} is not an option of policy.name=mlp; "
+                          "it takes only 'critic'.")
+    critic = kwargs.get("critic", SHARED_CRITIC)
+    if critic not in (SHARED_CRITIC, PRIVILEGED_CRITIC):
+        raise PolicyError(f"policy.kwargs.critic={critic!r}: use {SHARED_CRITIC!r} (the state) "
+                          f"or {PRIVILEGED_CRITIC!r} (('obs','privileged'), "
+                          "env.privileged_state=true).")
+    return critic

@@ -113,3 +113,20 @@ def test_a_run_logged_to_a_file_has_lines_and_progress_and_no_bar_frames(tmp_pat
     rounds = [line.split(" | ")[0] for line in text.splitlines() if line.startswith("eval gym/")]
     assert rounds == [f"eval gym/Pendulum-v1: {n}/6 ep" for n in (2, 4, 6)]
     assert json.loads(text.splitlines()[-1])["eval/episodes"] == 6.0
+
+
+def test_episodes_longer_than_an_iteration_are_counted_whole(tmp_path):
+    """runner.reset_every_iteration=false: Pendulum's 200-step episodes span four 50-step
+    iterations; the episode statistics run on across them, so the episodes that end in the
+    fourth report 200 steps (not the 50 of that iteration) and their whole return."""
+    from m2flow.runs.plot import read_run
+
+    rc = train(["env=gym_pendulum", "cluster=inprocess", "env.num_envs=2",
+                "runner.rollout_steps=50", "runner.reset_every_iteration=false",
+                "runner.num_iterations=4", "runner.eval_interval=0", "runner.eval_episodes=2",
+                "runner.progress_bar=false", f"runner.log_dir={tmp_path}"])
+    assert rc == 0
+    run = read_run(next(tmp_path.glob("maniskill_pushcube_ppo_mlp/*")))
+    lengths = run["env/episode_len"]
+    assert list(lengths.values) == [200.0], (lengths.steps, lengths.values)
+    assert run["env/return"].values[0] < -100  # Pendulum: about -1 to -16 a step

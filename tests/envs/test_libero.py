@@ -1,6 +1,10 @@
 """LIBERO/<suite> on the real simulator (offline): every task of every suite builds, resets to
 its init state and steps; images are upright, equal to LIBERO's own frames turned 180 degrees;
-a seed gives one scene (init state and fixtures); bad configs raise EnvError naming the field."""
+a seed gives one scene (init state and fixtures); a 50-step trajectory on the installed MuJoCo
+matches the one recorded under MuJoCo 3.3.7; bad configs raise EnvError naming the field.
+
+``python -m tests.envs.test_libero record PATH`` writes that trajectory (LIBERO's own env, no
+m2flow adapter) under whichever MuJoCo the interpreter imports."""
 
 import concurrent.futures
 import multiprocessing as mp
@@ -11,12 +15,13 @@ import pytest
 import torch
 
 from m2flow.envs import EnvConfig, EnvError, make_env
-from m2flow.envs.libero import SUITE_MAX_STEPS, prepare
+from m2flow.envs.libero import SUITE_MAX_STEPS, prepare, robosuite_on_new_mujoco
 
 SUITE_SIZES = {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10,
                "libero_90": 90}
 SIZE = 64
 HOLD = [0, 0, 0, 0, 0, 0, -1]  # no motion, gripper open
+RECORD = os.path.join(os.path.dirname(__file__), "..", "records", "libero_spatial_mujoco337.npz")
 
 
 def libero_languages(suite: str) -> list[str]:
@@ -74,7 +79,19 @@ def raw_libero_frames(suite: str, task: int, seed: int, size: int):
     """LIBERO's own env (as OpenVLA's evaluation builds it), seeded (LIBERO places the fixtures
     with np.random) and set to init state ``seed % 50``: its raw agent-view and wrist frames.
     Runs in a child process (robosuite picks the GL backend at import)."""
+    env, bench = libero_own_env(suite, task, size)
+    try:
+        env.seed(seed)
+        env.reset()
+        obs = env.set_init_state(bench.get_task_init_states(task)[seed % 50])
+        return obs["agentview_image"].copy(), obs["robot0_eye_in_hand_image"].copy()
+    finally:
+        env.close()
+
+
+def libero_own_env(suite: str, task: int, size: int):
     os.environ["MUJOCO_GL"] = "egl"
+    robosuite_on_new_mujoco()
     prepare()
     from libero.libero import benchmark
     from libero.libero.envs import OffScreenRenderEnv
@@ -82,11 +99,31 @@ def raw_libero_frames(suite: str, task: int, seed: int, size: int):
     bench = benchmark.get_benchmark_dict()[suite]()
     env = OffScreenRenderEnv(bddl_file_name=bench.get_task_bddl_file_path(task),
                              camera_heights=size, camera_widths=size)
+    return env, bench
+
+
+def libero_trajectory(steps: int = 50) -> dict:
+    """LIBERO's own env, libero_spatial task 0 from init state 0 (fixtures seeded 0), driven by
+    ``steps`` fixed random actions (uniform in [-0.5, 0.5], seed 0): the whole simulator state
+    (qpos, qvel) after every step, the rewards, and the first and last agent-view frames."""
+    import mujoco
+
+    env, bench = libero_own_env("libero_spatial", 0, SIZE)
     try:
-        env.seed(seed)
+        env.seed(0)
         env.reset()
-        obs = env.set_init_state(bench.get_task_init_states(task)[seed % 50])
-        return obs["agentview_image"].copy(), obs["robot0_eye_in_hand_image"].copy()
+        obs = env.set_init_state(bench.get_task_init_states(0)[0])
+        first = obs["agentview_image"].copy()
+        actions = np.random.RandomState(0).uniform(-0.5, 0.5, (steps, 7))
+        qpos, qvel, rewards = [], [], []
+        for a in actions:
+            obs, reward, _, _ = env.step(a)
+            qpos.append(env.sim.data.qpos.copy())
+            qvel.append(env.sim.data.qvel.copy())
+            rewards.append(reward)
+        return dict(qpos=np.stack(qpos), qvel=np.stack(qvel), rewards=np.array(rewards),
+                    first=first, last=obs["agentview_image"].copy(),
+                    mujoco=mujoco.__version__)
     finally:
         env.close()
 
@@ -166,6 +203,34 @@ def test_the_same_seed_gives_the_same_scene(rgb_env):
     assert torch.equal(other["state"][1], first["state"][1])
 
 
+def test_a_trajectory_matches_the_one_recorded_under_mujoco_3_3_7():
+    """robosuite 1.4.0 on the installed MuJoCo (3.11, through ``robosuite_on_new_mujoco``)
+    against the record from MuJoCo 3.3.7, same actions:
+
+    - the arm (Panda: 7 joints and 2 fingers, qpos[:9]) moves the same to 1e-7 (measured:
+      7e-9, after moving up to 0.46 rad);
+    - the objects, which drop ~6 cm onto the table in the first steps, land within 2 mm
+      (measured: 1.4 mm mid-fall, at step 2) and from step 10 on stay within 0.1 mm
+      (measured: 0.015 mm): contact resolution changed between the versions, not the scene;
+    - frames within 16 of 255 per channel value and 0.05 on average (measured: 7 at most, on
+      about 0.1 % of the values).
+    """
+    ref = np.load(RECORD)
+    assert str(ref["mujoco"]) == "3.3.7"
+    ctx = mp.get_context("forkserver")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        now = pool.submit(libero_trajectory, len(ref["qpos"])).result()
+    arm = slice(0, 9)
+    assert np.abs(ref["qpos"][-1, arm] - ref["qpos"][0, arm]).max() > 0.3  # the arm moves
+    np.testing.assert_allclose(now["qpos"][:, arm], ref["qpos"][:, arm], rtol=0, atol=1e-7)
+    np.testing.assert_allclose(now["qpos"], ref["qpos"], rtol=0, atol=2e-3)
+    np.testing.assert_allclose(now["qpos"][10:], ref["qpos"][10:], rtol=0, atol=1e-4)
+    np.testing.assert_array_equal(now["rewards"], ref["rewards"])
+    for key in ("first", "last"):
+        diff = np.abs(now[key].astype(int) - ref[key].astype(int))
+        assert diff.max() <= 16 and diff.mean() <= 0.05, (key, diff.max(), diff.mean())
+
+
 # -- config errors (raised before any simulator process starts) -------------------------
 def make(name="LIBERO/libero_spatial", **kw):
     return make_env(EnvConfig(name=name, num_envs=1, **kw))
@@ -195,3 +260,11 @@ def test_assets_path_without_scenes_is_an_env_error(tmp_path):
     (tmp_path / "textures").mkdir()
     with pytest.raises(EnvError, match=r"env\.kwargs\.assets_path=.* has no scenes/ folder"):
         make(kwargs={"assets_path": str(tmp_path)})
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:2] != ["record"] or len(sys.argv) != 3:
+        sys.exit("usage: python -m tests.envs.test_libero record PATH.npz")
+    np.savez_compressed(sys.argv[2], **libero_trajectory())

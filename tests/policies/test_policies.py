@@ -157,6 +157,46 @@ def test_cnn_privileged_critic_needs_the_envs_privileged_state():
         make_policy(PolicyConfig(name="cnn", kwargs={"critic": "actor"}), PRIV_SPEC)
 
 
+STATE_PRIV_SPEC = EnvSpec({"state": (5,), "privileged": (9,)}, 3, (-1.0,) * 3, (1.0,) * 3, 50)
+
+
+def test_mlp_privileged_critic_reads_only_the_privileged_vector_and_the_actor_the_state():
+    """``policy=mlp policy.kwargs.critic=privileged`` (an mjlab task's critic group): the value
+    is the critic MLP of the normalised privileged vector (by hand), the actor's mean does not
+    see it, and the ELU activation is ELU."""
+    torch.manual_seed(0)
+    pi = make_policy(PolicyConfig(name="mlp", hidden_sizes=[16], activation="elu",
+                                  kwargs={"critic": "privileged"}), STATE_PRIV_SPEC)
+    b = random_obs(STATE_PRIV_SPEC, 6)
+    b["obs", "privileged"] = torch.randn(6, 9) * 3 + 1
+    pi.observe(b)
+    other_state = b.clone()
+    other_state["obs", "state"] = torch.randn(6, 5)
+    torch.testing.assert_close(pi.value(other_state["obs"]), pi.value(b["obs"]))
+    det = pi.act(b, deterministic=True)["action"]
+    assert not torch.allclose(pi.act(other_state, deterministic=True)["action"], det)
+    other_priv = b.clone()
+    other_priv["obs", "privileged"] = torch.randn(6, 9)
+    torch.testing.assert_close(pi.act(other_priv, deterministic=True)["action"], det)
+    x = b["obs", "privileged"]
+    z = (x - x.mean(0)) / torch.sqrt(x.var(0, unbiased=False) + 1e-8)
+    lin = [m for m in pi.critic.net if isinstance(m, torch.nn.Linear)]
+    by_hand = lin[1](torch.nn.functional.elu(lin[0](z))).squeeze(-1)
+    torch.testing.assert_close(pi.value(b["obs"]), by_hand)
+
+
+def test_mlp_privileged_critic_needs_the_envs_privileged_state():
+    from m2flow.envs import EnvConfig
+
+    cfg = PolicyConfig(name="mlp", kwargs={"critic": "privileged"})
+    with pytest.raises(PolicyError, match="env.privileged_state=true"):
+        policy_class("mlp").check_config(cfg, EnvConfig(name="mjlab/Mjlab-Lift-Cube-Yam"))
+    with pytest.raises(PolicyError, match="env.privileged_state=true"):
+        make_policy(cfg, EnvSpec({"state": (5,)}, 3, (-1.0,) * 3, (1.0,) * 3, 50))
+    with pytest.raises(PolicyError, match=r"policy.kwargs.feature_dim is not an option"):
+        make_policy(PolicyConfig(name="mlp", kwargs={"feature_dim": 8}), STATE_PRIV_SPEC)
+
+
 def test_cnn_state_aux_predicts_the_normalised_simulator_state_from_the_actors_features():
     """policy.kwargs.state_aux: a linear head on the actor's features regresses the
     normalised privileged vector; its loss (by hand) reaches PPO's terms and trains the

@@ -11,7 +11,8 @@ from m2flow.configs import ConfigError, load_config, to_object
 from m2flow.configs.loader import entry_configs
 
 
-GPU_CONFIGS = ("libero_spatial_grpo_openvla_oft", "reasoning_math_grpo_qwen")
+GPU_CONFIGS = ("libero_spatial_grpo_openvla_oft", "reasoning_math_grpo_qwen", "mjlab_liftcube_ppo_cnn",
+               "mjlab_liftcube_ppo_mlp")
 
 
 @pytest.mark.parametrize("name", entry_configs())
