@@ -45,6 +45,7 @@ import importlib.util
 import io
 import logging
 import math
+import warnings
 from dataclasses import dataclass, fields
 from typing import Optional, Sequence
 
@@ -100,7 +101,9 @@ def task_config(cfg: EnvConfig):
     if importlib.util.find_spec("mjlab") is None:
         raise EnvError(f"env.name={cfg.name!r}: mjlab is not installed; `bash scripts/install.sh` "
                        "installs it (mjlab 1.6.0 with MuJoCo Warp), or pick another env.")
-    import mjlab.tasks  # noqa: F401  (registers the tasks)
+    with warnings.catch_warnings():  # mjlab's math module decorates with torch.jit.script,
+        warnings.simplefilter("ignore", FutureWarning)  # which torch 2.14 deprecates
+        import mjlab.tasks  # noqa: F401  (registers the tasks)
     from mjlab.tasks.registry import list_tasks, load_env_cfg
 
     if task not in list_tasks():

@@ -26,6 +26,7 @@ SUBPROCESS_TIMEOUT_S = 300  # generous: a hang must fail the test, not the CI jo
 TRAIN, EVAL = "m2flow-train", "m2flow-eval"
 REASONING = ["--config-name", "reasoning_arith_grpo_tiny"]
 LIBERO = ["--config-name", "libero_spatial_ppo_cnn"]
+MJLAB = ["--config-name", "mjlab_cartpole_ppo_mlp"]
 
 
 def _machine() -> tuple[int, int]:
@@ -142,6 +143,9 @@ def case_table() -> list[tuple[str, str, list[str], str]]:
         ("overlap_without_staleness", TRAIN,
          ["runner.overlap_learner=true", "runner.max_staleness=0"], "runner.max_staleness"),
         ("cnn_without_images", TRAIN, [*LIBERO, "env.obs_mode=state"], "env.obs_mode=state"),
+        ("mjlab_unknown_task", TRAIN, [*MJLAB, "env.name=mjlab/Mjlab-Cartpole-Balanse"],
+         "Did you mean 'Mjlab-Cartpole-Balance'"),
+        ("mjlab_no_camera", TRAIN, [*MJLAB, "env.obs_mode=rgb"], "env.obs_mode=rgb"),
         # cluster and placement
         ("backend", TRAIN, ["cluster.backend=mpi"], "cluster.backend"),
         ("context_switch", TRAIN, ["cluster.context_switch=sometimes"], "cluster.context_switch"),

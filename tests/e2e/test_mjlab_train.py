@@ -1,6 +1,7 @@
 """The mjlab configs end to end on Warp's CPU device: Cartpole under Ray (env, rollout and
-learner workers as processes), Lift-Cube from state with the privileged critic and from the
-wrist camera, each for an iteration or two."""
+learner workers as processes) in two pipeline stages (two mjlab envs in the env worker),
+Lift-Cube from state with the privileged critic and from the wrist camera, each for an
+iteration or two."""
 
 from m2flow.cli.train import main as train
 
@@ -10,6 +11,7 @@ SMALL = ["runner.progress_bar=false", "runner.eval_episodes=4", "env.max_episode
 def test_cartpole_trains_under_ray(tmp_path, capsys):
     rc = train(["--config-name", "mjlab_cartpole_ppo_mlp", "env.num_envs=8",
                 "runner.num_iterations=2", "runner.rollout_steps=8", "runner.eval_interval=2",
+                "rollout.pipeline_stages=2",
                 f"runner.log_dir={tmp_path}", *SMALL])
     assert rc == 0
     assert "done: 2 iterations, 128 env steps" in capsys.readouterr().out
