@@ -263,10 +263,7 @@ class _Envs:
             g.reset_wait()
 
     def _random(self, n: int, chunk: int) -> torch.Tensor:
-        low = torch.as_tensor(self.spec.action_low, dtype=torch.float32)
-        high = torch.as_tensor(self.spec.action_high, dtype=torch.float32)
-        shape = (n, chunk, low.numel()) if chunk > 1 else (n, low.numel())
-        return low + (high - low) * torch.rand(shape)
+        return random_actions(self.spec, n, chunk)
 
     def record(self, policy, calls: int) -> list[TensorDict]:
         """``calls`` steps of all envs with the policy's actions, each as the learner sees it
@@ -400,3 +397,22 @@ def calibrate(cfg: TrainConfig, iterations: int, warm: int = 1) -> list[tuple]:
         return out
     finally:
         runner.close()
+
+
+def random_actions(spec, n: int, chunk: int = 1) -> torch.Tensor:
+    """Actions to profile a simulator with: uniform within the spec's bounds, standard normal
+    on a dimension without bounds (an mjlab task's actions are unbounded).
+
+    >>> from m2flow.envs import EnvSpec
+    >>> a = random_actions(EnvSpec({}, 2, (-1.0, -float("inf")), (1.0, float("inf")), 10), 500)
+    >>> bool(a.isfinite().all()), bool(a[:, 0].abs().max() <= 1), bool(a[:, 1].abs().max() > 1)
+    (True, True, True)
+    """
+    low = torch.as_tensor(spec.action_low, dtype=torch.float32)
+    high = torch.as_tensor(spec.action_high, dtype=torch.float32)
+    shape = (n, chunk, low.numel()) if chunk > 1 else (n, low.numel())
+    bounded = low.isfinite() & high.isfinite()
+    if bounded.all():
+        return low + (high - low) * torch.rand(shape)
+    uniform = torch.where(bounded, low, 0) + torch.where(bounded, high - low, 0) * torch.rand(shape)
+    return torch.where(bounded, uniform, torch.randn(shape))
