@@ -123,21 +123,26 @@ class LearnerWorker(Worker):
         return self.weights.broadcast(self.link(link))
 
     def state_dict(self) -> Optional[dict]:
-        """Weights and optimiser state in host memory (the driver that saves them may have no
-        GPU; ``load_state_dict`` moves them back, see :mod:`m2flow.runs.checkpoint`): rank
-        0's; None on the other ranks. Call it on every rank: sharded, it is a collective (the
+        """Weights, optimiser state and the algorithm's (``Algorithm.state_dict``: PPO's
+        adapted step size) in host memory (the driver that saves them may have no GPU;
+        ``load_state_dict`` moves them back, see :mod:`m2flow.runs.checkpoint`): rank 0's;
+        None on the other ranks. Call it on every rank: sharded, it is a collective (the
         optimiser state is gathered); the layout is the unsharded one either way."""
-        if self.trainer.sharded:
-            optimizer = self.trainer.optimizer_state_dict()  # (every rank takes part)
-            return None if self.rank else {"policy": self.get_weights(), "optimizer": optimizer}
+        if self.trainer.sharded or self.rank == 0:  # (sharded: every rank takes part)
+            optimizer = self.trainer.optimizer_state_dict()
         if self.rank != 0:
             return None
-        return {"policy": self.get_weights(), "optimizer": self.trainer.optimizer_state_dict()}
+        return {"policy": self.get_weights(), "optimizer": optimizer,
+                "algorithm": self.algorithm.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Loads a checkpoint's state (every rank the same; sharded, each keeps its shard)."""
+        """Loads a checkpoint's state (every rank the same; sharded, each keeps its shard).
+        A checkpoint from before algorithms had state has no ``algorithm``: the algorithm's
+        stays as built."""
         self.trainer.load_model_state_dict(state["policy"])
         self.trainer.load_optimizer_state_dict(state["optimizer"])
+        if "algorithm" in state:
+            self.algorithm.load_state_dict(state["algorithm"])
         if self.gathered is not None:
             self.gathered.gather()
         self.weights.reset()  # the rollout copies get all of the loaded weights
@@ -188,8 +193,9 @@ class LearnerWorker(Worker):
                 self.gathered.gather()
             if spread is not None:  # (behaviour cloning's demonstrations have no reward)
                 metrics["train/reward_spread"] = spread
-            return {**metrics, **mean_over_ranks(extra, dp), "loss/learning_rate": lr,
-                    "perf/staleness": float(staleness)}
+            # the step size at the end of the update (an adaptive one moved during it)
+            return {**metrics, **mean_over_ranks(extra, dp),
+                    "loss/learning_rate": self.trainer.lr, "perf/staleness": float(staleness)}
 
     def _epochs(self, batch: TensorDict, iteration: int) -> dict:
         """Epochs x minibatches x micro-batches of the algorithm's loss; ``loss/*`` metrics.
@@ -201,7 +207,7 @@ class LearnerWorker(Worker):
                 batch, lambda mb: a.loss(self.policy, mb), epochs=c.update_epochs,
                 num_minibatches=c.num_minibatches, micro_batch_size=c.micro_batch_size,
                 seed=self.seed, iteration=iteration, minibatch=a.minibatch,
-                stop_early=a.stop_early,
+                stop_early=a.stop_early, adapt_lr=a.adapt_learning_rate,
             )
         metrics = {f"loss/{k}": v for k, v in terms.items()}
         if a.critic_only(iteration):

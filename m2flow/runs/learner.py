@@ -20,7 +20,8 @@ permutation of the *global* rows, so each minibatch is the one a single rank wou
 rank computes its share of it (the rows it holds, possibly none), each micro-batch's loss
 weighted by its share of the *global* minibatch; the gradients are summed over the ranks
 (``DataParallel.sum_grads``: an all-reduce in flat buckets) before the clip and the step; the
-minibatch terms are summed likewise, so ``stop_early`` sees the global values on every rank.
+minibatch terms are summed likewise, so ``stop_early`` and ``adapt_lr`` see the global values
+on every rank (and every rank sets the same step size).
 Statistics over a whole minibatch (advantage normalisation) are the ``minibatch`` callback's,
 which must take them over the ranks too. The ranks start from rank 0's weights (broadcast when
 the Trainer is built) and, taking identical steps, stay identical. An explicit all-reduce rather
@@ -71,6 +72,8 @@ HALF_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 LossFn = Callable[[TensorDict], TensorDict]
 """A minibatch (or micro-batch) -> a TensorDict (batch_size []) of ``loss_*`` terms (summed
 to train; each a per-sample mean) and diagnostics (averaged into the metrics)."""
+AdaptLr = Callable[[dict], Optional[float]]
+"""A minibatch's terms -> the step size to take its step at (None: keep the current one)."""
 
 
 def resolve_precision(precision: str, model: nn.Module) -> str:
@@ -163,6 +166,8 @@ class Trainer:
                        param_dtype=torch.bfloat16 if self.precision == "bf16" else None)
         self.params = list(model.parameters())  # (the shards, when sharded)
         self.optimizer = make_optimizer(self.params)
+        self.lr: Optional[float] = None
+        """The step size ``set_lr`` last set (None: none yet; the optimiser's own)."""
 
     # -- the lower-level API: accumulate, then step ---------------------------------------
     def _device_type(self) -> str:
@@ -177,6 +182,7 @@ class Trainer:
     def set_lr(self, lr: float) -> None:
         """Sets every parameter group's step size to ``lr`` times its ``lr_scale`` (1 when
         the group has none: a critic with a step size of its own keeps its ratio)."""
+        self.lr = lr
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
 
@@ -218,10 +224,14 @@ class Trainer:
     def train_minibatch(self, mb: TensorDict, loss_fn: LossFn, *,
                         micro_batch_size: Optional[int] = None,
                         total: Optional[int] = None,
-                        filler: Optional[TensorDict] = None) -> dict[str, float]:
+                        filler: Optional[TensorDict] = None,
+                        adapt_lr: Optional[AdaptLr] = None) -> dict[str, float]:
         """One optimiser step on ``mb``: forward/backward micro-batch by micro-batch (None:
         the whole minibatch at once), each weighted by its share; then clip and step.
         Returns the minibatch's terms (micro-batches weighted alike) and ``grad_norm``.
+
+        ``adapt_lr``: called with the minibatch's terms right before the step; a float it
+        returns is ``set_lr`` for this step and the ones after (rsl-rl's adaptive schedule).
 
         ``total``: the rows of the global minibatch when ``mb`` is this rank's share of it
         (data parallel; default ``mb``'s own rows): shares are of ``total``, and gradients and
@@ -252,6 +262,10 @@ class Trainer:
             terms = sum_terms(self.dp.gather_objects(terms))
             if not self.sharded:  # (sharded: FSDP summed them in backward)
                 self.dp.sum_grads(self.params)
+        if adapt_lr is not None:
+            lr = adapt_lr(terms)
+            if lr is not None:
+                self.set_lr(lr)
         terms["grad_norm"] = self.step()
         return terms
 
@@ -260,6 +274,7 @@ class Trainer:
         seed: int, iteration: int, micro_batch_size: Optional[int] = None,
         minibatch: Optional[Callable[[TensorDict], TensorDict]] = None,
         stop_early: Optional[Callable[[dict], bool]] = None,
+        adapt_lr: Optional[AdaptLr] = None,
     ) -> dict[str, float]:
         """``epochs`` passes over ``batch`` (B,) in ``num_minibatches`` minibatches of a
         seeded permutation (seed ``seeding.derive(seed, LEARN, iteration, 0)``), one
@@ -271,6 +286,8 @@ class Trainer:
                 (e.g. advantage normalisation).
             stop_early: called with the last minibatch's terms after each epoch; True ends
                 the loop.
+            adapt_lr: called with each minibatch's terms before its step; a float it returns
+                becomes the step size (:meth:`train_minibatch`).
 
         Returns the terms averaged over the minibatches run, plus ``early_stop`` (0/1).
         """
@@ -292,7 +309,7 @@ class Trainer:
                 if minibatch is not None:
                     mb = minibatch(mb)
                 terms = self.train_minibatch(mb, loss_fn, micro_batch_size=micro_batch_size,
-                                             total=total, filler=filler)
+                                             total=total, filler=filler, adapt_lr=adapt_lr)
                 for key, v in terms.items():
                     sums[key] = sums.get(key, 0.0) + v
                 count += 1

@@ -64,6 +64,25 @@ def test_without_annealing_the_step_size_is_constant_and_grpo_inherits_the_sched
     assert grpo.learning_rate(3, num_iterations=4) == pytest.approx(5e-6, rel=1e-12)
 
 
+def test_ppos_adaptive_step_size_starts_at_learning_rate_and_is_its_state():
+    ppo = PPO(PPOConfig(learning_rate=1e-3, lr_schedule="adaptive"), action_dim=2, seed=0)
+    assert ppo.learning_rate(0, num_iterations=4) == 1e-3
+    assert ppo.adapt_learning_rate({"approx_kl": 0.05}) == pytest.approx(1e-3 / 1.5, rel=1e-12)
+    assert ppo.learning_rate(3, num_iterations=4) == pytest.approx(1e-3 / 1.5, rel=1e-12)
+    other = PPO(PPOConfig(learning_rate=1e-3, lr_schedule="adaptive"), action_dim=2, seed=0)
+    other.load_state_dict(ppo.state_dict())
+    assert other.learning_rate(0, num_iterations=4) == ppo.learning_rate(0, num_iterations=4)
+
+
+def test_a_fixed_schedule_never_adapts_and_carries_no_state():
+    for algo in (PPO(PPOConfig(learning_rate=1e-3), action_dim=2, seed=0),
+                 GRPO(GRPOConfig(), action_dim=2, seed=0)):  # (the base's defaults)
+        assert algo.adapt_learning_rate({"approx_kl": 9.0}) is None
+        assert algo.state_dict() == {}
+        algo.load_state_dict({"learning_rate": 5.0})  # (ignored)
+        assert algo.learning_rate(0, num_iterations=4) == algo.cfg.learning_rate
+
+
 # -- PPO's parameter groups and critic warm-up ----------------------------------------------
 def test_ppo_puts_the_critic_in_a_group_of_its_own_at_its_step_size():
     policy = _policy()

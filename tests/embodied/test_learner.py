@@ -264,3 +264,64 @@ def test_the_profiler_times_every_epoch_of_an_update_target_kl_would_stop():
     actor = full.policy.actor_mean[0].weight.detach().clone()
     assert losses(full, [0]) == 4 * 4  # every epoch, at the warm-up's iteration
     assert not torch.equal(full.policy.actor_mean[0].weight, actor)  # and the whole policy
+
+
+# -- rsl-rl's adaptive step size (lr_schedule=adaptive) -------------------------------------
+ADAPTIVE = dict(lr_schedule="adaptive", learning_rate=1e-3, desired_kl=0.002)
+
+
+def _on_policy(worker, traj):
+    """``traj`` with the log-probs of the learner's policy now: a fresh rollout's, so each
+    update's KL starts at 0 and grows as the policy moves."""
+    with torch.no_grad():
+        traj["log_prob"] = worker.policy.evaluate_actions(traj.reshape(-1))["log_prob"].reshape(
+            traj.shape)
+    return traj
+
+
+def test_the_adaptive_step_size_follows_rsl_rls_rule_minibatch_by_minibatch():
+    worker = _learner(critic_learning_rate=1e-2, **ADAPTIVE)
+    kls, stepped = [], []  # each minibatch's KL as the hook saw it; each step's group lrs
+    hook, step = worker.algorithm.adapt_learning_rate, worker.optimizer.step
+    worker.algorithm.adapt_learning_rate = lambda t: kls.append(t["approx_kl"]) or hook(t)
+    worker.optimizer.step = lambda *a, **k: stepped.append(
+        [g["lr"] for g in worker.optimizer.param_groups]) or step(*a, **k)
+    reported = [worker.update(_OneItem(_on_policy(worker, trajectory(seed=it))), env_ranks=[0],
+                              iteration=it)["loss/learning_rate"] for it in (0, 1)]
+    want, lr = [], 1e-3  # rsl-rl's PPO.update, written out: before each minibatch's step
+    for kl in kls:
+        if kl > 2 * 0.002:
+            lr = max(1e-5, lr / 1.5)
+        elif 0 < kl < 0.002 / 2:
+            lr = min(1e-2, lr * 1.5)
+        want.append(lr)
+    assert len(stepped) == 2 * 4 * 4  # 2 updates x 4 epochs x 4 minibatches
+    assert [s[0] for s in stepped] == pytest.approx(want, rel=1e-12, abs=0)
+    assert [s[1] for s in stepped] == pytest.approx([10 * x for x in want], rel=1e-12, abs=0)
+    assert reported == pytest.approx([want[15], want[31]], rel=1e-12, abs=0)  # at the end
+    moves = {(b > a) - (b < a) for a, b in zip([1e-3] + want, want)}
+    assert moves == {-1, 0, 1}  # down, kept and up all happened
+
+
+def test_the_adapted_step_size_survives_a_checkpoint_and_an_old_one_loads(tmp_path):
+    from m2flow.runs import checkpoint
+
+    first = _learner(**ADAPTIVE)
+    first.update(_OneItem(_on_policy(first, trajectory())), env_ranks=[0], iteration=0)
+    lr = first.algorithm.learning_rate(1, num_iterations=10)
+    assert lr != 1e-3  # it moved
+    path = checkpoint.save(tmp_path / "c.pt", {"config": "", "learner": first.state_dict()})
+    state = checkpoint.load(path)["learner"]
+    resumed = _learner(**ADAPTIVE)
+    resumed.load_state_dict(state)
+    assert resumed.algorithm.learning_rate(1, num_iterations=10) == lr
+    traj = trajectory(seed=1)
+    m_first = first.update(_OneItem(traj), env_ranks=[0], iteration=1)
+    m_resumed = resumed.update(_OneItem(traj), env_ranks=[0], iteration=1)
+    assert m_resumed["loss/learning_rate"] == m_first["loss/learning_rate"]
+    for k, v in first.get_weights().items():
+        assert torch.equal(resumed.get_weights()[k], v), k
+    del state["algorithm"]  # a checkpoint from before algorithms had state
+    old = _learner(**ADAPTIVE)
+    old.load_state_dict(state)
+    assert old.algorithm.learning_rate(1, num_iterations=10) == 1e-3

@@ -128,6 +128,7 @@ def test_stop_early_at_target_kl():
     ("micro_batch_size", 0), ("max_grad_norm", 0.0), ("precision", "fp8"), ("gamma", 0.0),
     ("gamma", 1.5), ("gae_lambda", -0.1), ("clip_coef", 0.0), ("vf_coef", -1.0),
     ("ent_coef", -0.1), ("target_kl", 0.0), ("logprob_level", "tokens"),
+    ("lr_schedule", "cosine"), ("desired_kl", 0.0),
 ])
 def test_validate_names_the_field_the_value_and_the_fix(field, value):
     cfg = PPOConfig(**{field: value})
@@ -138,7 +139,21 @@ def test_validate_names_the_field_the_value_and_the_fix(field, value):
     assert isinstance(e.value, ValueError)
 
 
+@pytest.mark.parametrize("other, fix", [
+    ({"anneal_lr": True}, "set algorithm.anneal_lr=false, or lr_schedule=fixed to anneal."),
+    ({"critic_warmup": 3}, "set algorithm.critic_warmup=0."),
+])
+def test_the_adaptive_step_size_with_a_schedule_it_excludes_is_one_error_naming_the_fix(other, fix):
+    cfg = PPOConfig(lr_schedule="adaptive", **other)
+    with pytest.raises(AlgorithmError) as e:
+        cfg.validate()
+    text = str(e.value)
+    assert text.startswith("algorithm.lr_schedule='adaptive': ") and text.endswith(fix)
+    assert "\n" not in text
+
+
 def test_the_default_config_is_valid():
     PPOConfig().validate()
     PPOConfig(micro_batch_size=4, precision="bf16", target_kl=None).validate()
     PPOConfig(logprob_level="token").validate()
+    PPOConfig(lr_schedule="adaptive", desired_kl=0.02).validate()

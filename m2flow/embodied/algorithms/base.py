@@ -11,14 +11,17 @@ The generic loop (``m2flow.embodied.learner_worker``): once, Adam on
         mb = algorithm.minibatch(mb)                 # whole-minibatch statistics
         for each micro-batch of mb:                  # weighted by its share of mb
             terms = algorithm.loss(policy, micro)    # loss_* terms (summed) + diagnostics
+        lr = algorithm.adapt_learning_rate(terms of mb)  # None: the step size stays
         clip, optimiser step
     after each epoch: algorithm.stop_early(last terms) ends the loop
     metrics |= algorithm.batch_metrics(batch)
 
 The loop's own sizes (step size, epochs, minibatches, micro-batches, clip, precision) are
 the fields of :class:`AlgorithmConfig`, which every algorithm's config has; whatever one
-algorithm adds (PPO's critic step size and warm-up) reaches the loop only through these hooks,
-so the learner reads no field of any one algorithm.
+algorithm adds (PPO's critic step size, warm-up and adaptive step size) reaches the loop only
+through these hooks, so the learner reads no field of any one algorithm. What an algorithm
+learns during a run besides the weights (PPO's adapted step size) is its ``state_dict``, which
+the learner's checkpoints carry.
 """
 
 from __future__ import annotations
@@ -138,6 +141,23 @@ class Algorithm(ABC):
         """After an epoch, on its last minibatch's terms: True ends the update."""
         return False
 
+    def adapt_learning_rate(self, terms: dict) -> Optional[float]:
+        """Before each minibatch's optimiser step, on its terms (micro-batches summed; with
+        several ranks, the global minibatch's, the same on every rank): a new step size
+        (groups with an ``lr_scale`` get that multiple of it; it holds until the next one or
+        the next update's :meth:`learning_rate`), or None to keep the current one. Default:
+        None. PPO's ``lr_schedule=adaptive`` returns rsl-rl's KL-adapted step size."""
+        return None
+
+    def state_dict(self) -> dict:
+        """What the algorithm has learned during the run besides the weights (PPO's adapted
+        step size), for checkpoints: plain Python values. Default: ``{}``."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restores :meth:`state_dict` (``{}``: a checkpoint without it; nothing changes).
+        Default: nothing to restore."""
+
     def param_groups(self, policy, params: list) -> list[dict]:
         """The optimiser's parameter groups over ``params`` (every parameter of ``policy``,
         frozen ones too; sharded, the shards), built once with the learner's optimiser. A
@@ -150,10 +170,12 @@ class Algorithm(ABC):
 
     def learning_rate(self, iteration: int, *, num_iterations: int) -> float:
         """The step size of the update of ``iteration`` in a run of ``num_iterations``
-        (groups with an ``lr_scale`` get that multiple of it). A function of these two alone,
-        so a resumed run takes the steps the uninterrupted one would have. Default:
-        ``learning_rate``, or with ``anneal_lr`` decayed linearly from it towards 0 at
-        ``num_iterations`` (cleanRL's anneal_lr)."""
+        (groups with an ``lr_scale`` get that multiple of it), set at the start of the
+        update. A fixed or annealed schedule is a function of these two alone; an adaptive
+        one's (:meth:`adapt_learning_rate`) depends on the algorithm's state too, which
+        checkpoints carry (:meth:`state_dict`): either way a resumed run takes the steps the
+        uninterrupted one would have. Default: ``learning_rate``, or with ``anneal_lr``
+        decayed linearly from it towards 0 at ``num_iterations`` (cleanRL's anneal_lr)."""
         if not self.cfg.anneal_lr:
             return self.cfg.learning_rate
         return self.cfg.learning_rate * (1.0 - iteration / max(1, num_iterations))

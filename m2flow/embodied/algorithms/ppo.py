@@ -21,6 +21,13 @@ from m2flow.embodied.algorithms.losses import LOGPROB_LEVELS, level_log_probs, p
 from m2flow.pipelines.distributed import DataParallel
 from m2flow.runs.rl import clipped_surrogate, ratio_stats
 
+LR_SCHEDULES = ("fixed", "adaptive")
+# rsl-rl's adaptive schedule (rsl_rl.algorithms.PPO.update): the factor a minibatch's KL
+# scales the step size by, and the range it stays in
+ADAPTIVE_LR_FACTOR = 1.5
+ADAPTIVE_LR_MIN = 1e-5
+ADAPTIVE_LR_MAX = 1e-2
+
 
 @dataclass
 class PPOConfig(AlgorithmConfig):
@@ -44,6 +51,14 @@ class PPOConfig(AlgorithmConfig):
     """Normalise advantages per minibatch."""
     target_kl: Optional[float] = 0.1
     """Stop the epoch loop early once approx KL exceeds this (None: never)."""
+    lr_schedule: str = "fixed"
+    """fixed | adaptive: the step size as ``learning_rate``/``anneal_lr`` set it, or rsl-rl's
+    schedule: before each minibatch's step, divided by 1.5 when its KL is above 2 x
+    ``desired_kl``, multiplied by 1.5 when it is in (0, ``desired_kl`` / 2), kept in [1e-5,
+    1e-2], and carried over between updates (and checkpoints); starts at ``learning_rate``."""
+    desired_kl: float = 0.01
+    """The KL between behaviour and current policy that ``lr_schedule=adaptive`` steers each
+    minibatch towards (rsl-rl's desired_kl)."""
     critic_learning_rate: Optional[float] = None
     """Adam step size of the critic's parameters (``Policy.critic_parameter_names``; None:
     ``learning_rate``). A value head new to a warm-started VLA must fit returns of tens from
@@ -72,6 +87,16 @@ class PPOConfig(AlgorithmConfig):
         check_field(self, "ent_coef", self.ent_coef >= 0, "must be >= 0.")
         check_field(self, "target_kl", self.target_kl is None or self.target_kl > 0,
                     "must be > 0, or null to never stop early.")
+        check_field(self, "lr_schedule", self.lr_schedule in LR_SCHEDULES,
+                    f"use one of {', '.join(LR_SCHEDULES)}.")
+        check_field(self, "lr_schedule", not (self.lr_schedule == "adaptive" and self.anneal_lr),
+                    "adaptive sets the step size itself; set algorithm.anneal_lr=false, or "
+                    "lr_schedule=fixed to anneal.")
+        check_field(self, "lr_schedule",
+                    not (self.lr_schedule == "adaptive" and self.critic_warmup > 0),
+                    "adaptive reads the actor's KL, which a critic warm-up freezes (it would "
+                    "raise the step size to its ceiling); set algorithm.critic_warmup=0.")
+        check_field(self, "desired_kl", self.desired_kl > 0, "must be > 0.")
         check_field(self, "critic_learning_rate",
                     self.critic_learning_rate is None or self.critic_learning_rate > 0,
                     "must be > 0, or null for learning_rate.")
@@ -81,10 +106,16 @@ class PPOConfig(AlgorithmConfig):
 
 class PPO(Algorithm):
     """``algorithm=ppo``: GAE advantages with the policy's critic, the clipped surrogate, a
-    value loss and an entropy bonus; stops an update early past ``target_kl``."""
+    value loss and an entropy bonus; stops an update early past ``target_kl``; with
+    ``lr_schedule=adaptive``, adapts the step size to each minibatch's KL."""
 
     config_class = PPOConfig
     needs_critic = True
+
+    def __init__(self, cfg, *, action_dim: int, seed: int):
+        super().__init__(cfg, action_dim=action_dim, seed=seed)
+        self.lr = cfg.learning_rate
+        """The adapted step size (``lr_schedule=adaptive``): the last minibatch's."""
 
     @torch.no_grad()
     def prepare(self, policy, traj: TensorDict, *, iteration: int,
@@ -133,6 +164,46 @@ class PPO(Algorithm):
 
     def stop_early(self, terms: dict) -> bool:
         return self.cfg.target_kl is not None and terms["approx_kl"] > self.cfg.target_kl
+
+    def learning_rate(self, iteration: int, *, num_iterations: int) -> float:
+        """The base's schedule, or with ``lr_schedule=adaptive`` the step size as the last
+        minibatch left it (``learning_rate`` before the first)."""
+        if self.cfg.lr_schedule != "adaptive":
+            return super().learning_rate(iteration, num_iterations=num_iterations)
+        return self.lr
+
+    def adapt_learning_rate(self, terms: dict) -> Optional[float]:
+        """rsl-rl's adaptive rule on the minibatch's ``approx_kl`` (None with
+        ``lr_schedule=fixed``). rsl-rl takes the analytic KL between the behaviour and the
+        current Gaussians, averaged over the minibatch; ``approx_kl`` estimates the same
+        KL(old || new) from the log-prob ratios of the actions taken (the k3 estimator,
+        :func:`~m2flow.runs.rl.ratio_stats`), so it also works for policies whose
+        distribution has no closed-form KL.
+
+        >>> cfg = PPOConfig(lr_schedule="adaptive", learning_rate=1e-3)
+        >>> ppo = PPO(cfg, action_dim=1, seed=0)
+        >>> [round(ppo.adapt_learning_rate({"approx_kl": kl}), 6) for kl in (0.03, 0.01, 0.001)]
+        [0.000667, 0.000667, 0.001]
+        """
+        c = self.cfg
+        if c.lr_schedule != "adaptive":
+            return None
+        kl = float(terms["approx_kl"])
+        if kl > 2.0 * c.desired_kl:
+            self.lr = max(ADAPTIVE_LR_MIN, self.lr / ADAPTIVE_LR_FACTOR)
+        elif 0.0 < kl < c.desired_kl / 2.0:
+            self.lr = min(ADAPTIVE_LR_MAX, self.lr * ADAPTIVE_LR_FACTOR)
+        return self.lr
+
+    def state_dict(self) -> dict:
+        """The adapted step size (``lr_schedule=adaptive``; else nothing)."""
+        return {"learning_rate": self.lr} if self.cfg.lr_schedule == "adaptive" else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resumes the adapted step size (a checkpoint of a fixed schedule has none: it
+        starts again at ``learning_rate``)."""
+        if self.cfg.lr_schedule == "adaptive" and "learning_rate" in state:
+            self.lr = float(state["learning_rate"])
 
     def param_groups(self, policy, params: list) -> list[dict]:
         """One group, or with ``critic_learning_rate`` the critic's parameters
