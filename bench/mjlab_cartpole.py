@@ -55,13 +55,14 @@ ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "RAY_USAGE_STATS_ENABLED": "0",
        "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
 
 
-def run(name: str, cmd: list[str], out: Path) -> float:
-    """Runs ``cmd`` (its output to ``<out>/<name>.log``); its wall seconds. Exits on failure."""
+def run(name: str, cmd: list[str], out: Path, env: dict | None = None) -> float:
+    """Runs ``cmd`` (its output to ``<out>/<name>.log``, with ``env``, default: on the CPU); its
+    wall seconds. Exits on failure."""
     print(f"{name}: {shlex.join(cmd)}", flush=True)
     log = out / f"{name}.log"
     t0 = time.perf_counter()
     with log.open("w") as f:
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=ENV).returncode
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env or ENV).returncode
     wall = time.perf_counter() - t0
     if rc != 0:
         sys.exit(f"{name} failed (exit {rc}); the end of {log}:\n"

@@ -23,6 +23,7 @@ core 1, so simulation and inference have resources of their own to overlap on. O
     python bench/pipeline.py --case state     # state obs, MLP: inference is tiny
     python bench/pipeline.py --case vla       # tiny VLA on PickCube rgb 64 px
     python bench/pipeline.py --case all
+    python bench/pipeline.py --case mjlab_vla --cluster mjlab_gpu_inprocess --num-envs 256  # GPU
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ from m2flow.pipelines import Channel, Placement, WorkerGroup
 from m2flow.pipelines.worker import Worker, pin_process
 from m2flow.policies import make_policy
 
+MJLAB_VLA = ["policy=openvla_oft_tiny", "policy.kwargs.image_keys=[rgb]", "policy.kwargs.chunk=1",
+             "policy.kwargs.value_head=true", "policy.kwargs.critic=head", "env.sim_backend=gpu"]
 CASES = {
     "rgb": ("maniskill_pushcube_ppo_cnn",
             ["env.image_size=128", "policy=cnn_resnet18", "policy.kwargs.encoder=timm/resnet50",
@@ -57,8 +60,17 @@ CASES = {
     "vla128": ("maniskill_pickcube_ppo_openvla_tiny",
                ["policy.kwargs.image_size=128", "policy.kwargs.hidden_size=256",
                 "policy.kwargs.num_layers=4", "policy.kwargs.intermediate_size=512"]),
+    # GPU simulation: mjlab's Lift-Cube-Yam-Rgb (MuJoCo Warp, its batch renderer) with the tiny
+    # VLA on its one camera at 64 px, then an OpenVLA-OFT-shaped ~1B (a Llama of Llama-3.2-1B's
+    # shape, ViT-B/16 at 224 px; bf16 on CUDA). Each stage's envs are an mjlab env of their own.
+    "mjlab_vla": ("mjlab_liftcube_ppo_cnn", [*MJLAB_VLA, "env.image_size=64"]),
+    "mjlab_vla1b": ("mjlab_liftcube_ppo_cnn",
+                    [*MJLAB_VLA, "env.image_size=224", "policy.kwargs.image_size=224",
+                     "policy.kwargs.vision=[timm/vit_base_patch16_224]",
+                     "policy.kwargs.hidden_size=2048", "policy.kwargs.num_layers=16",
+                     "policy.kwargs.num_heads=32", "policy.kwargs.intermediate_size=8192"]),
 }
-FEW_STEPS = ("rgb", "vla", "vla128")  # slow cases: fewer steps per round
+FEW_STEPS = ("rgb", "vla", "vla128", "mjlab_vla", "mjlab_vla1b")  # slow cases: fewer steps per round
 DEFAULT_CASE = "rgb"
 STAGES = (1, 2, 4)
 
@@ -114,7 +126,7 @@ class Local:
             with torch.no_grad():
                 act = self.policy.act(TensorDict({"obs": self.obs.to(self.device)},
                                                  batch_size=[self.n])).cpu()
-            out = self.env.step(act["action"])
+            out = self.env.step(act["action"].reshape(self.n, chunk, -1)[:, 0])  # (chunk 1)
             buf["obs"][t] = self.obs
             buf["action"][t], buf["log_prob"][t], buf["value"][t] = (
                 act["action"].reshape(self.n, -1), act["log_prob"], act["value"])

@@ -7,8 +7,10 @@
 # time limit (a failing step does not stop the others): pytest -m gpu, the full-size VLAs in
 # bf16, the context switch, GPU rendering, GPU PhysX, pipelined collection on the GPU, and GRPO
 # with a Qwen2.5-0.5B-shaped model. Writes OUT_DIR/<step>.log, OUT_DIR/results.jsonl and
-# OUT_DIR/summary.txt (one line per step: status, seconds). Whole run: ~5 minutes on an H100
-# (at most 10).
+# OUT_DIR/summary.txt (one line per step: status, seconds), the step logs packed into
+# OUT_DIR/logs.tgz. Whole run: ~5 minutes on an H100 (at most 10). The mjlab steps (mjlab_env,
+# mjlab_lift, mjlab_pipeline) run only when named, after the mjlab part is unpacked (see
+# scripts/device_kit.sh and bench/README.md#the-gpu-check).
 # With Ray: the site kit and .kit/ray.tar.xz do not fit in one device call (64 MiB), so a
 # first call carries only .kit/ray.tar.xz and unpacks it (STEP `unpack` runs nothing else),
 # and the next call, within the ~30 s the machine stays warm, carries .kit/site.tar.xz and .gl
@@ -48,6 +50,21 @@ for d in sorted(deps.iterdir()):
         print(f"ray dependency {name}: {m.Distribution.at(info).version} from the kit")
 PY
   rm -rf /tmp/ray_kit
+fi
+# mjlab and MuJoCo Warp: pieces carried over several calls (.kit/calls.txt), kept under
+# /tmp/kit_pieces, unpacked once their checksum matches .kit/mjlab.sha256
+if [ ! -d /tmp/site/mjlab ] && [ -f .kit/mjlab.sha256 ]; then
+  mkdir -p /tmp/kit_pieces /tmp/site
+  cp .kit/mjlab.sha256 /tmp/kit_pieces/
+  for f in .kit/mjlab.tar.xz.[0-9]; do [ -f "$f" ] && cp "$f" /tmp/kit_pieces/; done
+  if (cd /tmp/kit_pieces && cat mjlab.tar.xz.[0-9] 2>/dev/null | sha256sum | cut -d' ' -f1 \
+      | grep -qx "$(cut -d' ' -f1 mjlab.sha256)"); then
+    cat /tmp/kit_pieces/mjlab.tar.xz.[0-9] | tar -C /tmp -xJf - && rm -rf /tmp/kit_pieces
+    echo "mjlab part: unpacked into /tmp/site" | tee -a "$OUT/mjlab_install.log"
+  else
+    echo "mjlab part: pieces here: $(cd /tmp/kit_pieces && ls mjlab.tar.xz.[0-9] 2>/dev/null | tr '\n' ' ')(waiting for the rest)" \
+      | tee -a "$OUT/mjlab_install.log"
+  fi
 fi
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 # the NVIDIA driver's Vulkan/EGL manifests, where the machine keeps them
@@ -115,4 +132,22 @@ ray_step ray_reasoning 150 bash -c "[ -d /tmp/qwen05 ] || $PY bench/gpu.py --res
   runner.max_minutes=null runner.eval_interval=3 runner.checkpoint_interval=0 \
   runner.progress_bar=false runner.log_dir=/tmp/runs data.test_size=64"
 step vla_openvla 60 $PY bench/gpu.py --results "$R" vla --kind openvla --batches 8 32 64 --train-batches 8
+mjlab_step() {  # a step that needs the mjlab part: skipped, saying so, where it is not unpacked
+  if [ -d /tmp/site/mjlab ]; then step "$@"; else
+    case " $STEPS " in *" $1 "*) printf '%-16s %-16s %4ss\n' "$1" "skipped (no mjlab)" 0 \
+      | tee -a "$OUT/summary.txt" ;; esac
+  fi
+}
+# MuJoCo Warp on the GPU: the adapter against mjlab's own env on CUDA (the first build compiles
+# Warp's kernels for the GPU, cached for the steps after it), then Lift-Cube-Yam state PPO with
+# 4096 envs, m2flow against mjlab's train.py, then pipelining with GPU simulation and a GPU VLA
+mjlab_step mjlab_env 240 $PY -m pytest -m gpu -p no:cacheprovider -q -o addopts="" \
+  tests/envs/test_mjlab.py
+mjlab_step mjlab_lift 420 $PY bench/mjlab_liftcube.py --results "$R" --out /tmp/mjlab_lift \
+  --num-envs 4096 --iterations 100
+mjlab_step mjlab_pipeline 300 bash -c "$PY bench/pipeline.py --case mjlab_vla \
+  --cluster mjlab_gpu_inprocess --num-envs 256 --rounds 1 --steps 20 && \
+  $PY bench/pipeline.py --case mjlab_vla1b --cluster mjlab_gpu_inprocess --num-envs 64 --rounds 1 --steps 12"
 cat "$OUT/summary.txt" 2>/dev/null || echo "gpu_check: no step ran (STEPS: $STEPS)"
+# a device call brings back at most 8 files: the step logs travel as one archive
+(cd "$OUT" && ls ./*.log >/dev/null 2>&1 && tar -czf logs.tgz ./*.log && rm -f ./*.log)

@@ -54,15 +54,15 @@ def actions() -> torch.Tensor:
             - 1) * 3.0
 
 
-def run_adapter() -> dict:
+def run_adapter(device: str = "cpu") -> dict:
     env = make_env(EnvConfig(name=f"mjlab/{TASK}", num_envs=len(SEEDS), max_episode_steps=LIMIT,
-                             privileged_state=True))
+                             privileged_state=True), device=device)
     try:
         assert env.spec.max_episode_steps == LIMIT
         first = env.reset(seed=SEEDS)[keys.OBS]
         rec = {k: [] for k in ("obs", "next_obs", "privileged", "reward", "terminated",
                                "truncated", "done")}
-        for a in actions():
+        for a in actions().to(device):
             out = env.step(a)
             rec["obs"].append(out[keys.STATE])
             rec["next_obs"].append(out[keys.NEXT_OBS][keys.leaf(keys.STATE)])
@@ -76,7 +76,7 @@ def run_adapter() -> dict:
         env.close()
 
 
-def run_mjlab() -> dict:
+def run_mjlab(device: str = "cpu") -> dict:
     """mjlab's own env and its manual-reset loop, written out: seed, build, reset each env
     after seeding with its seed, then step; an env that ended is reset by ``env_ids``."""
     from mjlab.envs import ManagerBasedRlEnv
@@ -88,17 +88,17 @@ def run_mjlab() -> dict:
     cfg.auto_reset = False
     cfg.episode_length_s = LIMIT * cfg.sim.mujoco.timestep * cfg.decimation
     seed_rng(0)  # the adapter's env.kwargs.build_seed
-    env = ManagerBasedRlEnv(cfg, device="cpu")
+    env = ManagerBasedRlEnv(cfg, device=device)
     try:
         assert env.max_episode_length == LIMIT
         env.reset()
         for i, s in enumerate(SEEDS):
             seed_rng(s)
-            obs, _ = env.reset(env_ids=torch.tensor([i]))
+            obs, _ = env.reset(env_ids=torch.tensor([i], device=device))
         first = obs["actor"].clone()
         rec = {k: [] for k in ("obs", "next_obs", "privileged", "reward", "terminated",
                                "truncated", "done")}
-        for a in actions():
+        for a in actions().to(device):
             obs, reward, terminated, time_out, _ = env.step(a)
             rec["next_obs"].append(obs["actor"].clone())
             rec["privileged"].append(obs["critic"].clone())
@@ -118,9 +118,12 @@ def run_mjlab() -> dict:
         env.close()
 
 
-def test_adapter_steps_exactly_like_mjlabs_own_env():
-    ours = run_adapter()
-    ref = run_mjlab()  # after ours: mjlab's RNGs are the process's, so never interleave them
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda:0", marks=pytest.mark.gpu)])
+def test_adapter_steps_exactly_like_mjlabs_own_env(device):
+    """On Warp's CPU device in CI; on CUDA (``pytest -m gpu``) the tensors also stay there."""
+    ours = run_adapter(device)
+    ref = run_mjlab(device)  # after ours: mjlab's RNGs are the process's, never interleave them
+    assert all(v.device == torch.device(device) for v in ours.values())
     # the inputs exercise what is compared: both kinds of episode end, several times
     assert ref["terminated"].sum() >= 2 and ref["truncated"].sum() >= 2, ref["done"].sum(0)
     assert not (ref["terminated"] & ref["truncated"]).all()
