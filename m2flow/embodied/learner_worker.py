@@ -22,7 +22,6 @@ likewise, so the runner asks every rank for it. Checkpoints are the unsharded on
 
 from __future__ import annotations
 
-import contextlib
 from typing import Optional
 
 import torch
@@ -186,7 +185,9 @@ class LearnerWorker(Worker):
                 batch, extra = self.algorithm.prepare(self.policy, traj, iteration=iteration,
                                                       staleness=staleness)  # (B,)
             rows = sum(dp.sizes(batch.shape[0]))  # of the global batch
-            metrics = self._epochs(batch, iteration) if rows else {}
+            metrics = (self.algorithm.train(self.policy, batch, self.trainer,
+                                            iteration=iteration, seed=self.seed)
+                       if rows else {})
             # statistics change between updates, never within one; they see the global batch
             self.policy.observe(observed_rows(batch, dp))
             if self.gathered is not None:  # the whole weights, for the sync that follows
@@ -197,50 +198,6 @@ class LearnerWorker(Worker):
             return {**metrics, **mean_over_ranks(extra, dp),
                     "loss/learning_rate": self.trainer.lr, "perf/staleness": float(staleness)}
 
-    def _epochs(self, batch: TensorDict, iteration: int) -> dict:
-        """Epochs x minibatches x micro-batches of the algorithm's loss; ``loss/*`` metrics.
-        Only the parameters ``Algorithm.trained_parameters`` names train (None: all); every
-        other one is frozen for the update's length (the critic warm-up of PPO)."""
-        a, c = self.algorithm, self.cfg
-        with frozen_but(self.policy, a.trained_parameters(self.policy, iteration)):
-            terms = self.trainer.run_epochs(
-                batch, lambda mb: a.loss(self.policy, mb), epochs=c.update_epochs,
-                num_minibatches=c.num_minibatches, micro_batch_size=c.micro_batch_size,
-                seed=self.seed, iteration=iteration, minibatch=a.minibatch,
-                stop_early=a.stop_early, adapt_lr=a.adapt_learning_rate,
-            )
-        metrics = {f"loss/{k}": v for k, v in terms.items()}
-        if a.critic_only(iteration):
-            metrics["loss/critic_only"] = 1.0
-        metrics["loss/total"] = sum(v for k, v in metrics.items() if k.startswith("loss/loss_"))
-        metrics.update(a.batch_metrics(batch))
-        return metrics
-
-
-@contextlib.contextmanager
-def frozen_but(model: torch.nn.Module, names: Optional[list[str]]):
-    """Within the block, only the parameters ``names`` of ``model`` require gradients (None:
-    nothing changes); each parameter's own ``requires_grad`` is put back after it.
-
-    >>> m = torch.nn.Sequential(torch.nn.Linear(1, 1), torch.nn.Linear(1, 1))
-    >>> with frozen_but(m, ["1.bias"]):
-    ...     [n for n, p in m.named_parameters() if p.requires_grad]
-    ['1.bias']
-    >>> all(p.requires_grad for p in m.parameters())
-    True
-    """
-    if names is None:
-        yield
-        return
-    keep = set(names)
-    saved = {n: p.requires_grad for n, p in model.named_parameters()}
-    try:
-        for n, p in model.named_parameters():
-            p.requires_grad_(saved[n] and n in keep)
-        yield
-    finally:
-        for n, p in model.named_parameters():
-            p.requires_grad_(saved[n])
 
 
 def learner_rank(env_rank: int, env_workers: int, learners: int) -> int:

@@ -26,6 +26,7 @@ POLICIES = Registry(
         "cnn": "m2flow.policies.cnn:GaussianCNNPolicy",
         "openvla": "m2flow.policies.vla.openvla:OpenVLAPolicy",
         "openvla_oft": "m2flow.policies.vla.oft:OpenVLAOFTPolicy",
+        "sac_mlp": "m2flow.policies.sac:SACPolicy",
     },
 )
 

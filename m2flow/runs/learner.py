@@ -374,3 +374,29 @@ def sum_terms(per_rank: list[dict[str, float]]) -> dict[str, float]:
         for key, v in terms.items():
             out[key] = out.get(key, 0.0) + v
     return out
+
+
+@contextlib.contextmanager
+def frozen_but(model: torch.nn.Module, names: Optional[list[str]]):
+    """Within the block, only the parameters ``names`` of ``model`` require gradients (None:
+    nothing changes); each parameter's own ``requires_grad`` is put back after it.
+
+    >>> m = torch.nn.Sequential(torch.nn.Linear(1, 1), torch.nn.Linear(1, 1))
+    >>> with frozen_but(m, ["1.bias"]):
+    ...     [n for n, p in m.named_parameters() if p.requires_grad]
+    ['1.bias']
+    >>> all(p.requires_grad for p in m.parameters())
+    True
+    """
+    if names is None:
+        yield
+        return
+    keep = set(names)
+    saved = {n: p.requires_grad for n, p in model.named_parameters()}
+    try:
+        for n, p in model.named_parameters():
+            p.requires_grad_(saved[n] and n in keep)
+        yield
+    finally:
+        for n, p in model.named_parameters():
+            p.requires_grad_(saved[n])

@@ -250,7 +250,7 @@ def test_the_learner_reads_only_the_fields_every_algorithm_config_has():
 
     read = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and is_cfg(n.value)}
     assert read and read <= fields, read - fields
-    assert {"learning_rate", "update_epochs", "num_minibatches"} <= read  # (the walk works)
+    assert {"learning_rate", "precision", "max_grad_norm"} <= read  # (the walk works)
     getattrs = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
                 and isinstance(n.func, ast.Name) and n.func.id == "getattr"]
     assert not [ast.unparse(n) for n in getattrs if is_cfg(n.args[0])]

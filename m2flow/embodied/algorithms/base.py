@@ -36,6 +36,7 @@ from tensordict import TensorDict
 
 from m2flow import keys
 from m2flow.pipelines.distributed import SINGLE, DataParallel
+from m2flow.runs.learner import frozen_but
 
 PRECISIONS = ("auto", "fp32", "bf16")
 
@@ -62,8 +63,8 @@ class AlgorithmConfig:
     """Samples per forward/backward (gradients accumulate over a minibatch), and per forward
     of ``prepare`` (critic values of the whole batch); None: the whole minibatch (batch) at
     once. Changes memory, not the update."""
-    max_grad_norm: float = 0.5
-    """Global gradient-norm clip."""
+    max_grad_norm: Optional[float] = 0.5
+    """Global gradient-norm clip (None: none)."""
     precision: str = "auto"
     """auto | fp32 | bf16: the autocast dtype of the learner's forward/backward; parameters
     and optimiser state are fp32 either way. auto: bf16 when the policy's own parameters are
@@ -77,7 +78,8 @@ class AlgorithmConfig:
         check_field(self, "micro_batch_size",
                     self.micro_batch_size is None or self.micro_batch_size >= 1,
                     "must be >= 1, or null for the whole minibatch.")
-        check_field(self, "max_grad_norm", self.max_grad_norm > 0, "must be > 0.")
+        check_field(self, "max_grad_norm", self.max_grad_norm is None or self.max_grad_norm > 0,
+                    "must be > 0, or null for no clipping.")
         check_field(self, "precision", self.precision in PRECISIONS,
                     f"use one of {', '.join(PRECISIONS)}.")
 
@@ -201,6 +203,29 @@ class Algorithm(ABC):
                 f"critic alone (Algorithm.critic_only), but policy {type(policy).__name__} has "
                 "no parameters of its own critic (Policy.critic_parameter_names).")
         return names
+
+    def train(self, policy, batch: TensorDict, trainer, *, iteration: int, seed: int) -> dict:
+        """The update's optimiser steps on the prepared ``batch`` (B,) with ``trainer`` (a
+        :class:`~m2flow.runs.learner.Trainer` over ``policy``); its metrics (``loss/*``).
+        Default, the on-policy loop (PPO, GRPO, BC): ``update_epochs`` passes of
+        ``num_minibatches`` minibatches of :meth:`loss`, with the hooks above (the minibatch
+        statistics, early stop, the adaptive step size; only :meth:`trained_parameters`
+        train). An off-policy algorithm (SAC) replaces it: its steps sample a replay buffer
+        that ``prepare`` filled."""
+        c = self.cfg
+        with frozen_but(policy, self.trained_parameters(policy, iteration)):
+            terms = trainer.run_epochs(
+                batch, lambda mb: self.loss(policy, mb), epochs=c.update_epochs,
+                num_minibatches=c.num_minibatches, micro_batch_size=c.micro_batch_size,
+                seed=seed, iteration=iteration, minibatch=self.minibatch,
+                stop_early=self.stop_early, adapt_lr=self.adapt_learning_rate,
+            )
+        metrics = {f"loss/{k}": v for k, v in terms.items()}
+        if self.critic_only(iteration):
+            metrics["loss/critic_only"] = 1.0
+        metrics["loss/total"] = sum(v for k, v in metrics.items() if k.startswith("loss/loss_"))
+        metrics.update(self.batch_metrics(batch))
+        return metrics
 
     def batch_metrics(self, batch: TensorDict) -> dict:
         """Metrics of the whole prepared batch after the update (named with their prefix)."""

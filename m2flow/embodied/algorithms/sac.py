@@ -1,0 +1,220 @@
+"""``algorithm=sac``: soft actor-critic from a replay buffer (cleanRL's
+``sac_continuous_action.py``, ManiSkill's SAC baseline), on the engine's one loop.
+
+Each iteration's trajectories reach the learner as for PPO; ``prepare`` adds them to the
+replay buffer (on the learner's device) and ``train`` takes ``utd`` optimiser updates per
+transition added (fractions carry over to the next iteration), each on a minibatch sampled
+uniformly from everything stored: the twin critics' regression on the soft target, then,
+every ``policy_frequency`` updates, the actor's loss and the temperature's; after each, the
+target critics trail the critics by Polyak averaging at ``tau``. Nothing trains before the
+buffer holds ``learning_starts`` transitions. Collection and learning overlap with
+``runner.overlap_learner=true`` (the rollout acts with weights at most
+``runner.max_staleness`` updates old). The policy must be a soft actor-critic
+(``policy=sac_mlp``); the maths is in :mod:`~m2flow.embodied.algorithms.offpolicy`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from tensordict import TensorDict
+
+from m2flow import keys
+from m2flow.embodied.algorithms.base import Algorithm, AlgorithmConfig, check_field
+from m2flow.embodied.algorithms.offpolicy import (
+    actor_loss, polyak_update, soft_q_target, temperature_loss)
+from m2flow.embodied.replay import ReplayBuffer, transitions
+from m2flow.runs import seeding
+from m2flow.runs.learner import frozen_but
+
+
+@dataclass
+class SACConfig(AlgorithmConfig):
+    """SAC's hyper-parameters (ManiSkill's SAC baseline's values for its state tasks)."""
+
+    learning_rate: float = 3e-4
+    """Adam step size of the actor."""
+    critic_learning_rate: float = 3e-4
+    """Adam step size of the twin critics."""
+    alpha_learning_rate: float = 3e-4
+    """Adam step size of the temperature's log."""
+    max_grad_norm: Optional[float] = None
+    """Global gradient-norm clip (None: none, as SAC's references)."""
+    gamma: float = 0.8
+    """Discount."""
+    tau: float = 0.01
+    """Polyak rate of the target critics (1: copy after every update)."""
+    batch_size: int = 1024
+    """Transitions per minibatch."""
+    buffer_size: int = 1_000_000
+    """Transitions the replay buffer keeps (the oldest go first)."""
+    learning_starts: int = 4000
+    """Transitions stored before the first update."""
+    utd: float = 0.5
+    """Updates per transition added (the update-to-data ratio)."""
+    policy_frequency: int = 1
+    """Critic updates per actor (and temperature) update."""
+    autotune: bool = True
+    """Learn the temperature towards ``target_entropy`` (False: alpha stays at the policy's
+    ``init_alpha``)."""
+    target_entropy: Optional[float] = None
+    """The entropy the temperature steers to (None: minus the action dimension)."""
+    checkpoint_buffer: bool = True
+    """Checkpoints hold the replay buffer, so a resumed run continues with it (False: a
+    resumed run starts with an empty buffer and waits ``learning_starts`` again)."""
+
+    def validate(self) -> None:
+        super().validate()
+        for field in ("critic_learning_rate", "alpha_learning_rate"):
+            check_field(self, field, getattr(self, field) > 0, "must be > 0.")
+        check_field(self, "gamma", 0 < self.gamma <= 1, "must be in (0, 1].")
+        check_field(self, "tau", 0 < self.tau <= 1, "must be in (0, 1].")
+        check_field(self, "batch_size", self.batch_size >= 1, "must be >= 1.")
+        check_field(self, "buffer_size", self.buffer_size >= self.batch_size,
+                    f"must hold at least a minibatch (algorithm.batch_size={self.batch_size}).")
+        check_field(self, "learning_starts", 0 <= self.learning_starts <= self.buffer_size,
+                    "must be in [0, algorithm.buffer_size].")
+        check_field(self, "utd", self.utd > 0, "must be > 0 (updates per transition).")
+        check_field(self, "policy_frequency", self.policy_frequency >= 1, "must be >= 1.")
+
+
+class SAC(Algorithm):
+    """Soft actor-critic (see the module docstring)."""
+
+    config_class = SACConfig
+
+    def __init__(self, cfg, *, action_dim: int, seed: int):
+        super().__init__(cfg, action_dim=action_dim, seed=seed)
+        self.target_entropy = (-float(action_dim) if cfg.target_entropy is None
+                               else float(cfg.target_entropy))
+        self.buffer: Optional[ReplayBuffer] = None  # made on the learner's device at first use
+        self.saved_buffer: Optional[dict] = None  # a checkpoint's, loaded into it then
+        self.owed = 0.0  # updates earned by the transitions added, not yet taken
+        self.updates = 0  # critic updates so far
+
+    # -- the engine's hooks ------------------------------------------------------------------
+    def prepare(self, policy, traj: TensorDict, *, iteration: int,
+                staleness: int) -> tuple[TensorDict, dict]:
+        """Adds the iteration's transitions to the replay buffer; they are the batch."""
+        _check_single_rank(self.data_parallel)
+        rows = transitions(traj)
+        if self.buffer is None:
+            self.buffer = ReplayBuffer(self.cfg.buffer_size, device=rows.device or "cpu")
+            if self.saved_buffer is not None:
+                self.buffer.load_state_dict(self.saved_buffer)
+                self.saved_buffer = None
+        self.buffer.add(rows)
+        self.owed += self.cfg.utd * rows.shape[0]
+        return rows, {"replay/size": float(len(self.buffer))}
+
+    def param_groups(self, policy, params: list) -> list[dict]:
+        """The actor at ``learning_rate``; the critics and the temperature each at theirs
+        (as ``lr_scale``s of it). The target critics take no steps."""
+        _check_policy(policy)
+        c = self.cfg
+        by_id = {id(p): n for n, p in policy.named_parameters()}
+        critic = set(policy.critic_parameter_names())
+        alpha = set(policy.temperature_parameter_names())
+        groups = {"actor": [], "critic": [], "alpha": []}
+        for p in params:
+            name = by_id.get(id(p), "")
+            groups["critic" if name in critic else "alpha" if name in alpha else "actor"].append(p)
+        return [{"params": groups["actor"]},
+                {"params": groups["critic"], "lr_scale": c.critic_learning_rate / c.learning_rate},
+                {"params": groups["alpha"], "lr_scale": c.alpha_learning_rate / c.learning_rate}]
+
+    def loss(self, policy, mb: TensorDict) -> TensorDict:
+        """The critics' and the actor's terms of one minibatch together (:meth:`train` steps
+        them apart, each with only its own parameters trainable)."""
+        out = self.critic_loss(policy, mb)
+        out.update(self.actor_loss(policy, mb))
+        return out
+
+    def train(self, policy, batch: TensorDict, trainer, *, iteration: int, seed: int) -> dict:
+        """``owed`` updates (see the module docstring); the metrics are their means."""
+        _check_policy(policy)
+        c = self.cfg
+        metrics = {"replay/size": float(len(self.buffer)), "loss/updates": 0.0}
+        if len(self.buffer) < c.learning_starts:
+            self.owed = 0.0  # updates are earned from learning_starts on
+            return metrics
+        steps = int(self.owed)
+        self.owed -= steps
+        gen = torch.Generator().manual_seed(seeding.derive(seed, seeding.LEARN, iteration, 0)[0])
+        critic, actor = policy.critic_parameter_names(), policy.actor_parameter_names()
+        if c.autotune:
+            actor = actor + policy.temperature_parameter_names()
+        sums: dict[str, float] = {}
+        for _ in range(steps):
+            mb = self.buffer.sample(c.batch_size, generator=gen)
+            with frozen_but(policy, critic):
+                terms = trainer.train_minibatch(mb, lambda m: self.critic_loss(policy, m))
+            if self.updates % c.policy_frequency == 0:
+                with frozen_but(policy, actor):
+                    terms.update(trainer.train_minibatch(mb, lambda m: self.actor_loss(policy, m)))
+            polyak_update(policy.critic_target.parameters(), policy.critic.parameters(),
+                          tau=c.tau)
+            self.updates += 1
+            for k, v in terms.items():
+                sums[k] = sums.get(k, 0.0) + v
+        metrics.update({f"loss/{k}": v / max(1, steps) for k, v in sums.items()})
+        metrics["loss/updates"] = float(steps)
+        metrics["loss/alpha"] = float(policy.log_alpha.detach().exp())
+        return metrics
+
+    # -- the two losses -----------------------------------------------------------------------
+    def critic_loss(self, policy, mb: TensorDict) -> TensorDict:
+        """Both critics' squared error to the soft target (their sum of means)."""
+        with torch.no_grad():
+            next_obs = mb[keys.NEXT_OBS]
+            next_action, next_log_prob = policy.sample(next_obs)
+            next_q = policy.q_target(next_obs, next_action)  # (B, 2)
+            target = soft_q_target(mb[keys.REWARD].float(), next_q[:, 0], next_q[:, 1],
+                                   next_log_prob, terminated=mb[keys.TERMINATED],
+                                   alpha=policy.log_alpha.exp(), gamma=self.cfg.gamma)
+        q = policy.q(mb[keys.OBS], mb[keys.ACTION])  # (B, 2)
+        loss = (q - target.unsqueeze(-1)).pow(2).mean(0).sum()
+        return TensorDict({"loss_q": loss, "q_mean": q.detach().mean()}, batch_size=[])
+
+    def actor_loss(self, policy, mb: TensorDict) -> TensorDict:
+        """The actor's loss at the current alpha, and the temperature's (0 without
+        ``autotune``); ``entropy`` is the minibatch's ``-log pi`` mean."""
+        action, log_prob = policy.sample(mb[keys.OBS])
+        q = policy.q(mb[keys.OBS], action)  # (B, 2)
+        out = {"loss_actor": actor_loss(log_prob, q[:, 0], q[:, 1],
+                                        alpha=policy.log_alpha.exp().detach()),
+               "entropy": -log_prob.detach().mean()}
+        if self.cfg.autotune:
+            out["loss_alpha"] = temperature_loss(policy.log_alpha, log_prob,
+                                                 target_entropy=self.target_entropy)
+        return TensorDict(out, batch_size=[])
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The update counters and, with ``checkpoint_buffer``, the replay buffer."""
+        keep = self.cfg.checkpoint_buffer and self.buffer is not None
+        return {"owed": self.owed, "updates": self.updates,
+                "buffer": self.buffer.state_dict() if keep else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restores the counters; a saved buffer is loaded into the buffer made on the
+        learner's device when the first trajectories arrive."""
+        self.owed, self.updates = float(state["owed"]), int(state["updates"])
+        self.saved_buffer = state.get("buffer")
+
+
+def _check_single_rank(dp) -> None:
+    if dp.active:
+        raise ValueError("algorithm=sac trains on one learner rank; set "
+                         "cluster.placement.components.learner.workers=1.")
+
+
+def _check_policy(policy) -> None:
+    if not getattr(policy, "soft_actor_critic", False):
+        raise ValueError(f"algorithm=sac needs a soft actor-critic policy (twin critics and a "
+                         f"temperature); {type(policy).__name__} is not one: use policy=sac_mlp.")
+
+
+ALGORITHM = SAC

@@ -1,0 +1,151 @@
+"""``algorithm=sac`` with ``policy=sac_mlp``: the squashed Gaussian's log-prob against torch's
+own transformed distribution; one update of the engine's SAC against a plain cleanRL-style
+update of copies of the same networks; the replay buffer through a checkpoint; bad fields."""
+
+import copy
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torch.distributions import Normal, TransformedDistribution
+from torch.distributions.transforms import AffineTransform, TanhTransform
+
+from m2flow import keys
+from m2flow.embodied.algorithms import AlgorithmError
+from m2flow.embodied.algorithms.sac import SAC, SACConfig
+from m2flow.envs import EnvSpec
+from m2flow.policies import PolicyConfig, make_policy
+from m2flow.policies.sac import LOG_STD_MAX, LOG_STD_MIN
+from m2flow.runs import seeding
+from m2flow.runs.learner import Trainer
+
+OBS, ACT, B = 3, 2, 16
+SPEC = EnvSpec({"state": (OBS,)}, ACT, (-1.0, -2.0), (1.0, 2.0), 50)
+ADAM_EPS = 1e-5  # the learner's
+
+
+def policy(seed=0):
+    torch.manual_seed(seed)
+    return make_policy(PolicyConfig(name="sac_mlp", hidden_sizes=[16, 16], activation="relu",
+                                    normalize_obs=False, kwargs={"init_alpha": 0.5}), SPEC)
+
+
+def traj(n=2, t=8, seed=0) -> TensorDict:
+    g = torch.Generator().manual_seed(seed)
+    term = torch.rand(n, t, generator=g) < 0.2
+    trunc = ~term & (torch.rand(n, t, generator=g) < 0.2)
+    return TensorDict({
+        "obs": {"state": torch.randn(n, t, OBS, generator=g)},
+        "action": torch.rand(n, t, ACT, generator=g) * 2 - 1, "log_prob": torch.zeros(n, t),
+        "next": {"obs": {"state": torch.randn(n, t, OBS, generator=g)},
+                 "reward": torch.randn(n, t, generator=g), "terminated": term,
+                 "truncated": trunc, "done": term | trunc}}, batch_size=[n, t])
+
+
+def test_the_log_prob_is_torchs_tanh_transformed_gaussian():
+    pi = policy()
+    obs = TensorDict({"state": torch.randn(B, OBS)}, batch_size=[B])
+    torch.manual_seed(1)
+    action, log_prob = pi.sample(obs)
+    mean, log_std = pi.actor(obs["state"]).chunk(2, -1)
+    std = (LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(log_std) + 1)).exp()
+    dist = TransformedDistribution(Normal(mean, std), [
+        TanhTransform(), AffineTransform(pi.action_bias, pi.action_scale)])
+    ref = dist.log_prob(action).sum(-1)
+    assert torch.allclose(log_prob, ref, atol=1e-3)  # (eps in the log of the Jacobian)
+    again = pi.evaluate_actions(TensorDict({"obs": obs, "action": action}, [B]))["log_prob"]
+    assert torch.allclose(again, log_prob, atol=1e-3)
+
+
+def reference_update(pi, mb, cfg: SACConfig, target_entropy: float):
+    """One SAC update the cleanRL way, on its own optimisers: critics, actor, temperature,
+    Polyak; the noise drawn in the same order as the engine's (seeded by the caller)."""
+    q_opt = torch.optim.Adam(pi.critic.parameters(), lr=cfg.critic_learning_rate, eps=ADAM_EPS)
+    a_opt = torch.optim.Adam(pi.actor.parameters(), lr=cfg.learning_rate, eps=ADAM_EPS)
+    t_opt = torch.optim.Adam([pi.log_alpha], lr=cfg.alpha_learning_rate, eps=ADAM_EPS)
+    obs, next_obs = mb["obs"], mb["next", "obs"]
+    with torch.no_grad():
+        next_a, next_logp = pi.sample(next_obs)
+        tq = pi.q_target(next_obs, next_a)
+        alpha = pi.log_alpha.exp()
+        y = mb["next", "reward"] + cfg.gamma * (1 - mb["next", "terminated"].float()) * (
+            torch.min(tq[:, 0], tq[:, 1]) - alpha * next_logp)
+    q = pi.q(obs, mb["action"])
+    qf_loss = ((q[:, 0] - y) ** 2).mean() + ((q[:, 1] - y) ** 2).mean()
+    q_opt.zero_grad()
+    qf_loss.backward()
+    q_opt.step()
+    a, logp = pi.sample(obs)
+    q = pi.q(obs, a)
+    actor = (pi.log_alpha.exp().detach() * logp - torch.min(q[:, 0], q[:, 1])).mean()
+    a_opt.zero_grad()
+    actor.backward()
+    a_opt.step()
+    alpha_loss = (-pi.log_alpha.exp() * (logp.detach() + target_entropy)).mean()
+    t_opt.zero_grad()
+    alpha_loss.backward()
+    t_opt.step()
+    with torch.no_grad():
+        for t, o in zip(pi.critic_target.parameters(), pi.critic.parameters()):
+            t.copy_(cfg.tau * o + (1 - cfg.tau) * t)
+
+
+def test_one_update_equals_a_plain_cleanrl_style_update():
+    cfg = SACConfig(name="sac", batch_size=B, learning_starts=16, utd=1 / 16, tau=0.1,
+                    learning_rate=1e-3, critic_learning_rate=2e-3, alpha_learning_rate=5e-3)
+    pi, ref = policy(), policy()
+    ref.load_state_dict(pi.state_dict())
+    sac = SAC(cfg, action_dim=ACT, seed=0)
+    trainer = Trainer(pi, lambda params: torch.optim.Adam(sac.param_groups(pi, params),
+                                                          lr=cfg.learning_rate, eps=ADAM_EPS))
+    trainer.set_lr(cfg.learning_rate)
+    batch, _ = sac.prepare(pi, traj(), iteration=0, staleness=0)  # 16 transitions: 1 update
+    # the minibatch the engine will draw, drawn here from the same generator state
+    before = {n: p.detach().clone() for n, p in pi.named_parameters()}
+    gen = torch.Generator().manual_seed(seeding.derive(0, seeding.LEARN, 0, 0)[0])
+    mb = sac.buffer.sample(B, generator=gen)
+    torch.manual_seed(5)
+    metrics = sac.train(pi, batch, trainer, iteration=0, seed=0)
+    assert metrics["loss/updates"] == 1.0
+    torch.manual_seed(5)
+    reference_update(ref, mb, cfg, target_entropy=-ACT)
+    for (n, p), (_, r) in zip(pi.named_parameters(), ref.named_parameters()):
+        assert torch.allclose(p, r, atol=1e-6), n
+        if not n.startswith("critic_target"):
+            assert not torch.equal(p, before[n]), n  # every trained part moved
+    assert not torch.equal(dict(pi.named_parameters())["critic_target.0.0.weight"],
+                           before["critic_target.0.0.weight"])  # and the targets trailed
+
+
+def test_the_replay_buffer_comes_back_from_a_checkpoint(tmp_path):
+    cfg = SACConfig(name="sac", batch_size=4, learning_starts=1000)
+    sac, pi = SAC(cfg, action_dim=ACT, seed=0), policy()
+    sac.prepare(pi, traj(seed=1), iteration=0, staleness=0)
+    torch.save(sac.state_dict(), tmp_path / "algo.pt")
+    again = SAC(cfg, action_dim=ACT, seed=0)
+    again.load_state_dict(torch.load(tmp_path / "algo.pt", weights_only=False))
+    again.prepare(pi, traj(seed=2), iteration=1, staleness=0)  # the next iteration's rows
+    saved, now = sac.buffer.stored(), again.buffer.stored()
+    assert len(again.buffer) == 32 and torch.equal(now[:16]["obs", "state"],
+                                                   saved["obs", "state"])
+    assert again.owed == pytest.approx(sac.owed + cfg.utd * 16)
+    without = SAC(SACConfig(name="sac", checkpoint_buffer=False), action_dim=ACT, seed=0)
+    without.prepare(pi, traj(seed=1), iteration=0, staleness=0)
+    assert without.state_dict()["buffer"] is None
+
+
+@pytest.mark.parametrize("field, value", [
+    ("gamma", 0.0), ("tau", 1.5), ("batch_size", 0), ("buffer_size", 10),
+    ("learning_starts", -1), ("utd", 0.0), ("policy_frequency", 0),
+    ("critic_learning_rate", 0.0), ("max_grad_norm", 0.0),
+])
+def test_validate_names_the_field_and_the_fix(field, value):
+    with pytest.raises(AlgorithmError) as e:
+        SACConfig(name="sac", **{field: value}).validate()
+    assert str(e.value).startswith(f"algorithm.{field}={value!r}: ") and "\n" not in str(e.value)
+
+
+def test_sac_refuses_a_policy_without_twin_critics():
+    pi = make_policy(PolicyConfig(name="mlp", hidden_sizes=[8]), SPEC)
+    with pytest.raises(ValueError, match="use policy=sac_mlp"):
+        SAC(SACConfig(name="sac"), action_dim=ACT, seed=0).param_groups(pi, list(pi.parameters()))
