@@ -134,6 +134,10 @@ class LearnerWorker(Worker):
         return {"policy": self.get_weights(), "optimizer": optimizer,
                 "algorithm": self.algorithm.state_dict()}
 
+    def resume_note(self) -> str:
+        """The algorithm's line on the state a resumed run continues with ('' : none)."""
+        return self.algorithm.resume_note()
+
     def load_state_dict(self, state: dict) -> None:
         """Loads a checkpoint's state (every rank the same; sharded, each keeps its shard).
         A checkpoint from before algorithms had state has no ``algorithm``: the algorithm's

@@ -369,6 +369,9 @@ class EmbodiedRunner(RunLoop):
         state = self.session.load(path)
         self.learner.call(LearnerWorker.load_state_dict, state["learner"]).wait()
         self.iteration, self.global_step = state["iteration"], state["global_step"]
+        note = self.learner.call(LearnerWorker.resume_note).wait()[0]
+        if note:
+            announce(f"resume: {note}")
 
     def init_weights(self, path: str) -> None:
         """Starts the learner from the policy weights of checkpoint ``path`` (``init_from``)."""

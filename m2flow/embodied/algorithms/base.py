@@ -227,6 +227,11 @@ class Algorithm(ABC):
         metrics.update(self.batch_metrics(batch))
         return metrics
 
+    def resume_note(self) -> str:
+        """After a checkpoint's state was loaded: one line on the algorithm state the resumed
+        run continues with, for the resume announcement ('': nothing to say)."""
+        return ""
+
     def batch_metrics(self, batch: TensorDict) -> dict:
         """Metrics of the whole prepared batch after the update (named with their prefix)."""
         return {}

@@ -204,6 +204,15 @@ class SAC(Algorithm):
         self.owed, self.updates = float(state["owed"]), int(state["updates"])
         self.saved_buffer = state.get("buffer")
 
+    def resume_note(self) -> str:
+        saved = self.saved_buffer
+        if saved is not None and saved["data"] is not None:
+            return (f"replay buffer of {saved['data'].shape[0]:,} transitions from the "
+                    "checkpoint")
+        return ("no replay buffer in the checkpoint (algorithm.checkpoint_buffer=false when it "
+                "was saved): it refills, and updates wait for algorithm.learning_starts="
+                f"{self.cfg.learning_starts} transitions")
+
 
 def _check_single_rank(dp) -> None:
     if dp.active:
