@@ -23,8 +23,8 @@ The planning backend is :mod:`m2flow.embodied.screw_planner` (mplib 0.1.1, which
 The dataset (``demos.output``: ``X.h5`` and ``X.json``) is RecordEpisode's layout
 (``mani_skill.utils.wrappers.record``): groups ``traj_<i>`` with ``obs/<key>`` (T+1, ...)
 (``rgb`` (T+1, H, W, 3) uint8, gzip as RecordEpisode writes it; ``state`` (T+1, D) float32),
-``actions`` (T, A) float32 in the env's control mode, ``success``, ``terminated``, ``truncated``
-(T,) bool; the JSON has ``env_info`` (env id, kwargs, time limit), ``source_type``
+``actions`` (T, A) float32 in the env's control mode, ``rewards`` (T,) float32 (the env's reward
+mode, as in training), ``success``, ``terminated``, ``truncated`` (T,) bool; the JSON has ``env_info`` (env id, kwargs, time limit), ``source_type``
 ``"motionplanning"``, and ``episodes`` (``episode_id``, ``episode_seed``, ``reset_kwargs``,
 ``control_mode``, ``elapsed_steps``, ``success``), plus ``language_instruction`` and ``prompt``
 (top level and per episode) and an ``m2flow`` entry with the env config. ManiSkill's one-task
@@ -92,6 +92,7 @@ class Demo:
     seed: int
     obs: dict  # key -> (T+1, ...) numpy
     actions: np.ndarray  # (T, A) float32
+    rewards: np.ndarray  # (T,) float32
     success: np.ndarray  # (T,) bool
     terminated: np.ndarray  # (T,) bool
     truncated: np.ndarray  # (T,) bool
@@ -192,12 +193,13 @@ class Generator:
 
         out = self.env.reset(seed=[seed], rebuild=True)
         obs = [out["obs"][0]]
-        success, terminated, truncated = [], [], []
+        success, terminated, truncated, rewards = [], [], [], []
         for a in actions:
             out = self.env.step(torch.from_numpy(a)[None])
             nxt = out["next"][0]
             obs.append(nxt["obs"])
             success.append(bool(nxt["success"]))
+            rewards.append(float(nxt["reward"]))
             terminated.append(bool(nxt["terminated"]))
             truncated.append(bool(nxt["truncated"]))
             if success[-1] or bool(nxt["done"]):
@@ -206,7 +208,8 @@ class Generator:
             return None
         t = len(success)
         return Demo(seed=seed, obs={k: np.stack([o[k].numpy() for o in obs]) for k in obs[0].keys()},
-                    actions=actions[:t].astype(np.float32), success=np.array(success),
+                    actions=actions[:t].astype(np.float32),
+                    rewards=np.array(rewards, dtype=np.float32), success=np.array(success),
                     terminated=np.array(terminated), truncated=np.array(truncated),
                     planner_steps=planner_steps)
 
@@ -308,6 +311,7 @@ def save(stem: Path, demos: list[Demo], env_cfg: EnvConfig, spec) -> tuple[Path,
                 obs.create_dataset(key, data=value, **(dict(compression="gzip",
                                                            compression_opts=5) if image else {}))
             g.create_dataset("actions", data=demo.actions, dtype=np.float32)
+            g.create_dataset("rewards", data=demo.rewards, dtype=np.float32)
             for name in ("terminated", "truncated", "success"):
                 g.create_dataset(name, data=getattr(demo, name), dtype=bool)
             episodes.append(dict(

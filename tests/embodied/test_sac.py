@@ -137,7 +137,7 @@ def test_the_replay_buffer_comes_back_from_a_checkpoint(tmp_path):
 @pytest.mark.parametrize("field, value", [
     ("gamma", 0.0), ("tau", 1.5), ("batch_size", 0), ("buffer_size", 10),
     ("learning_starts", -1), ("utd", 0.0), ("policy_frequency", 0),
-    ("critic_learning_rate", 0.0), ("max_grad_norm", 0.0),
+    ("critic_learning_rate", 0.0), ("max_grad_norm", 0.0), ("demo_ratio", 1.0), ("num_demos", 0),
 ])
 def test_validate_names_the_field_and_the_fix(field, value):
     with pytest.raises(AlgorithmError) as e:
@@ -149,3 +149,43 @@ def test_sac_refuses_a_policy_without_twin_critics():
     pi = make_policy(PolicyConfig(name="mlp", hidden_sizes=[8]), SPEC)
     with pytest.raises(ValueError, match="use policy=sac_mlp"):
         SAC(SACConfig(name="sac"), action_dim=ACT, seed=0).param_groups(pi, list(pi.parameters()))
+
+
+def write_demos(path, episodes=2, t=5, rewards=True):
+    """An m2flow-demos layout by hand: states 100 + step (so a row's source is plain)."""
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        for e in range(episodes):
+            g = f.create_group(f"traj_{e}")
+            g.create_group("obs").create_dataset(
+                "state", data=(100.0 + torch.arange(t + 1)[:, None].repeat(1, OBS)).numpy())
+            g.create_dataset("actions", data=torch.zeros(t, ACT).numpy())
+            if rewards:
+                g.create_dataset("rewards", data=torch.ones(t).numpy())
+            done = torch.zeros(t, dtype=torch.bool)
+            done[-1] = True
+            for name, value in (("terminated", done), ("truncated", torch.zeros(t, dtype=bool)),
+                                ("success", done)):
+                g.create_dataset(name, data=value.numpy())
+
+
+def test_rlpd_draws_its_share_of_every_minibatch_from_the_demos(tmp_path):
+    write_demos(tmp_path / "d.h5")
+    sac = SAC(SACConfig(name="sac", demos=str(tmp_path / "d.h5"), demo_ratio=0.25),
+              action_dim=ACT, seed=0)
+    sac.prepare(policy(), traj(), iteration=0, staleness=0)
+    mb = sac.sampler.sample(400, generator=torch.Generator().manual_seed(0))
+    from_demos = mb["obs", "state"][:, 0] >= 100  # online states are N(0, 1)
+    assert int(from_demos.sum()) == 100  # 400 x 0.25, exactly
+    demo = mb[from_demos]
+    # a demo row's next state is the recorded one after it; its last step terminated
+    assert torch.equal(demo["next", "obs", "state"], demo["obs", "state"] + 1)
+    assert torch.equal(demo["next", "terminated"], demo["obs", "state"][:, 0] == 104)
+    assert (demo["next", "reward"] == 1).all()
+
+
+def test_demos_recorded_without_rewards_are_one_error_naming_the_field(tmp_path):
+    write_demos(tmp_path / "old.h5", rewards=False)
+    with pytest.raises(AlgorithmError, match=r"^algorithm.demos=.*no rewards.*record it again"):
+        SAC(SACConfig(name="sac", demos=str(tmp_path / "old.h5")), action_dim=ACT, seed=0)

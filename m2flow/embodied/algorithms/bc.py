@@ -236,13 +236,17 @@ def action_bins(policy, action: torch.Tensor,
 # -- datasets -------------------------------------------------------------------------------
 
 
-def read_demos(path: str, action_dim: int, num_demos: Optional[int] = None) -> list[TensorDict]:
+def read_demos(path: str, action_dim: int, num_demos: Optional[int] = None, *,
+               transitions: bool = False, field: str = "dataset") -> list[TensorDict]:
     """The first ``num_demos`` episodes (all if None) of an m2flow-demos .h5 file, in episode
     order, each a TensorDict (T,) of ``obs`` (the observation each action was taken from) and
-    ``action`` (T, A), on the CPU; a missing or malformed file is one AlgorithmError."""
+    ``action`` (T, A), on the CPU; with ``transitions`` also what followed each action, as a
+    replay buffer's rows hold it (``next``: ``obs``, ``reward``, ``terminated``,
+    ``truncated``). A missing or malformed file is one AlgorithmError naming
+    ``algorithm.<field>``."""
     import h5py
 
-    where = f"algorithm.dataset={path!r}"
+    where = f"algorithm.{field}={path!r}"
     file = Path(path).expanduser()
     if not file.is_file():
         raise AlgorithmError(f"{where}: no such file; write one with m2flow-demos (e.g. "
@@ -261,7 +265,7 @@ def read_demos(path: str, action_dim: int, num_demos: Optional[int] = None) -> l
         if num_demos is not None and num_demos > len(names):
             raise AlgorithmError(f"algorithm.num_demos={num_demos}: {where} holds "
                                  f"{len(names)} episodes; use at most that many.")
-        episodes = [_episode(f[name], where, name) for name in names[:num_demos]]
+        episodes = [_episode(f[name], where, name, transitions) for name in names[:num_demos]]
     dims = episodes[0][keys.ACTION].shape[-1]
     if dims != action_dim:
         raise AlgorithmError(f"{where}: actions have {dims} dims, the env's have {action_dim}; "
@@ -279,7 +283,7 @@ def _episode_order(file: Path, names: list) -> list:
     return [n for n in listed if n in set(names)] or names
 
 
-def _episode(group, where: str, name: str) -> TensorDict:
+def _episode(group, where: str, name: str, transitions: bool = False) -> TensorDict:
     if "obs" not in group or "actions" not in group:
         raise AlgorithmError(f"{where}: {name} has {sorted(group.keys())}; an episode needs "
                              "obs and actions (write the dataset with m2flow-demos).")
@@ -288,8 +292,29 @@ def _episode(group, where: str, name: str) -> TensorDict:
     obs = {k: torch.as_tensor(group["obs"][k][:t]) for k in group["obs"].keys()}  # (T, ...)
     if any(v.shape[0] != t for v in obs.values()):
         raise AlgorithmError(f"{where}: {name} has fewer observations than actions.")
-    return TensorDict({keys.OBS: TensorDict(obs, batch_size=[t]), keys.ACTION: action},
-                      batch_size=[t])
+    out = TensorDict({keys.OBS: TensorDict(obs, batch_size=[t]), keys.ACTION: action},
+                     batch_size=[t])
+    if transitions:
+        out[keys.NEXT] = _what_followed(group, where, name, t)
+    return out
+
+
+def _what_followed(group, where: str, name: str, t: int) -> TensorDict:
+    """Of each of an episode's ``t`` actions: the observation, reward and flags after it."""
+    missing = [k for k in ("rewards", "terminated", "truncated") if k not in group]
+    if missing:
+        raise AlgorithmError(f"{where}: {name} has no {', '.join(missing)} (a dataset written "
+                             "before m2flow-demos recorded rewards); record it again with "
+                             "m2flow-demos.")
+    nxt = {k: torch.as_tensor(group["obs"][k][1 : t + 1]) for k in group["obs"].keys()}
+    if any(v.shape[0] != t for v in nxt.values()):
+        raise AlgorithmError(f"{where}: {name} lacks the observation after its last action.")
+    return TensorDict({
+        keys.OBS: TensorDict(nxt, batch_size=[t]),
+        keys.leaf(keys.REWARD): torch.as_tensor(group["rewards"][:t], dtype=torch.float32),
+        keys.leaf(keys.TERMINATED): torch.as_tensor(group["terminated"][:t], dtype=torch.bool),
+        keys.leaf(keys.TRUNCATED): torch.as_tensor(group["truncated"][:t], dtype=torch.bool),
+    }, batch_size=[t])
 
 
 def flatten_demos(episodes: list[TensorDict], chunk: int = 1) -> TensorDict:

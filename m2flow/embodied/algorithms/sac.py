@@ -11,6 +11,10 @@ buffer holds ``learning_starts`` transitions. Collection and learning overlap wi
 ``runner.overlap_learner=true`` (the rollout acts with weights at most
 ``runner.max_staleness`` updates old). The policy must be a soft actor-critic
 (``policy=sac_mlp``); the maths is in :mod:`~m2flow.embodied.algorithms.offpolicy`.
+
+RLPD is SAC with ``algorithm.demos=<m2flow-demos .h5>``: every minibatch draws
+``demo_ratio`` of its rows from the demonstrations' transitions and the rest from the online
+buffer (:class:`~m2flow.embodied.replay.MixedSampler`).
 """
 
 from __future__ import annotations
@@ -22,10 +26,12 @@ import torch
 from tensordict import TensorDict
 
 from m2flow import keys
-from m2flow.embodied.algorithms.base import Algorithm, AlgorithmConfig, check_field
+from m2flow.embodied.algorithms.base import (
+    Algorithm, AlgorithmConfig, AlgorithmError, check_field)
+from m2flow.embodied.algorithms.bc import read_demos
 from m2flow.embodied.algorithms.offpolicy import (
     actor_loss, polyak_update, soft_q_target, temperature_loss)
-from m2flow.embodied.replay import ReplayBuffer, transitions
+from m2flow.embodied.replay import TRANSITION_KEYS, MixedSampler, ReplayBuffer, transitions
 from m2flow.runs import seeding
 from m2flow.runs.learner import frozen_but
 
@@ -61,6 +67,13 @@ class SACConfig(AlgorithmConfig):
     ``init_alpha``)."""
     target_entropy: Optional[float] = None
     """The entropy the temperature steers to (None: minus the action dimension)."""
+    demos: Optional[str] = None
+    """RLPD: an m2flow-demos .h5 file (recorded with rewards) whose transitions make up
+    ``demo_ratio`` of every minibatch (None: plain SAC)."""
+    num_demos: Optional[int] = None
+    """With ``demos``: its first N episodes (None: all)."""
+    demo_ratio: float = 0.5
+    """With ``demos``: the share of each minibatch drawn from them (RLPD: half)."""
     checkpoint_buffer: bool = True
     """Checkpoints hold the replay buffer, so a resumed run continues with it (False: a
     resumed run starts with an empty buffer and waits ``learning_starts`` again)."""
@@ -78,6 +91,10 @@ class SACConfig(AlgorithmConfig):
                     "must be in [0, algorithm.buffer_size].")
         check_field(self, "utd", self.utd > 0, "must be > 0 (updates per transition).")
         check_field(self, "policy_frequency", self.policy_frequency >= 1, "must be >= 1.")
+        check_field(self, "demo_ratio", 0 < self.demo_ratio < 1,
+                    "must be in (0, 1): the share of each minibatch from algorithm.demos.")
+        check_field(self, "num_demos", self.num_demos is None or self.num_demos >= 1,
+                    "must be >= 1, or null for every episode of algorithm.demos.")
 
 
 class SAC(Algorithm):
@@ -89,6 +106,12 @@ class SAC(Algorithm):
         super().__init__(cfg, action_dim=action_dim, seed=seed)
         self.target_entropy = (-float(action_dim) if cfg.target_entropy is None
                                else float(cfg.target_entropy))
+        self.demo_rows: Optional[TensorDict] = None  # RLPD: the demonstrations' transitions
+        if cfg.demos is not None:
+            episodes = read_demos(cfg.demos, action_dim, cfg.num_demos, transitions=True,
+                                  field="demos")
+            self.demo_rows = torch.cat(episodes).select(*TRANSITION_KEYS)  # (M,)
+        self.sampler = None  # the buffer, or with demos the mix of both (at first use)
         self.buffer: Optional[ReplayBuffer] = None  # made on the learner's device at first use
         self.saved_buffer: Optional[dict] = None  # a checkpoint's, loaded into it then
         self.owed = 0.0  # updates earned by the transitions added, not yet taken
@@ -105,9 +128,26 @@ class SAC(Algorithm):
             if self.saved_buffer is not None:
                 self.buffer.load_state_dict(self.saved_buffer)
                 self.saved_buffer = None
+            self.sampler = self._sampler(rows)
         self.buffer.add(rows)
         self.owed += self.cfg.utd * rows.shape[0]
         return rows, {"replay/size": float(len(self.buffer))}
+
+    def _sampler(self, rows: TensorDict):
+        """The online buffer, or with ``demos`` a fixed-ratio mix of it and the demos."""
+        if self.demo_rows is None:
+            return self.buffer
+        ours = sorted(map(str, rows.keys(True, True)))
+        theirs = sorted(map(str, self.demo_rows.keys(True, True)))
+        if ours != theirs:
+            raise AlgorithmError(
+                f"algorithm.demos={self.cfg.demos!r}: its transitions hold {theirs}, this env's "
+                f"{ours}; record the demos with this env config (m2flow-demos env=...).")
+        demos = ReplayBuffer(self.demo_rows.shape[0], device=self.buffer.device)
+        demos.add(self.demo_rows)
+        r = self.cfg.demo_ratio
+        return MixedSampler({"online": self.buffer, "demos": demos},
+                            {"online": 1 - r, "demos": r})
 
     def param_groups(self, policy, params: list) -> list[dict]:
         """The actor at ``learning_rate``; the critics and the temperature each at theirs
@@ -148,7 +188,7 @@ class SAC(Algorithm):
             actor = actor + policy.temperature_parameter_names()
         sums: dict[str, float] = {}
         for _ in range(steps):
-            mb = self.buffer.sample(c.batch_size, generator=gen)
+            mb = self.sampler.sample(c.batch_size, generator=gen)
             with frozen_but(policy, critic):
                 terms = trainer.train_minibatch(mb, lambda m: self.critic_loss(policy, m))
             if self.updates % c.policy_frequency == 0:
