@@ -23,6 +23,8 @@ from m2flow.policies.layers import ACTIVATIONS, ACTOR_OUT_GAIN, CRITIC_OUT_GAIN,
 from m2flow.policies.normalizer import RunningNorm
 
 SHARED_CRITIC, PRIVILEGED_CRITIC = "shared", critics.PRIVILEGED
+LOG_STD, SCALAR_STD = "log", "scalar"
+MIN_STD = 1e-6  # rsl-rl's lower clamp of a scalar standard deviation
 
 class GaussianActorCritic(Policy):
     """A Gaussian actor and a critic, both MLPs over ``_features(obs)``: subclasses say how
@@ -46,14 +48,22 @@ class GaussianActorCritic(Policy):
             raise PolicyError(f"policy.init_log_std={policy_cfg.init_log_std}: must be finite "
                               "(e.g. -0.5).")
 
-    def _build_heads(self, n_features: int, act_dim: int, cfg: PolicyConfig) -> None:
+    def _build_heads(self, n_features: int, act_dim: int, cfg: PolicyConfig,
+                     std: str = LOG_STD) -> None:
+        """Actor mean, the actions' spread and the critic. ``std``: 'log' learns the log of
+        the standard deviation (cleanRL's); 'scalar' the standard deviation itself, clamped
+        at MIN_STD (rsl-rl's default ``std_type``: Adam moves it by about the step size in
+        absolute terms, so it can shrink much faster than a log-std)."""
         if cfg.activation not in ACTIVATIONS:
             raise PolicyError(
                 f"policy.activation={cfg.activation!r}: use one of {sorted(ACTIVATIONS)}."
             )
         hidden = list(cfg.hidden_sizes)
         self.actor_mean = mlp(n_features, hidden, act_dim, cfg.activation, ACTOR_OUT_GAIN)
-        self.actor_log_std = nn.Parameter(torch.full((act_dim,), float(cfg.init_log_std)))
+        if std == SCALAR_STD:
+            self.actor_std = nn.Parameter(torch.full((act_dim,), float(np.exp(cfg.init_log_std))))
+        else:
+            self.actor_log_std = nn.Parameter(torch.full((act_dim,), float(cfg.init_log_std)))
         self.critic = mlp(n_features, hidden, 1, cfg.activation, CRITIC_OUT_GAIN)
 
     def _features(self, obs: TensorDict) -> torch.Tensor:
@@ -61,6 +71,8 @@ class GaussianActorCritic(Policy):
 
     def _dist(self, features: torch.Tensor) -> Normal:
         mean = self.actor_mean(features)
+        if hasattr(self, "actor_std"):
+            return Normal(mean, self.actor_std.clamp(min=MIN_STD).expand_as(mean))
         return Normal(mean, self.actor_log_std.expand_as(mean).exp())
 
     def _value(self, obs: TensorDict, features: torch.Tensor) -> torch.Tensor:
@@ -119,6 +131,7 @@ class GaussianMLPPolicy(GaussianActorCritic):
     @staticmethod
     def check_config(policy_cfg: PolicyConfig, env_cfg) -> None:
         GaussianActorCritic.check_config(policy_cfg, env_cfg)
+        _std(policy_cfg.kwargs)
         if _critic(policy_cfg.kwargs) == PRIVILEGED_CRITIC:
             critics.check_env(env_cfg, "policy.kwargs.critic=privileged",
                               "drop policy.kwargs.critic")
@@ -136,7 +149,7 @@ class GaussianMLPPolicy(GaussianActorCritic):
                 f"{env_spec.obs_shapes}. Use env.obs_mode=state or an image policy."
             )
         obs_dim = env_spec.obs_shapes["state"][0]
-        self._build_heads(obs_dim, env_spec.action_dim, cfg)
+        self._build_heads(obs_dim, env_spec.action_dim, cfg, _std(cfg.kwargs))
         self.obs_norm = RunningNorm(obs_dim) if cfg.normalize_obs else nn.Identity()
         self.privileged_critic = _critic(cfg.kwargs) == PRIVILEGED_CRITIC
         if self.privileged_critic:  # replaces the critic over the state
@@ -159,16 +172,24 @@ class GaussianMLPPolicy(GaussianActorCritic):
 
 
 def _critic(kwargs) -> str:
-    """``policy.kwargs`` of ``policy.name=mlp``: only ``critic`` ('shared': the critic MLP reads
-    the state as the actor does; 'privileged': ``("obs", "privileged")``); PolicyError for
-    anything else."""
-    unknown = sorted(set(kwargs) - {"critic"})
+    """``policy.kwargs`` of ``policy.name=mlp``: ``critic`` ('shared': the critic MLP reads
+    the state as the actor does; 'privileged': ``("obs", "privileged")``) and ``std`` (see
+    ``_build_heads``); PolicyError for anything else."""
+    unknown = sorted(set(kwargs) - {"critic", "std"})
     if unknown:
         raise PolicyError(f"policy.kwargs.{unknown[0]} is not an option of policy.name=mlp; "
-                          "it takes only 'critic'.")
+                          "it takes 'critic' and 'std'.")
     critic = kwargs.get("critic", SHARED_CRITIC)
     if critic not in (SHARED_CRITIC, PRIVILEGED_CRITIC):
         raise PolicyError(f"policy.kwargs.critic={critic!r}: use {SHARED_CRITIC!r} (the state) "
                           f"or {PRIVILEGED_CRITIC!r} (('obs','privileged'), "
                           "env.privileged_state=true).")
     return critic
+
+
+def _std(kwargs) -> str:
+    std = kwargs.get("std", LOG_STD)
+    if std not in (LOG_STD, SCALAR_STD):
+        raise PolicyError(f"policy.kwargs.std={std!r}: use {LOG_STD!r} (a learned log-std) or "
+                          f"{SCALAR_STD!r} (the std itself, as rsl-rl).")
+    return std

@@ -318,3 +318,28 @@ def test_timm_encoder_log_probs_do_not_depend_on_train_mode():
         out = pi.eval().act(b)
     b.update(out)
     torch.testing.assert_close(pi.train().evaluate_actions(b)["log_prob"], out["log_prob"])
+
+
+@pytest.mark.parametrize("std", ["log", "scalar"])
+def test_mlp_std_is_the_learned_parameter_or_its_exp(std):
+    """``policy.kwargs.std``: the Gaussian's spread is exp(log-std) or the parameter itself
+    (rsl-rl's scalar std, clamped at 1e-6); checked against torch's Normal built by hand."""
+    pi = make_policy(PolicyConfig(name="mlp", hidden_sizes=[8], init_log_std=-0.3,
+                                  kwargs={"std": std}), STATE_SPEC)
+    param = pi.actor_std if std == "scalar" else pi.actor_log_std
+    with torch.no_grad():
+        param.copy_(torch.tensor([0.5, -2.0, 1e-9]) if std == "scalar" else
+                    torch.tensor([0.5, -2.0, 0.0]))
+    b = random_obs(STATE_SPEC, 4)
+    b["action"] = torch.randn(4, 3)
+    # by hand: a scalar std's negative and tiny values clamp at 1e-6
+    spread = (torch.tensor([0.5, 1e-6, 1e-6]) if std == "scalar" else
+              torch.tensor([0.5, -2.0, 0.0]).exp())
+    mean = pi.actor_mean(pi._features(b["obs"]))
+    ref = torch.distributions.Normal(mean, spread).log_prob(b["action"]).sum(-1)
+    torch.testing.assert_close(pi.evaluate_actions(b)["log_prob"], ref)
+
+
+def test_mlp_refuses_an_unknown_std():
+    with pytest.raises(PolicyError, match=r"policy.kwargs.std='exp'"):
+        make_policy(PolicyConfig(name="mlp", kwargs={"std": "exp"}), STATE_SPEC)
