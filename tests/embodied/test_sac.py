@@ -188,4 +188,4 @@ def test_rlpd_draws_its_share_of_every_minibatch_from_the_demos(tmp_path):
 def test_demos_recorded_without_rewards_are_one_error_naming_the_field(tmp_path):
     write_demos(tmp_path / "old.h5", rewards=False)
     with pytest.raises(AlgorithmError, match=r"^algorithm.demos=.*no rewards.*record it again"):
-        SAC(SACConfig(name="sac", demos=str(tmp_path / "old.h5")), action_dim=ACT, seed=0)
+        SACConfig(name="sac", demos=str(tmp_path / "old.h5")).validate()  # at start-up

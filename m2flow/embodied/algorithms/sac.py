@@ -20,6 +20,7 @@ buffer (:class:`~m2flow.embodied.replay.MixedSampler`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -95,6 +96,13 @@ class SACConfig(AlgorithmConfig):
                     "must be in (0, 1): the share of each minibatch from algorithm.demos.")
         check_field(self, "num_demos", self.num_demos is None or self.num_demos >= 1,
                     "must be >= 1, or null for every episode of algorithm.demos.")
+        if self.demos is not None:
+            check_field(self, "demos", Path(self.demos).expanduser().is_file(),
+                        "no such file; record demonstrations with m2flow-demos (e.g. "
+                        "m2flow-demos env=maniskill_pushcube demos.output=demos/x).")
+            check_field(self, "demos", _has_rewards(self.demos),
+                        "its episodes have no rewards (written before m2flow-demos recorded "
+                        "them, or not by m2flow-demos); record it again with m2flow-demos.")
 
 
 class SAC(Algorithm):
@@ -252,6 +260,20 @@ class SAC(Algorithm):
         return ("no replay buffer in the checkpoint (algorithm.checkpoint_buffer=false when it "
                 "was saved): it refills, and updates wait for algorithm.learning_starts="
                 f"{self.cfg.learning_starts} transitions")
+
+
+def _has_rewards(path: str) -> bool:
+    """Whether the first episode of an .h5 file has what a transition needs beyond BC's
+    observations and actions (an unreadable file passes: reading it says why)."""
+    import h5py
+
+    try:
+        with h5py.File(Path(path).expanduser(), "r") as f:
+            first = next((f[k] for k in f.keys() if k.startswith("traj_")), None)
+            return first is None or all(k in first for k in ("rewards", "terminated",
+                                                              "truncated"))
+    except OSError:
+        return True
 
 
 def _check_single_rank(dp) -> None:
