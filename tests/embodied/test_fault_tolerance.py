@@ -264,8 +264,9 @@ def updated_weights(traj):
                         seed=0, num_iterations=10)
     try:
         worker, seen = group.handles[0], []
-        epochs = worker._epochs
-        worker._epochs = lambda b, it: (seen.append(b.shape[0]), epochs(b, it))[1]
+        train = worker.algorithm.train
+        worker.algorithm.train = lambda pi, b, tr, **kw: (seen.append(b.shape[0]),
+                                                           train(pi, b, tr, **kw))[1]
         ch = Channel("trajectory", group, item_type=TensorDict)
         ch.put(traj, key=0)
         group.call(LearnerWorker.update, ch, env_ranks=[0], iteration=0).wait()

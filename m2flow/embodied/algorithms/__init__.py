@@ -14,7 +14,7 @@ size's schedule, parameters frozen for an update) it says through :class:`Algori
 ...     algorithm_class("pp0")
 ... except AlgorithmError as e:
 ...     print(e)
-Unknown algorithm 'pp0'. Known: bc, grpo, ppo. Did you mean 'ppo'?
+Unknown algorithm 'pp0'. Known: bc, grpo, ppo, sac. Did you mean 'ppo'?
 """
 
 from __future__ import annotations
