@@ -1,5 +1,6 @@
-"""The learner worker: one generic update loop on trajectories from a channel; what the
-update computes (advantages, loss) is the algorithm's (``m2flow.embodied.algorithms``).
+"""The learner worker: one generic update on trajectories from a channel; what the update
+computes (advantages, losses, and its optimiser steps: ``Algorithm.train``, the on-policy
+epochs loop by default) is the algorithm's (``m2flow.embodied.algorithms``).
 
 Several learner ranks (``cluster.placement.components.learner.workers=N``) train one policy
 data-parallel: their group forms a torch.distributed process group (``forms_process_group``),
