@@ -2,7 +2,6 @@
 own transformed distribution; one update of the engine's SAC against a plain cleanRL-style
 update of copies of the same networks; the replay buffer through a checkpoint; bad fields."""
 
-import copy
 
 import pytest
 import torch
@@ -10,7 +9,6 @@ from tensordict import TensorDict
 from torch.distributions import Normal, TransformedDistribution
 from torch.distributions.transforms import AffineTransform, TanhTransform
 
-from m2flow import keys
 from m2flow.embodied.algorithms import AlgorithmError
 from m2flow.embodied.algorithms.sac import SAC, SACConfig
 from m2flow.envs import EnvSpec
