@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from m2flow.runs.session import RunOutOfMemory
+from tests.stderr import run_lines
 
 
 def test_a_worker_killed_by_rays_memory_monitor_ends_the_run_with_one_line(tmp_path):
@@ -21,7 +22,7 @@ def test_a_worker_killed_by_rays_memory_monitor_ends_the_run_with_one_line(tmp_p
          "runner.num_iterations=2", f"runner.log_dir={tmp_path}", "runner.progress_bar=false"],
         env=env, capture_output=True, text=True, timeout=240, cwd=Path(__file__).parents[2])
     assert proc.returncode == 1, proc.stderr[-3000:]
-    line = proc.stderr.strip().splitlines()[-1]
+    line = run_lines(proc.stderr)[-1]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert line.startswith("m2flow-train: out of memory during start-up: worker "), line
     assert "killed by Ray's memory monitor with the node at " in line, line

@@ -20,6 +20,7 @@ import uuid
 from pathlib import Path
 
 from m2flow.runs import checkpoint
+from tests.stderr import run_lines
 
 TRAIN = [sys.executable, "-c", "import sys; from m2flow.cli.train import main as train; sys.exit(train())"]
 TINY = ["env.num_envs=2", "runner.rollout_steps=8", "runner.eval_interval=0",
@@ -74,7 +75,7 @@ class Run:
         err = self.err.read_text()
         assert self.proc.returncode == 1, err[-3000:]
         assert "Traceback" not in err, err[-3000:]
-        return [line for line in err.splitlines() if line.strip()][-1]
+        return run_lines(err)[-1]
 
     def processes_left(self) -> list[str]:
         deadline = time.monotonic() + GONE_BOUND_S

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from m2flow.cli.common import load_run_config
 from m2flow.runs import checkpoint
+from tests.stderr import run_lines
 
 TRAIN = [sys.executable, "-c", "import sys; from m2flow.cli.train import main as train; sys.exit(train())"]
 PUSHCUBE = ["env.num_envs=2", "runner.num_iterations=1000", "runner.stop_at_success=null"]
@@ -58,10 +59,14 @@ class Run:
             time.sleep(0.2)
         return left
 
+    def err_lines(self) -> list[str]:
+        """The non-empty lines of the run's stderr, less the host's disk warnings."""
+        return run_lines(self.err.read_text())
+
     def stop_line(self) -> str:
         err = self.err.read_text()
         assert "Traceback" not in err, err
-        return [line for line in err.splitlines() if line.strip()][-1]
+        return self.err_lines()[-1]
 
 
 def _tagged(tag: str) -> list[str]:
@@ -93,8 +98,8 @@ def test_ctrl_c_during_a_long_evaluation_saves_the_iteration_and_stops_in_second
     command = shlex.split(line.split("resume with: ")[1])
     assert command == ["m2flow-train", "--config-name", "maniskill_pushcube_ppo_mlp",
                        *run.overrides, f"resume={saved}"]
-    lines = [l for l in run.err.read_text().splitlines() if l.strip()]
-    assert not [l for l in lines if l.startswith("(") or "Error" in l], lines  # no worker's words
+    lines = run.err_lines()
+    assert not [l for l in lines if l.startswith("(") or "Error" in l], lines
     assert run.processes_left() == []
     # the command is accepted as it stands (the resume checkpoint is checked at start-up)
     assert load_run_config(command[2], command[3:]).resume == saved
@@ -135,7 +140,7 @@ def test_sigterm_during_an_evaluation_stops_as_a_first_ctrl_c_with_exit_code_143
                            "checkpoint "), line
     saved = line.split("checkpoint ")[1].split(";")[0]
     assert Path(saved).name == "iter_00002.pt" and checkpoint.load(saved)["iteration"] == 2
-    lines = [l for l in run.err.read_text().splitlines() if l.strip()]
+    lines = run.err_lines()
     assert lines[-2:] == ["SIGTERM: stopping, as after a first Ctrl-C.", line]
     # nothing a worker or a simulator printed (Ray forwards those as "(EnvWorker pid=...) ...")
     assert not [l for l in lines if l.startswith("(") or "Error" in l], lines
