@@ -9,6 +9,7 @@ module keeps collection and the pipeline loop (``EnvWorker._run``).
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
@@ -92,7 +93,9 @@ class EnvWorker(Worker):
         self, obs_ch: Channel, act_ch: Channel, traj_ch: Channel, *, num_steps: int,
         iteration: int, reset: bool = True, rebuild: bool = False, stages: int = 1,
     ) -> EpisodeStats:
-        """Collects ``num_steps`` steps of every env and puts the (N, T) trajectory on traj_ch."""
+        """Collects ``num_steps`` steps of every env and puts the (N, T) trajectory on traj_ch;
+        the stats' ``seconds`` is this call's wall time."""
+        t0 = time.perf_counter()
         if reset or self._obs is None:
             self._obs = self._reset(seeding.TRAIN, iteration, rebuild)
             # an episode's return, length and success run on across calls until the envs reset
@@ -117,6 +120,7 @@ class EnvWorker(Worker):
             traj = torch.cat([b.data() for b in buffers], dim=0)  # (N, T), envs in order
             traj_ch.put(traj, key=self.rank, timeout=self.timeout)
             traj_ch.flush()
+        stats.seconds = time.perf_counter() - t0
         return stats
 
     def eval_round_ranks(self, obs_ch: Channel, act_ch: Channel, *, per_rank: list[EvalRound],

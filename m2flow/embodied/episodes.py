@@ -48,6 +48,9 @@ class EpisodeStats:
     """Per episode: success at its last step."""
     discarded: int = 0
     """Episodes lost to a simulator process that died or hung (not in the lists above)."""
+    seconds: float = 0.0
+    """Wall seconds of the collection call, timed where it ran (the env worker); merged
+    across env workers, which collect side by side, as the slowest one's."""
 
     def extend(self, other: "EpisodeStats") -> None:
         self.returns += other.returns
@@ -55,6 +58,7 @@ class EpisodeStats:
         self.success_once += other.success_once
         self.success_at_end += other.success_at_end
         self.discarded += other.discarded
+        self.seconds = max(self.seconds, other.seconds)
 
     def summary(self) -> dict[str, float]:
         n = len(self.returns)

@@ -36,6 +36,7 @@ from m2flow.runs import checkpoint, seeding
 from m2flow.runs.logger import announce, log_field, memory_in_use
 from m2flow.runs.loop import RunLoop
 from m2flow.runs.session import RunSession
+from m2flow.runs.timeline import OVERLAP_KEY
 from m2flow.runs.weights import send_state, sync_groups
 
 WORKLOAD = "embodied"
@@ -50,6 +51,8 @@ LOG_FIELDS = [  # the per-iteration log line, after "it N | steps S"
     log_field("kl {:.4f}", "loss/approx_kl"),
     log_field("vloss {:.4f}", "loss/loss_value"),
     log_field("bc_loss {:.3f}", "loss/loss_bc"),
+    log_field("alpha {:.3f}", "loss/alpha"),
+    log_field("learn_beside_collect {:.2f}s", OVERLAP_KEY),
 ]
 BAR_FIELDS = [
     log_field("sps={:.0f}", "perf/env_steps_per_s"),
@@ -119,6 +122,7 @@ class EmbodiedRunner(RunLoop):
         self.iteration, self.global_step = 0, 0
         self._pending: Optional[_Collection] = None  # a collection started ahead (overlap)
         self._last_end: Optional[float] = None
+        self._last_learn: Optional[float] = None  # the last update's seconds (overlap)
         self.learner = None
         self.weight_link: Optional[str] = None  # None: weights travel as Ray objects
         self.switcher = self.session.switcher  # evaluation only: nobody to take turns with
@@ -270,9 +274,15 @@ class EmbodiedRunner(RunLoop):
         t0 = time.perf_counter()
         self.session.phase = "collection"
         switch = self.switcher.activate("rollout")  # (off with overlap: check_config)
-        collection = self._pending if self._pending is not None else self.start_collect(it)
+        ahead = self._pending is not None  # started with the previous update (overlap)
+        collection = self._pending if ahead else self.start_collect(it)
         self._pending = None
         episodes = collection.result()
+        overlap = {}
+        if ahead and self._last_learn is not None:
+            # the collection (timed on the env workers) and the previous update (timed here)
+            # were started together, so they ran side by side for the shorter of the two
+            overlap = {OVERLAP_KEY: min(episodes.seconds, self._last_learn)}
         self.session.phase = "learning"
         switch = _sum(switch, self.switcher.activate("learner"))
         update = self.start_update(it)
@@ -281,6 +291,7 @@ class EmbodiedRunner(RunLoop):
         t1 = time.perf_counter()
         metrics = update.wait()[0]
         t_learn = time.perf_counter() - t1
+        self._last_learn = t_learn
         self.global_step += steps
         self.iteration = it + 1  # what the learner holds now (a stop from here saves it)
         self.session.phase = "weight sync"
@@ -299,6 +310,7 @@ class EmbodiedRunner(RunLoop):
             "perf/iteration_s": wall,
             "time/driver_learn_wait": t_learn,
             "time/driver_weight_sync": t_sync,
+            **overlap,
         }
 
     def drain(self) -> None:

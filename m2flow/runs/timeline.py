@@ -4,6 +4,10 @@ The runner reports ``time/<component>_<phase>`` seconds per iteration (``time/en
 ``time/learner_weight_sync``) next to ``perf/iteration_s``. The component is the text before
 the first underscore; a key without one (``time/eval``) is a component with the single phase
 ``total``. Both sets are open, so a new worker or phase shows up without code changes here.
+
+With ``runner.overlap_learner`` the runner also reports ``perf/learn_overlapped_s``: the
+seconds of the previous update during which this iteration's collection ran. The table's
+last line sets their sum against the updates' (``time/driver_learn_wait``).
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from pathlib import Path
 
 TIME_PREFIX = "time/"
 WALL_KEY = "perf/iteration_s"
+OVERLAP_KEY = "perf/learn_overlapped_s"
+LEARN_KEY = "time/driver_learn_wait"  # an update's seconds, as the driver waited for it
 SPS_KEY = "perf/env_steps_per_s"
 LONE_PHASE = "total"  # phase name for a key with no underscore, e.g. ``time/eval``
 KNOWN_ORDER = ("env", "rollout", "learner", "driver")  # listed first; others follow as met
@@ -83,6 +89,14 @@ def breakdown_table(history: list[dict]) -> str:
     env        wait     0.200   20.0%
     env        (all)    0.800   80.0%
     learner    learn    0.500   50.0%
+
+    With overlap, a last line: of the updates' seconds, those that ran beside a collection.
+
+    >>> h = [{"time/driver_learn_wait": 1.0, "perf/iteration_s": 1.1},
+    ...      {"time/driver_learn_wait": 1.0, "perf/learn_overlapped_s": 0.25,
+    ...       "perf/iteration_s": 1.1}]
+    >>> print(breakdown_table(h).splitlines()[-1])
+    learning beside collection: 0.125 of 1.000 s/it (12.5% of the learner's time)
     """
     phases = _phases(history)
     if not phases:
@@ -107,6 +121,11 @@ def breakdown_table(history: list[dict]) -> str:
         lines += [row(component, p, s) for p, s in zip(names, means)]
         if len(names) > 1:
             lines.append(row(component, "(all)", sum(means)))
+    if any(OVERLAP_KEY in m for m in history):
+        beside, learn = _mean(_series(history, OVERLAP_KEY)), _mean(_series(history, LEARN_KEY))
+        share = f"{100 * beside / learn:.1f}%" if learn > 0 else "-"
+        lines.append(f"learning beside collection: {beside:.3f} of {learn:.3f} s/it "
+                     f"({share} of the learner's time)")
     return "\n".join(lines)
 
 

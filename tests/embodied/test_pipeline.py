@@ -15,6 +15,7 @@ from m2flow.runs import seeding
 from m2flow.embodied.learner_worker import check_staleness
 from m2flow.embodied.runner import EmbodiedRunner
 from m2flow.pipelines import Channel, RankResources, WorkerGroup
+from m2flow.runs.timeline import OVERLAP_KEY
 
 STEPS = 12
 
@@ -105,12 +106,26 @@ def test_overlapped_learner_keeps_staleness_within_the_bound():
     runner = fake_runner(2, 4, 1, 1, "runner.overlap_learner=true", "runner.num_iterations=4",
                          "algorithm.update_epochs=2")
     try:
-        stale = [runner.iterate(it)["perf/staleness"] for it in range(4)]
+        metrics = [runner.iterate(it) for it in range(4)]
         runner.drain()
     finally:
         runner.close()
+    stale = [m["perf/staleness"] for m in metrics]
     assert stale[0] == 0  # nothing collected ahead yet
     assert all(0 <= s <= 1 for s in stale)
+    # iterations 1-3 were collected beside the update before them: at most that long
+    assert OVERLAP_KEY not in metrics[0]
+    for before, m in zip(metrics, metrics[1:]):
+        assert 0 < m[OVERLAP_KEY] <= before["time/driver_learn_wait"], (before, m)
+
+
+def test_without_overlap_no_learning_is_reported_beside_collection():
+    runner = fake_runner(1, 4, 1, 1, "runner.num_iterations=2")
+    try:
+        metrics = [runner.iterate(it) for it in range(2)]
+    finally:
+        runner.close()
+    assert all(OVERLAP_KEY not in m for m in metrics)
 
 
 def test_staleness_beyond_the_bound_is_refused():
