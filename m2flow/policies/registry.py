@@ -27,6 +27,7 @@ POLICIES = Registry(
         "openvla": "m2flow.policies.vla.openvla:OpenVLAPolicy",
         "openvla_oft": "m2flow.policies.vla.oft:OpenVLAOFTPolicy",
         "sac_mlp": "m2flow.policies.sac:SACPolicy",
+        "sac_cnn": "m2flow.policies.sac:SACCNNPolicy",
     },
 )
 

@@ -10,7 +10,16 @@ change of variables. Critics: two MLPs over (state, action), ``critic.0`` and ``
 averaging). ``temperature.log_alpha`` is the log of the entropy weight alpha. What each part
 trains is the algorithm's (``algorithm=sac``); the rollout only acts.
 
-``policy.kwargs``: ``init_alpha`` (1.0: alpha's starting value).
+``policy.kwargs``: ``init_alpha`` (1.0: alpha's starting value); ``critic_layer_norm``
+(false: a LayerNorm after each hidden layer of the critics, as ManiSkill's baseline's
+``--q_layer_norm``).
+
+``policy.name=sac_cnn`` reads ``("obs", "rgb")`` (B, H, W, C) uint8 images (and the state
+next to them, when the env has it): a NatureCNN encoder belongs to the critics
+(``critic.encoder``; its trailing copy is ``critic_target.encoder``) and learns from their
+loss alone; the actor reads its features detached (as ManiSkill's ``sac_rgbd.py`` and DrQ do:
+the actor's loss would otherwise pull the encoder towards what flatters the critics).
+``policy.kwargs.feature_dim`` (256) is the encoder's width.
 """
 
 from __future__ import annotations
@@ -26,12 +35,14 @@ from torch.distributions import Normal
 from m2flow import keys
 from m2flow.policies.base import Policy, PolicyError
 from m2flow.policies.config import PolicyConfig
-from m2flow.policies.layers import ACTIVATIONS, mlp
+from m2flow.policies.cnn import NatureCNN
+from m2flow.policies.layers import ACTIVATIONS, mlp, orthogonal_linear
 from m2flow.policies.normalizer import RunningNorm
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # cleanRL's range for the actor's log-std
 TANH_EPS = 1e-6  # keeps log(1 - tanh(u)^2) finite at the bounds (cleanRL's)
-KWARGS = ("init_alpha",)
+KWARGS = ("init_alpha", "critic_layer_norm")
+CNN_KWARGS = KWARGS + ("feature_dim",)
 
 
 class SACPolicy(Policy):
@@ -62,22 +73,28 @@ class SACPolicy(Policy):
     def __init__(self, cfg: PolicyConfig, env_spec):
         super().__init__()
         _check(cfg)
-        if "state" not in env_spec.obs_shapes or len(env_spec.obs_shapes["state"]) != 1:
+        shapes = env_spec.obs_shapes
+        if "state" not in shapes or len(shapes["state"]) != 1:
             raise PolicyError("policy.name='sac_mlp' reads a flat ('obs', 'state') vector; this "
-                              f"env gives {env_spec.obs_shapes}. Use env.obs_mode=state.")
+                              f"env gives {shapes}. Use env.obs_mode=state.")
+        obs_dim = shapes["state"][0]
+        self.obs_norm = RunningNorm(obs_dim) if cfg.normalize_obs else nn.Identity()
+        self._build(cfg, env_spec, actor_in=obs_dim,
+                    critic=lambda: _heads(obs_dim + env_spec.action_dim, cfg))
+
+    def _build(self, cfg: PolicyConfig, env_spec, *, actor_in: int, critic) -> None:
+        """The action bounds, the actor (``actor_in`` -> mean and log-std), the critics
+        (``critic()`` makes them, after the actor) and their trailing copy, the temperature."""
         low = torch.tensor(env_spec.action_low, dtype=torch.float32)
         high = torch.tensor(env_spec.action_high, dtype=torch.float32)
         if not (torch.isfinite(low).all() and torch.isfinite(high).all()):
-            raise PolicyError("policy.name='sac_mlp' squashes actions into the env's bounds, and "
-                              "this env's action space is unbounded; use policy=mlp.")
-        obs_dim, act_dim, hidden = env_spec.obs_shapes["state"][0], env_spec.action_dim, \
-            list(cfg.hidden_sizes)
-        self.obs_norm = RunningNorm(obs_dim) if cfg.normalize_obs else nn.Identity()
+            raise PolicyError(f"policy.name='{cfg.name}' squashes actions into the env's bounds, "
+                              "and this env's action space is unbounded; use policy=mlp.")
+        act_dim = env_spec.action_dim
         self.register_buffer("action_scale", (high - low) / 2)
         self.register_buffer("action_bias", (high + low) / 2)
-        self.actor = mlp(obs_dim, hidden, 2 * act_dim, cfg.activation, 1.0)  # mean, log-std
-        self.critic = nn.ModuleList(
-            [mlp(obs_dim + act_dim, hidden, 1, cfg.activation, 1.0) for _ in range(2)])
+        self.actor = mlp(actor_in, list(cfg.hidden_sizes), 2 * act_dim, cfg.activation, 1.0)
+        self.critic = critic()
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.temperature = nn.Module()
         self.temperature.log_alpha = nn.Parameter(
@@ -109,20 +126,27 @@ class SACPolicy(Policy):
 
     def _dist(self, obs: TensorDict) -> Normal:
         """The Gaussian before the squash."""
-        mean, log_std = self.actor(self._state(obs)).chunk(2, dim=-1)
+        mean, log_std = self.actor(self._actor_input(obs)).chunk(2, dim=-1)
         log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(log_std) + 1)
         return Normal(mean, log_std.exp())
 
     def _state(self, obs: TensorDict) -> torch.Tensor:
         return self.obs_norm(obs[keys.leaf(keys.STATE)])
 
+    def _actor_input(self, obs: TensorDict) -> torch.Tensor:
+        return self._state(obs)
+
+    def _q(self, critic: nn.Module, obs: TensorDict, action: torch.Tensor) -> torch.Tensor:
+        """``critic``'s (the critics' or their targets') twin Q(s, a) (B, 2)."""
+        return _twin(critic, self._state(obs), action)
+
     def q(self, obs: TensorDict, action: torch.Tensor) -> torch.Tensor:
         """Both critics' Q(s, a) (B, 2)."""
-        return _twin(self.critic, self._state(obs), action)
+        return self._q(self.critic, obs, action)
 
     def q_target(self, obs: TensorDict, action: torch.Tensor) -> torch.Tensor:
         """Both target critics' Q(s, a) (B, 2)."""
-        return _twin(self.critic_target, self._state(obs), action)
+        return self._q(self.critic_target, obs, action)
 
     def observe(self, batch: TensorDict) -> None:
         """Running state statistics (``policy.normalize_obs``), from each update's new
@@ -133,10 +157,15 @@ class SACPolicy(Policy):
 
     # -- the Policy interface -----------------------------------------------------------------
     def act(self, batch: TensorDict, deterministic: bool = False) -> TensorDict:
-        """Actions, their log-probs, and as ``value`` the smaller critic's Q of them."""
+        """Actions, their log-probs, and as ``value`` the smaller critic's Q of them. The
+        log-prob is that of the action as it is stored, as ``evaluate_actions`` computes it:
+        where tanh saturates, float32 keeps too little of the action to recover the sample
+        exactly, and the two would disagree."""
         obs = batch[keys.OBS]
-        action, log_prob = self.sample(obs, deterministic)
-        return TensorDict({keys.ACTION: action, keys.LOG_PROB: log_prob,
+        dist = self._dist(obs)
+        u = dist.mean if deterministic else dist.rsample()  # the draws sample() makes
+        action = torch.tanh(u) * self.action_scale + self.action_bias
+        return TensorDict({keys.ACTION: action, keys.LOG_PROB: self._log_prob_of(dist, action),
                            keys.VALUE: self.q(obs, action).min(-1).values},
                           batch_size=batch.batch_size)
 
@@ -144,14 +173,17 @@ class SACPolicy(Policy):
         """The log-prob of the given (squashed) actions; ``entropy`` its one-sample estimate
         ``-log_prob``; ``value`` the smaller critic's Q(s, a)."""
         obs, action = batch[keys.OBS], batch[keys.ACTION]
-        squashed = ((action - self.action_bias) / self.action_scale).clamp(-1 + TANH_EPS,
-                                                                             1 - TANH_EPS)
-        u = torch.atanh(squashed)
-        log_prob = (self._dist(obs).log_prob(u)
-                    - torch.log(self.action_scale * (1 - squashed.pow(2)) + TANH_EPS)).sum(-1)
+        log_prob = self._log_prob_of(self._dist(obs), action)
         return TensorDict({keys.LOG_PROB: log_prob, keys.ENTROPY: -log_prob,
                            keys.VALUE: self.q(obs, action).min(-1).values},
                           batch_size=batch.batch_size)
+
+    def _log_prob_of(self, dist: Normal, action: torch.Tensor) -> torch.Tensor:
+        """The squashed Gaussian's log-prob (B,) of env-scaled actions (B, A)."""
+        squashed = ((action - self.action_bias) / self.action_scale).clamp(-1 + TANH_EPS,
+                                                                             1 - TANH_EPS)
+        return (dist.log_prob(torch.atanh(squashed))
+                - torch.log(self.action_scale * (1 - squashed.pow(2)) + TANH_EPS)).sum(-1)
 
     def value(self, obs: TensorDict) -> torch.Tensor:
         """The smaller critic's Q at the deterministic action."""
@@ -159,19 +191,94 @@ class SACPolicy(Policy):
         return self.q(obs, action).min(-1).values
 
 
-def _twin(critics: nn.ModuleList, state: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-    x = torch.cat([state, action], dim=-1)  # (B, D + A)
+class SACCNNPolicy(SACPolicy):
+    """``policy.name=sac_cnn`` (see the module docstring).
+
+    >>> from m2flow.envs import EnvSpec
+    >>> spec = EnvSpec({"rgb": (36, 36, 3), "state": (5,)}, 2, (-1.0, -1.0), (1.0, 1.0), 50)
+    >>> cfg = PolicyConfig(name="sac_cnn", hidden_sizes=[8], kwargs={"feature_dim": 16})
+    >>> pi = SACCNNPolicy(cfg, spec)
+    >>> obs = TensorDict({"rgb": torch.zeros(3, 36, 36, 3, dtype=torch.uint8),
+    ...                   "state": torch.zeros(3, 5)}, batch_size=[3])
+    >>> action, log_prob = pi.sample(obs)
+    >>> action.shape, log_prob.shape, pi.q(obs, action).shape
+    (torch.Size([3, 2]), torch.Size([3]), torch.Size([3, 2]))
+    >>> "critic.encoder.fc.0.weight" in pi.critic_parameter_names()
+    True
+    """
+
+    @staticmethod
+    def check_config(policy_cfg: PolicyConfig, env_cfg) -> None:
+        _check(policy_cfg, CNN_KWARGS)
+        if env_cfg.obs_mode == "state":
+            raise PolicyError("policy=sac_cnn reads ('obs','rgb') images, but env.obs_mode=state "
+                              "renders none; use env.obs_mode=rgb or policy=sac_mlp.")
+
+    def __init__(self, cfg: PolicyConfig, env_spec):
+        nn.Module.__init__(self)
+        _check(cfg, CNN_KWARGS)
+        shapes = env_spec.obs_shapes
+        if "rgb" not in shapes or len(shapes["rgb"]) != 3:
+            raise PolicyError("policy.name='sac_cnn' needs ('obs', 'rgb') images (H, W, C); this "
+                              f"env gives {shapes}. Set env.obs_mode=rgb.")
+        self.has_state = "state" in shapes and len(shapes["state"]) == 1
+        state_dim = shapes["state"][0] if self.has_state else 0
+        self.obs_norm = (RunningNorm(state_dim) if cfg.normalize_obs and self.has_state
+                         else nn.Identity())
+        width = int(cfg.kwargs.get("feature_dim", 256))
+        if width < 1:
+            raise PolicyError(f"policy.kwargs.feature_dim={width}: must be >= 1.")
+        n_in = width + state_dim
+        self._build(cfg, env_spec, actor_in=n_in, critic=lambda: nn.ModuleDict({
+            "encoder": NatureCNN(tuple(shapes["rgb"]), width),
+            "heads": _heads(n_in + env_spec.action_dim, cfg)}))
+
+    def _features(self, encoder: nn.Module, obs: TensorDict) -> torch.Tensor:
+        x = encoder(obs[keys.leaf(keys.RGB)])  # (B, feature_dim)
+        return torch.cat([x, self._state(obs)], dim=-1) if self.has_state else x
+
+    def _actor_input(self, obs: TensorDict) -> torch.Tensor:
+        with torch.no_grad():  # the critics' encoder, not trained by the actor
+            return self._features(self.critic.encoder, obs)
+
+    def _q(self, critic: nn.Module, obs: TensorDict, action: torch.Tensor) -> torch.Tensor:
+        return _twin(critic.heads, self._features(critic.encoder, obs), action)
+
+    def observe(self, batch: TensorDict) -> None:
+        if isinstance(self.obs_norm, RunningNorm):
+            self.obs_norm.update(batch[keys.STATE])
+
+
+def _heads(n_in: int, cfg: PolicyConfig) -> nn.ModuleList:
+    """The twin critics over (features, action): MLPs, with a LayerNorm after each hidden layer
+    under ``policy.kwargs.critic_layer_norm``."""
+    hidden = list(cfg.hidden_sizes)
+    if not cfg.kwargs.get("critic_layer_norm", False):
+        return nn.ModuleList([mlp(n_in, hidden, 1, cfg.activation, 1.0) for _ in range(2)])
+
+    def normed() -> nn.Sequential:
+        layers, width = [], n_in
+        for h in hidden:
+            layers += [orthogonal_linear(width, h), nn.LayerNorm(h), ACTIVATIONS[cfg.activation]()]
+            width = h
+        return nn.Sequential(*layers, orthogonal_linear(width, 1, 1.0))
+
+    return nn.ModuleList([normed() for _ in range(2)])
+
+
+def _twin(critics: nn.ModuleList, features: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+    x = torch.cat([features, action], dim=-1)  # (B, D + A)
     return torch.cat([c(x) for c in critics], dim=-1)  # (B, 2)
 
 
-def _check(cfg: PolicyConfig) -> None:
-    """PolicyError for a config ``sac_mlp`` cannot build."""
+def _check(cfg: PolicyConfig, options: tuple = KWARGS) -> None:
+    """PolicyError for a config this policy cannot build."""
     if cfg.activation not in ACTIVATIONS:
         raise PolicyError(f"policy.activation={cfg.activation!r}: use one of "
                           f"{sorted(ACTIVATIONS)}.")
-    unknown = sorted(set(cfg.kwargs) - set(KWARGS))
+    unknown = sorted(set(cfg.kwargs) - set(options))
     if unknown:
-        raise PolicyError(f"policy.kwargs.{unknown[0]} is not an option of policy.name=sac_mlp; "
-                          f"it takes {', '.join(KWARGS)}.")
+        raise PolicyError(f"policy.kwargs.{unknown[0]} is not an option of policy.name="
+                          f"{cfg.name}; it takes {', '.join(options)}.")
     if float(cfg.kwargs.get("init_alpha", 1.0)) <= 0:
         raise PolicyError(f"policy.kwargs.init_alpha={cfg.kwargs['init_alpha']}: must be > 0.")

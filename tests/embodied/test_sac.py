@@ -187,3 +187,30 @@ def test_demos_recorded_without_rewards_are_one_error_naming_the_field(tmp_path)
     write_demos(tmp_path / "old.h5", rewards=False)
     with pytest.raises(AlgorithmError, match=r"^algorithm.demos=.*no rewards.*record it again"):
         SACConfig(name="sac", demos=str(tmp_path / "old.h5")).validate()  # at start-up
+
+
+def test_sac_cnn_trains_its_encoder_from_the_critics_loss_alone():
+    """policy=sac_cnn: the encoder belongs to the critics. With the critics' step size at
+    1e-12, one engine update moves the actor by ~its step size and the encoder by nothing:
+    the actor's loss (whose Q runs through the encoder) leaves it alone."""
+    spec = EnvSpec({"rgb": (36, 36, 3), "state": (OBS,)}, ACT, (-1.0, -2.0), (1.0, 2.0), 50)
+    torch.manual_seed(0)
+    pi = make_policy(PolicyConfig(name="sac_cnn", hidden_sizes=[16], activation="relu",
+                                  normalize_obs=False, kwargs={"feature_dim": 8}), spec)
+    cfg = SACConfig(name="sac", batch_size=B, learning_starts=16, utd=1 / 16,
+                    learning_rate=1e-3, critic_learning_rate=1e-12)
+    sac = SAC(cfg, action_dim=ACT, seed=0)
+    trainer = Trainer(pi, lambda params: torch.optim.Adam(sac.param_groups(pi, params),
+                                                          lr=cfg.learning_rate, eps=ADAM_EPS))
+    trainer.set_lr(cfg.learning_rate)
+    rows = traj()
+    g = torch.Generator().manual_seed(3)
+    for key in ("obs", ("next", "obs")):
+        rows[key]["rgb"] = torch.randint(0, 256, (2, 8, 36, 36, 3), generator=g, dtype=torch.uint8)
+    before = {n: p.detach().clone() for n, p in pi.named_parameters()}
+    batch, _ = sac.prepare(pi, rows, iteration=0, staleness=0)
+    assert sac.train(pi, batch, trainer, iteration=0, seed=0)["loss/updates"] == 1.0
+    moved = {n: (p - before[n]).abs().max().item() for n, p in pi.named_parameters()}
+    assert all(v < 1e-9 for n, v in moved.items() if n.startswith("critic.encoder.")), moved
+    assert max(v for n, v in moved.items() if n.startswith("actor.")) > 1e-4, moved
+    assert "critic.encoder.convs.0.weight" in pi.critic_parameter_names()

@@ -11,6 +11,7 @@ from m2flow.configs import ConfigError, load_config, to_object
 from m2flow.configs.loader import entry_configs
 
 
+DEMO_CONFIGS = {"maniskill_pickcube_rlpd_mlp": "demos/PickCube-v1_state.h5"}  # m2flow-demos output
 GPU_CONFIGS = ("libero_spatial_grpo_openvla_oft", "reasoning_math_grpo_qwen", "mjlab_liftcube_ppo_cnn",
                "mjlab_liftcube_ppo_mlp")
 
@@ -26,6 +27,10 @@ def test_every_entry_config_composes_and_validates(name, tmp_path, monkeypatch):
         monkeypatch.setenv(var, str(tmp_path))
     for var in ("M2FLOW_MATH_TRAIN", "M2FLOW_MATH_TEST"):
         monkeypatch.setenv(var, str(tmp_path / "data.jsonl"))
+    if name in DEMO_CONFIGS:  # the start-up checks want the recorded file to exist
+        monkeypatch.chdir(tmp_path)
+        (tmp_path / DEMO_CONFIGS[name]).parent.mkdir(parents=True)
+        (tmp_path / DEMO_CONFIGS[name]).write_bytes(b"")
     if name in GPU_CONFIGS and not torch.cuda.is_available():
         # planned on this machine (not on the Ray cluster a config may name), their placement
         # asks for GPU 0 and more cores than there are: refused at start-up with one line

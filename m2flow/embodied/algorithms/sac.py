@@ -10,7 +10,7 @@ target critics trail the critics by Polyak averaging at ``tau``. Nothing trains 
 buffer holds ``learning_starts`` transitions. Collection and learning overlap with
 ``runner.overlap_learner=true`` (the rollout acts with weights at most
 ``runner.max_staleness`` updates old). The policy must be a soft actor-critic
-(``policy=sac_mlp``); the maths is in :mod:`~m2flow.embodied.algorithms.offpolicy`.
+(``policy=sac_mlp``, ``sac_cnn``); the maths is in :mod:`~m2flow.embodied.algorithms.offpolicy`.
 
 RLPD is SAC with ``algorithm.demos=<m2flow-demos .h5>``: every minibatch draws
 ``demo_ratio`` of its rows from the demonstrations' transitions and the rest from the online
@@ -98,8 +98,9 @@ class SACConfig(AlgorithmConfig):
                     "must be >= 1, or null for every episode of algorithm.demos.")
         if self.demos is not None:
             check_field(self, "demos", Path(self.demos).expanduser().is_file(),
-                        "no such file; record demonstrations with m2flow-demos (e.g. "
-                        "m2flow-demos env=maniskill_pushcube demos.output=demos/x).")
+                        "no such file; record demonstrations in this run's env and obs mode "
+                        "with m2flow-demos (e.g. m2flow-demos env=maniskill_pickcube "
+                        "env.obs_mode=state demos.output=demos/PickCube-v1_state).")
             check_field(self, "demos", _has_rewards(self.demos),
                         "its episodes have no rewards (written before m2flow-demos recorded "
                         "them, or not by m2flow-demos); record it again with m2flow-demos.")
@@ -285,7 +286,8 @@ def _check_single_rank(dp) -> None:
 def _check_policy(policy) -> None:
     if not getattr(policy, "soft_actor_critic", False):
         raise ValueError(f"algorithm=sac needs a soft actor-critic policy (twin critics and a "
-                         f"temperature); {type(policy).__name__} is not one: use policy=sac_mlp.")
+                         f"temperature); {type(policy).__name__} is not one: use policy=sac_mlp "
+                         "or policy=sac_cnn.")
 
 
 ALGORITHM = SAC
