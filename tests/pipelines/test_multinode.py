@@ -95,12 +95,12 @@ def test_env_rollout_and_learner_run_on_their_own_nodes_of_a_ray_cluster(tmp_pat
                               capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     seen = json.loads((tmp_path / "seen.json").read_text())
-    assert seen["train_rc"] == 0
+    assert seen["train_rc"] == 0 and seen["sac_rc"] == 0
     assert sorted(seen["nodes"]) == sorted([HEAD, SIM, LEARN])
     assert len(set(seen["nodes"].values())) == 3  # three raylets
-    for cls, resource in ON.items():  # Ray's own record of where each actor ran
-        assert seen["actors"][cls] == [seen["nodes"][resource]], (cls, seen)
-    assert "done: 2 iterations, 32 env steps" in proc.stdout
+    for cls, resource in ON.items():  # Ray's own record of where each actor ran (two runs)
+        assert seen["actors"][cls] == [seen["nodes"][resource]] * 2, (cls, seen)
+    assert proc.stdout.count("done: 2 iterations, 32 env steps") == 2, proc.stdout[-3000:]
 
 
 def drive(out: Path) -> None:
@@ -119,14 +119,19 @@ def drive(out: Path) -> None:
             cluster.add_node(**small, resources={resource: 1})
         cluster.wait_for_nodes()
         rc = train(["cluster=ray_multinode", *TINY, f"runner.log_dir={out}"])
+        # off-policy on the same nodes: SAC's replay buffer on the learner's node, the
+        # rollout acting with weights one update old while the learner updates
+        sac_rc = train(["--config-name", "maniskill_pushcube_sac_mlp", "cluster=ray_multinode",
+                        *TINY, "algorithm.learning_starts=16", "algorithm.batch_size=8",
+                        f"runner.log_dir={out / 'sac'}"])
         ray.init(address=cluster.address)
         nodes = {r: n["NodeID"] for n in ray.nodes() if n["Alive"] for r in n["Resources"]
                  if r in (HEAD, SIM, LEARN)}
         actors: dict[str, list[str]] = {}
         for a in ray._private.state.actors().values():
             actors.setdefault(a["ActorClassName"], []).append(a["Address"]["NodeID"])
-        (out / "seen.json").write_text(json.dumps({"train_rc": rc, "nodes": nodes,
-                                                   "actors": actors}))
+        (out / "seen.json").write_text(json.dumps({"train_rc": rc, "sac_rc": sac_rc,
+                                                   "nodes": nodes, "actors": actors}))
     finally:
         ray.shutdown()
         cluster.shutdown()
