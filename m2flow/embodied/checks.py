@@ -110,6 +110,10 @@ def check_names(cfg: TrainConfig) -> None:
             check(cfg.env)
     except EnvError as e:
         raise ConfigError(f"config error: {e}") from None
+    if cfg.runner.stagger_episodes and not cls.episode_clocks:
+        raise field_error("runner.stagger_episodes", True,
+                          f"{cfg.env.name} cannot start its episodes part-way (mjlab/* envs "
+                          "can); leave it false for this env.")
     try:
         cls = policy_class(cfg.policy.name)
     except PolicyError as e:
@@ -148,6 +152,10 @@ def check_config(cfg: TrainConfig, plan: Optional[dict[str, list[str]]] = None) 
             f"must be <= the {samples} samples of an iteration (env.num_envs x env workers x "
             "runner.rollout_steps); lower it or collect more.")
     r = cfg.runner
+    if r.stagger_episodes and r.reset_every_iteration:
+        raise field_error("runner.stagger_episodes", True,
+                          "needs runner.reset_every_iteration=false (a reset every iteration "
+                          "would end every episode at the same step); set that too.")
     if r.overlap_learner and r.max_staleness < 1:
         raise ValueError(
             f"runner.overlap_learner=true needs runner.max_staleness >= 1 (got "

@@ -38,6 +38,14 @@ class RunnerConfig(RunnerBaseConfig):
     reset_every_iteration: bool = True
     """Reset every env from a per-iteration seed at the start of each iteration; makes each
     iteration reproducible on its own (resume) and aligns episodes with iterations."""
+    stagger_episodes: bool = False
+    """After each training reset, start env i's episode a random number of steps into its
+    time limit (uniform in [0, limit), drawn from the run's seed), so its first episode is
+    cut short and from then on the envs' episodes end at different iterations: each batch
+    mixes early and late phases of episodes instead of every env swinging up, say, in the
+    same iterations (rsl-rl's ``init_at_random_ep_len``). Needs
+    ``reset_every_iteration=false`` and an env that can set its episodes' step counts
+    (mjlab)."""
     exact_resets: bool = False
     """Also rebuild the simulator at those resets (ManiSkill: the scene), so an iteration depends
     on its seed alone and a resumed run equals the uninterrupted one bit for bit; costs about

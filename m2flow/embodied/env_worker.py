@@ -92,12 +92,16 @@ class EnvWorker(Worker):
     def collect(
         self, obs_ch: Channel, act_ch: Channel, traj_ch: Channel, *, num_steps: int,
         iteration: int, reset: bool = True, rebuild: bool = False, stages: int = 1,
+        stagger: bool = False,
     ) -> EpisodeStats:
         """Collects ``num_steps`` steps of every env and puts the (N, T) trajectory on traj_ch;
-        the stats' ``seconds`` is this call's wall time."""
+        the stats' ``seconds`` is this call's wall time. ``stagger``: after a reset, start
+        the envs' episodes at random steps (``runner.stagger_episodes``)."""
         t0 = time.perf_counter()
         if reset or self._obs is None:
             self._obs = self._reset(seeding.TRAIN, iteration, rebuild)
+            if stagger:
+                self._stagger(iteration)
             # an episode's return, length and success run on across calls until the envs reset
             # (runner.reset_every_iteration=false: episodes longer than an iteration)
             self._runs = [RunningEpisodes(n) for n in self.sizes]
@@ -224,6 +228,16 @@ class EnvWorker(Worker):
             o = obs[groups[0]] if len(groups) == 1 else torch.cat([obs[g] for g in groups])
             obs_ch.put(TensorDict({keys.OBS: o}, batch_size=o.batch_size), key=(self.rank, k),
                        timeout=self.timeout)
+
+    def _stagger(self, iteration: int) -> None:
+        """Env i's episode starts ``steps[i]`` steps in, uniform in [0, time limit), drawn
+        from (seed, iteration, rank) so a resumed run staggers alike."""
+        limit = self.spec().max_episode_steps
+        gen = torch.Generator().manual_seed(
+            seeding.derive(self.seed, seeding.STAGGER, iteration, self.rank)[0])
+        steps = torch.randint(0, limit, (self.num_envs,), generator=gen)
+        for env, part in zip(self.envs, torch.split(steps, self.sizes)):
+            env.start_episodes_at(part)
 
     def _reset(self, purpose: int, iteration: int, rebuild: bool = False,
                seeds: Optional[list] = None, tasks: Optional[list] = None) -> list:

@@ -164,7 +164,7 @@ class EmbodiedRunner(RunLoop):
             self.env.call(EnvWorker.collect, self.obs_ch, self.act_ch, self.traj_ch,
                           num_steps=r.rollout_steps, iteration=iteration,
                           reset=r.reset_every_iteration, rebuild=r.exact_resets,
-                          stages=self.stages),
+                          stages=self.stages, stagger=r.stagger_episodes),
             self._serve(r.rollout_steps, iteration, deterministic=False),
         )
 

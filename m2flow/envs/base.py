@@ -54,6 +54,9 @@ class BatchedEnv(ABC):
     steps_in_background: bool = False
     """True when ``step_async`` returns while the simulator runs elsewhere (processes), so the
     caller can do other work (and start other envs) until ``step_wait``."""
+    episode_clocks: bool = False
+    """True when ``start_episodes_at`` can set how far each env is into its episode
+    (``runner.stagger_episodes`` needs it)."""
 
     @abstractmethod
     def reset(self, seed: Optional[Sequence[int]] = None, *, rebuild: bool = False) -> TensorDict:
@@ -74,6 +77,12 @@ class BatchedEnv(ABC):
         the process died or hung in this step and was restarted; ``"obs"`` is then the first
         obs of a fresh episode, and the step and the episode it ended are not data.
         """
+
+    def start_episodes_at(self, steps: torch.Tensor) -> None:
+        """Sets env i's step count within its current episode to ``steps[i]`` (in [0, time
+        limit)), so that episode times out after ``max_episode_steps - steps[i]`` more steps.
+        Only for envs with ``episode_clocks``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot set its episodes' step counts")
 
     def reset_async(self, seed: Optional[Sequence[int]] = None, *, rebuild: bool = False,
                     **kw) -> None:

@@ -40,6 +40,7 @@ class ChunkedEnv(BatchedEnv):
         self.env = env
         self.num_envs, self.spec, self.device = env.num_envs, env.spec, env.device
         self.steps_in_background = env.steps_in_background
+        self.episode_clocks = env.episode_clocks
         self._chunk: Optional[torch.Tensor] = None
 
     def __getattr__(self, name: str):
@@ -57,6 +58,9 @@ class ChunkedEnv(BatchedEnv):
 
     def reset_wait(self) -> TensorDict:
         return self.env.reset_wait()
+
+    def start_episodes_at(self, steps: torch.Tensor) -> None:
+        self.env.start_episodes_at(steps)
 
     def step(self, action: torch.Tensor) -> TensorDict:
         self.step_async(action)

@@ -158,6 +158,7 @@ class MjlabEnv(BatchedEnv):
     """Adapter for ``mjlab/<task>`` (see the module docstring)."""
 
     EXAMPLE_IDS = ("mjlab/Mjlab-Cartpole-Balance",)  # the registry sweep's pick
+    episode_clocks = True
 
     @staticmethod
     def check_config(cfg: EnvConfig):
@@ -255,6 +256,12 @@ class MjlabEnv(BatchedEnv):
             batch_size=[self.num_envs],
             device=self.device,
         )
+
+    def start_episodes_at(self, steps: torch.Tensor) -> None:
+        """mjlab counts each env's steps in ``episode_length_buf`` and times it out at
+        ``max_episode_length`` (rsl-rl's ``init_at_random_ep_len`` sets the same buffer)."""
+        buf = self.env.episode_length_buf
+        buf[:] = steps.to(device=buf.device, dtype=buf.dtype)
 
     def close(self) -> None:
         self.env.close()

@@ -152,6 +152,12 @@ def case_table() -> list[tuple[str, str, list[str], str]]:
         ("mjlab_unknown_task", TRAIN, [*MJLAB, "env.name=mjlab/Mjlab-Cartpole-Balanse"],
          "Did you mean 'Mjlab-Cartpole-Balance'"),
         ("mjlab_no_camera", TRAIN, [*MJLAB, "env.obs_mode=rgb"], "env.obs_mode=rgb"),
+        ("stagger_with_resets", TRAIN, [*MJLAB, "runner.stagger_episodes=true",
+                                        "runner.reset_every_iteration=true"],
+         "runner.stagger_episodes=True: needs runner.reset_every_iteration=false"),
+        ("stagger_without_clocks", TRAIN, ["runner.stagger_episodes=true",
+                                           "runner.reset_every_iteration=false"],
+         "runner.stagger_episodes=True: ManiSkill/PushCube-v1 cannot start its episodes"),
         # cluster and placement
         ("backend", TRAIN, ["cluster.backend=mpi"], "cluster.backend"),
         ("context_switch", TRAIN, ["cluster.context_switch=sometimes"], "cluster.context_switch"),

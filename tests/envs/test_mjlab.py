@@ -167,6 +167,26 @@ def test_success_is_the_tasks_own_and_steps_stay_on_the_device():
         env.close()
 
 
+def test_episodes_started_part_way_time_out_that_much_sooner():
+    """``start_episodes_at`` (``runner.stagger_episodes``): an env started k steps into a
+    25-step limit times out after 25 - k steps, then every 25; worked out by hand below."""
+    starts = [0, 5, 24, 12]
+    env = make_env(EnvConfig(name="mjlab/Mjlab-Cartpole-Balance", num_envs=4,
+                             max_episode_steps=LIMIT))
+    try:
+        assert env.episode_clocks
+        env.reset(seed=[0, 1, 2, 3])
+        env.start_episodes_at(torch.tensor(starts))
+        truncated = torch.stack([env.step(torch.zeros(4, 1))[keys.TRUNCATED]
+                                 for _ in range(60)])
+    finally:
+        env.close()
+    # steps (1-based) at which each env times out
+    expected = {0: [25, 50], 1: [20, 45], 2: [1, 26, 51], 3: [13, 38]}
+    for i, steps in expected.items():
+        assert (truncated[:, i].nonzero().flatten() + 1).tolist() == steps, i
+
+
 # -- config errors (raised before any simulator is built) -------------------------------------
 def make(name="mjlab/Mjlab-Cartpole-Balance", **kw):
     return make_env(EnvConfig(name=name, num_envs=1, **kw))
