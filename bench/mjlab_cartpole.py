@@ -17,11 +17,11 @@ below the table gives each trainer's own loop time (m2flow: ``perf/iteration_s``
 ``final training return`` is the mean return of the last 100 training episodes: rsl-rl's
 ``Train/mean_reward`` at its last iteration (its rolling mean of 100 episodes); for m2flow, the
 episode-weighted mean of ``env/return`` (the episodes that ended in an iteration) over the
-last iterations that hold 100 episodes. Cartpole has no early termination, so m2flow's envs,
-started together, end their 1000-step episodes together (one iteration in 31 logs a return);
-rsl-rl starts each env at a random episode length (``init_at_random_ep_len``), so its first
-episodes are partial. ``eval return`` scores both final policies alike: one m2flow env of 32
-envs, reset with seeds 10000..10031, one full episode each with mean actions (the env clips
+last iterations that hold 100 episodes. Both start each env's first episode at a random
+step (rsl-rl's ``init_at_random_ep_len``, m2flow's ``runner.stagger_episodes``), so the first
+episodes are partial and later ones end at every iteration. ``eval return`` scores both
+final policies alike: one m2flow env of 32 envs, reset with seeds 10000..10031, one full
+episode each with mean actions (the env clips
 them as both trainers' envs do: the rl cfg's ``clip_actions``). Curves (env steps -> training
 return) go to ``<out>/curves.csv`` and ``<out>/curves.png``, the rows to ``<out>/summary.json``.
 
