@@ -116,6 +116,51 @@ def test_inference_as_slow_as_simulation_on_cores_of_its_own_pipelines():
     assert piped.iteration_s < seq.iteration_s
 
 
+def gpu_inference_profile(node, *, per_call: float, per_item: float) -> Profile:
+    """16 env processes of 4 ms a step on 4 cores; inference on the GPU at each stage's batch
+    size (4, 8, 16: the profiler's ``sizes_of``), ``per_call + per_item x batch`` seconds."""
+    p = Profile("embodied", node)
+    for n in (4, 8, 16):
+        for c in (1, node.cores):
+            p.add_time("env", "step", size=n, cores=c, seconds=0.004 * n / min(c, n))
+            p.add_time("env", "reset", size=n, cores=c, seconds=0.0)
+            p.add_time("rollout", "infer", size=n, cores=c, seconds=0.1 * n)
+        p.add_time("rollout", "infer", size=n, cores=0, seconds=per_call + per_item * n,
+                   device="cuda")
+    for c in (1, node.cores):
+        p.add_time("learner", "learn", size=800, cores=c, seconds=5.0)
+    p.add_time("learner", "learn", size=800, cores=0, seconds=0.2, device="cuda")
+    p.add_memory("env", size=4, mb=400)
+    p.add_memory("env", size=16, mb=1800)
+    p.add_memory("learner", size=800, mb=500)
+    return p
+
+
+def test_launch_bound_gpu_inference_keeps_one_stage():
+    """A small policy on a GPU costs about the same per call at any batch (kernel launches,
+    the H100 run of 2026-11-25), so S stages call it S times a step: one stage wins. Where
+    inference scales with the batch, S=2 halves the step. Hand-worked, 50 steps + 0.2 s."""
+    node = Node(cores=4, gpus=1, gpu_memory_mb=80_000)
+    g = embodied_graph(FACTS)
+    one = "collocated: env any core, rollout gpu0, learner gpu0; S="
+
+    launch = search(g, models_for(gpu_inference_profile(node, per_call=0.020, per_item=0), g),
+                    node)
+    by = {p.plan.label(g): p for p in launch if p.feasible}
+    assert by[one + "1"].breakdown["loop"] == pytest.approx(50 * (0.016 + 0.020))  # sim, infer
+    assert by[one + "2"].breakdown["loop"] == pytest.approx(50 * 2 * 0.020)  # 2 calls a step
+    assert by[one + "4"].breakdown["loop"] == pytest.approx(50 * 4 * 0.020)
+    assert launch[0].plan.lanes == 1
+    assert launch[0].iteration_s == pytest.approx(50 * 0.036 + 0.2)
+
+    batch = search(g, models_for(gpu_inference_profile(node, per_call=0, per_item=0.001), g),
+                   node)
+    by = {p.plan.label(g): p for p in batch if p.feasible}
+    assert by[one + "1"].breakdown["loop"] == pytest.approx(50 * (0.016 + 0.016))
+    assert by[one + "2"].breakdown["loop"] == pytest.approx(50 * 0.016)  # the two overlap
+    assert batch[0].iteration_s == pytest.approx(50 * 0.016 + 0.2)
+
+
 def test_resets_of_every_lane_start_at_once_for_envs_in_processes():
     """4 env processes, 0.5 CPU-s per reset: on 2 cores they reset in 1 s at any stage
     count (the env worker starts every group's reset before it waits for any); one after
