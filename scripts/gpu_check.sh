@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 OUT=${1:?usage: gpu_check.sh OUT_DIR [STEP ...]}
 shift
 mkdir -p "$OUT"
-STEPS=${*:-"env vla_oft vla_oft_ckpt context_switch physx render reasoning pytest ray_embodied ray_reasoning pipeline vla_openvla"}
+STEPS=${*:-"env vla_oft vla_oft_ckpt context_switch physx render reasoning pytest ray_embodied ray_reasoning pipeline plan_gpu vla_openvla"}
 export RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1 MUJOCO_GL=egl TOKENIZERS_PARALLELISM=false
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 PY=${PYTHON:-python3}
@@ -112,6 +112,13 @@ step pytest 90 $PY -m pytest -m gpu -p no:cacheprovider -q --timeout 60 -o addop
   --ignore=tests/plugin tests
 step pipeline 120 $PY bench/pipeline.py --case vla128 --num-envs 16 --rounds 1 --steps 20 \
   --cluster gpu_inprocess --set env.render_backend=gpu env.sim_backend=cpu
+# the planner on the same case, from its own GPU profile (inference timed at each stage's batch
+# size, 16/8/4): the S it picks against the S=1/2/4 the pipeline step above measured
+step plan_gpu 180 $PY -c 'from m2flow.cli.plan import main; raise SystemExit(main())' \
+  --config-name maniskill_pickcube_ppo_openvla_tiny --no-calibrate --no-overlap --top 12 \
+  --output /tmp/plan_vla128/plan.yaml cluster=gpu_inprocess env.num_envs=16 \
+  env.render_backend=gpu env.sim_backend=cpu policy.kwargs.image_size=128 \
+  policy.kwargs.hidden_size=256 policy.kwargs.num_layers=4 policy.kwargs.intermediate_size=512
 ray_step() {  # a step that needs Ray: skipped, saying so, where the Ray part was not unpacked
   if [ -d /tmp/site/ray ]; then step "$@"; else
     case " $STEPS " in *" $1 "*) printf '%-16s %-16s %4ss\n' "$1" "skipped (no Ray)" 0 \
