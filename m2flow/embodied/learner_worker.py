@@ -194,7 +194,7 @@ class LearnerWorker(Worker):
                                             iteration=iteration, seed=self.seed)
                        if rows else {})
             # statistics change between updates, never within one; they see the global batch
-            self.policy.observe(observed_rows(batch, dp))
+            self.observe(observed_rows(batch, dp), iteration=iteration)
             if self.gathered is not None:  # the whole weights, for the sync that follows
                 self.gathered.gather()
             if spread is not None:  # (behaviour cloning's demonstrations have no reward)
@@ -203,6 +203,21 @@ class LearnerWorker(Worker):
             return {**metrics, **mean_over_ranks(extra, dp),
                     "loss/learning_rate": self.trainer.lr, "perf/staleness": float(staleness)}
 
+    def observe(self, batch: TensorDict, *, iteration: int) -> None:
+        """Updates the policy's running statistics from ``batch``; during a critic-only update
+        (PPO's ``critic_warmup``) only the critic's: the actor's input statistics stay as its
+        weights do, so a warm-started actor acts exactly as its checkpoint did until the
+        warm-up ends."""
+        if not self.algorithm.critic_only(iteration):
+            self.policy.observe(batch)
+            return
+        critic = set(self.policy.critic_buffer_names())
+        kept = {n: b.detach().clone() for n, b in self.policy.named_buffers() if n not in critic}
+        self.policy.observe(batch)
+        with torch.no_grad():
+            for n, b in self.policy.named_buffers():
+                if n in kept:
+                    b.copy_(kept[n])
 
 
 def learner_rank(env_rank: int, env_workers: int, learners: int) -> int:

@@ -56,3 +56,9 @@ class Policy(nn.Module, ABC):
         a LoRA wrapper's prefixes do not matter)."""
         return [n for n, _ in self.named_parameters()
                 if CRITIC_MODULES & set(n.split(".")[:-1])]
+
+    def critic_buffer_names(self) -> list[str]:
+        """Names of the buffers only ``value`` reads (a privileged critic's observation
+        statistics), by the rule of :meth:`critic_parameter_names`; the others (a shared
+        observation normaliser) feed the actor."""
+        return [n for n, _ in self.named_buffers() if CRITIC_MODULES & set(n.split(".")[:-1])]

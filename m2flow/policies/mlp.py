@@ -3,11 +3,20 @@
 Reads ``("obs", "state")`` (B, D). Actor: MLP -> action mean; a learned state-independent
 log-std. Critic: a separate MLP -> value, over the same state or, with
 ``policy.kwargs.critic=privileged``, over ``("obs", "privileged")`` (an mjlab task's critic
-group: its noise-free observations). Actions are raw Gaussian samples; the env clips them to
+group: its noise-free observations). ``policy.kwargs.actor_hidden_state`` hides dims of the
+state from the actor alone (the critic reads them all): each [start, end) range is fed to the
+actor as its running mean (0 after normalisation). Behaviour cloning needs it where the state
+holds the robot's joint velocities (ManiSkill's Panda: dims 9-17 of ``state``, after its 9
+joint positions): a cloned policy that reads them learns to continue the motion it sees
+instead of choosing one, so from rest it stays at rest (the "copycat" failure of imitation,
+Wen et al. 2020). Actions are raw Gaussian samples; the env clips them to
 its bounds, and log-probs are of the unclipped sample.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Optional
 
 import numpy as np
 import torch
@@ -132,6 +141,7 @@ class GaussianMLPPolicy(GaussianActorCritic):
     def check_config(policy_cfg: PolicyConfig, env_cfg) -> None:
         GaussianActorCritic.check_config(policy_cfg, env_cfg)
         _std(policy_cfg.kwargs)
+        _hidden_ranges(policy_cfg.kwargs, None)
         if _critic(policy_cfg.kwargs) == PRIVILEGED_CRITIC:
             critics.check_env(env_cfg, "policy.kwargs.critic=privileged",
                               "drop policy.kwargs.critic")
@@ -152,12 +162,20 @@ class GaussianMLPPolicy(GaussianActorCritic):
         self._build_heads(obs_dim, env_spec.action_dim, cfg, _std(cfg.kwargs))
         self.obs_norm = RunningNorm(obs_dim) if cfg.normalize_obs else nn.Identity()
         self.privileged_critic = _critic(cfg.kwargs) == PRIVILEGED_CRITIC
+        hidden = torch.ones(obs_dim, dtype=torch.bool)
+        for start, end in _hidden_ranges(cfg.kwargs, obs_dim):
+            hidden[start:end] = False
+        # a constant, not a weight: the same for every checkpoint of this config
+        self.register_buffer("actor_sees", hidden.float(), persistent=False)
         if self.privileged_critic:  # replaces the critic over the state
             n_priv = critics.privileged_dim(env_spec.obs_shapes, "policy.kwargs.critic=privileged")
             self.critic = critics.PrivilegedCritic(n_priv, cfg.hidden_sizes, cfg.activation)
 
     def _features(self, obs: TensorDict) -> torch.Tensor:
         return self.obs_norm(obs[keys.leaf(keys.STATE)])
+
+    def _dist(self, features: torch.Tensor) -> Normal:
+        return super()._dist(features * self.actor_sees)
 
     def _value(self, obs: TensorDict, features: torch.Tensor) -> torch.Tensor:
         if not self.privileged_critic:
@@ -175,16 +193,42 @@ def _critic(kwargs) -> str:
     """``policy.kwargs`` of ``policy.name=mlp``: ``critic`` ('shared': the critic MLP reads
     the state as the actor does; 'privileged': ``("obs", "privileged")``) and ``std`` (see
     ``_build_heads``); PolicyError for anything else."""
-    unknown = sorted(set(kwargs) - {"critic", "std"})
+    unknown = sorted(set(kwargs) - {"critic", "std", "actor_hidden_state"})
     if unknown:
         raise PolicyError(f"policy.kwargs.{unknown[0]} is not an option of policy.name=mlp; "
-                          "it takes 'critic' and 'std'.")
+                          "it takes 'critic', 'std' and 'actor_hidden_state'.")
     critic = kwargs.get("critic", SHARED_CRITIC)
     if critic not in (SHARED_CRITIC, PRIVILEGED_CRITIC):
         raise PolicyError(f"policy.kwargs.critic={critic!r}: use {SHARED_CRITIC!r} (the state) "
                           f"or {PRIVILEGED_CRITIC!r} (('obs','privileged'), "
                           "env.privileged_state=true).")
     return critic
+
+
+def _hidden_ranges(kwargs, obs_dim: Optional[int]) -> list[tuple[int, int]]:
+    """``policy.kwargs.actor_hidden_state``: [start, end) ranges of the state's dims, within
+    [0, obs_dim) (None: not known yet, at start-up); PolicyError naming the option for
+    anything else."""
+    ranges = kwargs.get("actor_hidden_state") or []
+    top = obs_dim if obs_dim is not None else float("inf")
+    out = []
+    for r in ranges:
+        ok = (isinstance(r, Sequence) and len(r) == 2 and all(isinstance(i, int) for i in r)
+              and 0 <= r[0] < r[1] <= top)
+        if not ok:
+            bound = f" <= {obs_dim}, the state's size" if obs_dim is not None else ""
+            raise PolicyError(
+                f"policy.kwargs.actor_hidden_state={_plain(ranges)}: each entry is a "
+                f"[start, end) range of the state's dims, 0 <= start < end{bound} (e.g. "
+                "[[9, 18]] hides ManiSkill Panda's joint velocities).")
+        out.append((int(r[0]), int(r[1])))
+    return out
+
+
+def _plain(value):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
 
 
 def _std(kwargs) -> str:

@@ -16,7 +16,9 @@ from m2flow.cli.common import load_run_config
 from m2flow.configs import ConfigError
 from m2flow.embodied import demos as demos_mod
 from m2flow.embodied.resets import env_seeds
+from m2flow.embodied.rollout_worker import RolloutWorker
 from m2flow.embodied.runner import EmbodiedRunner
+from m2flow.policies import make_policy
 from m2flow.runs import checkpoint, seeding
 
 ENVS, GROUP, SEED = 8, 4, 0
@@ -96,3 +98,39 @@ def test_init_from_another_policy_is_one_config_error(tmp_path, bc_checkpoint):
     text = str(e.value)
     assert "init_from=" in text and "policy=mlp" in text and "policy=cnn" in text, text
     assert "\n" not in text
+
+
+def deterministic_actions(cfg, spec, weights, states):
+    """The mean actions of ``cfg.policy`` with ``weights`` on ``states`` (a policy built apart
+    from the run's workers)."""
+    pi = make_policy(cfg.policy, spec)
+    pi.load_state_dict(weights)
+    batch = TensorDict({"obs": {"state": states}}, batch_size=[states.shape[0]])
+    with torch.no_grad():
+        return pi.act(batch, deterministic=True)["action"]
+
+
+def test_ppo_from_a_bc_checkpoint_acts_as_it_and_its_critic_warmup_leaves_the_actor(
+        tmp_path, bc_checkpoint):
+    cfg = load_run_config("maniskill_pushcube_ppo_mlp", [
+        *COMMON, f"runner.log_dir={tmp_path}", "run_name=ppo", f"init_from={bc_checkpoint}",
+        "algorithm.critic_warmup=2", "runner.num_iterations=2", "runner.rollout_steps=20"])
+    runner = EmbodiedRunner(cfg)
+    try:
+        served = runner.rollout.call(RolloutWorker.get_weights).wait()[0]  # after the first sync
+        runner.train()
+        warmed = runner.rollout.call(RolloutWorker.get_weights).wait()[0]
+        spec = runner.spec
+    finally:
+        runner.close()
+    bc = checkpoint.load(bc_checkpoint)["learner"]["policy"]  # the file the BC run wrote
+    states = torch.randn(64, spec.obs_shapes["state"][0], generator=torch.Generator().manual_seed(0))
+    want = deterministic_actions(cfg, spec, bc, states)
+    assert want.abs().max() > 0.05  # a trained actor, not zeros
+    assert torch.equal(deterministic_actions(cfg, spec, served, states), want)
+    # two iterations of the critic alone: the actor bit for bit BC's, its observation
+    # statistics too (they are the actor's input); the critic moved
+    assert torch.equal(deterministic_actions(cfg, spec, warmed, states), want)
+    actor = [k for k in bc if not k.startswith("critic")]
+    assert all(torch.equal(warmed[k], bc[k]) for k in actor), actor
+    assert any(not torch.equal(warmed[k], served[k]) for k in warmed if k.startswith("critic"))

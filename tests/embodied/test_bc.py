@@ -101,10 +101,12 @@ def test_a_malformed_dataset_is_one_clear_error(tmp_path):
         learner(dataset=str(tmp_path / "text.pt"))
 
 
-def test_num_demos_needs_an_episode_dataset(tmp_path):
+@pytest.mark.parametrize("option, value", [("num_demos", 3), ("noop_threshold", 0.01)])
+def test_episode_options_need_an_episode_dataset(tmp_path, option, value):
     write_dataset(tmp_path / "expert.pt")
-    with pytest.raises(AlgorithmError, match=r"algorithm.num_demos=3: picks episodes of an .h5"):
-        learner(dataset=str(tmp_path / "expert.pt"), num_demos=3)
+    with pytest.raises(AlgorithmError,
+                       match=rf"algorithm.{option}={value}: reads the episodes of an .h5"):
+        learner(dataset=str(tmp_path / "expert.pt"), **{option: value})
 
 
 # -- on m2flow-demos datasets -------------------------------------------------------------
@@ -160,7 +162,7 @@ def test_bc_mlp_reproduces_the_demonstrated_actions(demos_h5):
                          spec.action_high, spec.max_episode_steps)
     worker = demo_learner(path, state_spec, PolicyConfig(name="mlp", hidden_sizes=[64, 64]),
                           loss="mse", batch_size=64, learning_rate=3e-3)
-    data = worker.algorithm.episodes[0]  # the training set (T,)
+    data = worker.algorithm.expert.episodes[0]  # the training set (T,)
     traj = _DemoTrajectories(data["obs"])
 
     def error():
@@ -192,9 +194,9 @@ def test_bc_openvla_oft_reproduces_the_demonstrated_tokens(demos_h5, one_thread)
                   value_head=False, jpeg=False, center_crop=False, resize="bilinear")
     worker = demo_learner(path, spec, PolicyConfig(name="openvla_oft", kwargs=kwargs),
                           batch_size=64, learning_rate=3e-3)
-    traj = _DemoTrajectories(worker.algorithm.episodes[0]["obs"])
+    traj = _DemoTrajectories(worker.algorithm.expert.episodes[0]["obs"])
     losses = [worker.update(traj, env_ranks=[0], iteration=i)["loss/loss_bc"] for i in range(200)]
-    data = worker.algorithm.data  # (M,): the targets of the chunk-2 policy
+    data = worker.algorithm.expert.data  # (M,): the targets of the chunk-2 policy
     assert data["action"].shape[1:] == (2, 4) and data["action_tokens"].shape[1:] == (8,)
     with torch.no_grad():
         bins = worker.policy.act(TensorDict({"obs": data["obs"]}, data.shape),
@@ -226,7 +228,7 @@ def test_target_noise_moves_each_target_by_a_gaussian_of_that_std(demos_h5, poli
     sigma, diffs = 0.1, []
     noisy = demo_learner(path, spec, cfg, batch_size=10_000, target_noise=sigma)
     exact = demo_learner(path, spec, cfg, batch_size=10_000)
-    traj = _DemoTrajectories(noisy.algorithm.episodes[0]["obs"]).get()
+    traj = _DemoTrajectories(noisy.algorithm.expert.episodes[0]["obs"]).get()
     for i in range(20):
         batch, _ = noisy.algorithm.prepare(noisy.policy, traj, iteration=i, staleness=0)
         clean, _ = exact.algorithm.prepare(exact.policy, traj, iteration=i, staleness=0)

@@ -25,7 +25,7 @@ from m2flow.registry import Registry
 
 ENTRY_POINT_GROUP = "m2flow.algorithms"
 
-HELPER_MODULES = frozenset({"base", "losses", "advantages", "offpolicy"})  # shared pieces, not algorithms
+HELPER_MODULES = frozenset({"base", "losses", "advantages", "offpolicy", "demo_term"})  # shared pieces, not algorithms
 
 
 def _builtin_algorithms() -> dict[str, str]:

@@ -91,6 +91,14 @@ class BCConfig(AlgorithmConfig):
     at 0.5 the samples are the argmax's to within a bin or two (the VLA recipe rows of
     docs/results.md)."""
 
+    noop_threshold: float = 0.0
+    """With an .h5 dataset: drop the demonstration steps that do nothing (OpenVLA's no-op
+    filter for LIBERO): the arm's part of the action (every dim but the last, the gripper's)
+    has an L2 norm below this and the gripper's command equals the step before's. A motion
+    planner starts each segment from rest, so its first actions are ~0; a memoryless policy
+    cloned on them predicts ~0 at rest, and the robot never starts moving (PickCube's
+    planner demos: 0.00 success at 100 steps with them). 0: keep every step."""
+
     image_shift: int = 0
     """Random-shift augmentation of the sampled images (DrQ): every image observation of each
     iteration's sample padded by this many pixels (edges repeated) and cropped back at a random
@@ -106,6 +114,8 @@ class BCConfig(AlgorithmConfig):
         check_field(self, "target_noise", self.target_noise >= 0,
                     "must be >= 0 (the std of the noise on the expert actions; 0: none).")
         check_field(self, "batch_size", self.batch_size >= 1, "must be >= 1.")
+        check_field(self, "noop_threshold", self.noop_threshold >= 0,
+                    "must be >= 0 (0: keep every step).")
         check_field(self, "num_demos", self.num_demos is None or self.num_demos >= 1,
                     "must be >= 1, or null for every episode of the dataset.")
 
@@ -118,31 +128,16 @@ class BC(Algorithm):
 
     def __init__(self, cfg: BCConfig, *, action_dim: int, seed: int):
         super().__init__(cfg, action_dim=action_dim, seed=seed)
-        if Path(cfg.dataset).suffix in HDF5_SUFFIXES:
-            self.episodes: Optional[list] = read_demos(cfg.dataset, action_dim, cfg.num_demos)
-            self.data: Optional[TensorDict] = None  # (M,): built for the policy's chunk
-        elif cfg.num_demos is not None:
-            raise AlgorithmError(
-                f"algorithm.num_demos={cfg.num_demos}: picks episodes of an .h5 dataset "
-                f"(m2flow-demos'); algorithm.dataset={cfg.dataset!r} is a flat .pt batch. Drop "
-                "num_demos or point the dataset at an .h5 file.")
-        else:
-            self.episodes, self.data = None, load_dataset(cfg.dataset, action_dim)
+        self.expert = ExpertData(cfg.dataset, action_dim, num_demos=cfg.num_demos,
+                                 noop_threshold=cfg.noop_threshold)
 
     @torch.no_grad()
     def prepare(self, policy, traj: TensorDict, *, iteration: int,
                 staleness: int) -> tuple[TensorDict, dict]:
         """A sample of the dataset (seeded by the iteration); the trajectory is not used."""
-        if self.data is None or _needs_tokens(policy, self.data):
-            self.data = self._targets(policy)
-        m, n = self.data.shape[0], self.cfg.batch_size
         gen = torch.Generator().manual_seed(
             seeding.derive(self.seed, seeding.LEARN, iteration, 0, n=2)[1])
-        if n <= m:
-            idx = torch.randperm(m, generator=gen)[:n]
-        else:  # a dataset smaller than a batch: with replacement
-            idx = torch.randint(m, (n,), generator=gen)
-        batch = self.data[idx]
+        batch = self.expert.sample(policy, self.cfg.batch_size, gen)
         if self.cfg.target_noise > 0:
             batch = self._noisy(policy, batch, gen)
         if self.cfg.image_shift > 0:
@@ -161,11 +156,63 @@ class BC(Algorithm):
             batch[keys.ACTION] = action + eps
         return batch
 
+    def loss(self, policy, mb: TensorDict) -> TensorDict:
+        if self.cfg.loss == "mse":
+            action = policy.act(mb, deterministic=True)[keys.ACTION]
+            if not action.requires_grad:
+                raise AlgorithmError(
+                    f"algorithm.loss='mse' needs a policy whose deterministic action is "
+                    f"differentiable; {type(policy).__name__}'s is not. Use algorithm.loss=nll."
+                )
+            err = ((action - mb[keys.ACTION]) ** 2).reshape(mb.shape[0], -1).sum(-1)
+            return TensorDict({"loss_bc": err.mean()}, batch_size=[])
+        out = policy.evaluate_actions(mb)
+        return TensorDict({"loss_bc": -out[keys.LOG_PROB].mean(),
+                           "entropy": out[keys.ENTROPY].mean().detach()}, batch_size=[])
+
+
+class ExpertData:
+    """Demonstrations as a policy trains on them: read once (an m2flow-demos .h5 file's first
+    ``num_demos`` episodes without their no-op steps, or a flat .pt batch), then the flat
+    (M,) targets for the policy at hand (action chunks of its ``chunk``; for a token policy,
+    its action tokens) built at the first :meth:`sample`. ``field`` and ``options`` name the
+    config fields of the dataset and of the two arguments in errors (``algorithm.<field>``)."""
+
+    def __init__(self, dataset: str, action_dim: int, *, num_demos: Optional[int] = None,
+                 noop_threshold: float = 0.0, field: str = "dataset",
+                 options: tuple[str, str] = ("num_demos", "noop_threshold")):
+        self.dataset, self.action_dim, self.field = dataset, action_dim, field
+        if Path(dataset).suffix in HDF5_SUFFIXES:
+            kept = (drop_noops(ep, noop_threshold)
+                    for ep in read_demos(dataset, action_dim, num_demos, field=field))
+            self.episodes: Optional[list] = [ep for ep in kept if ep.shape[0] > 0]
+            self.data: Optional[TensorDict] = None  # (M,): built for the policy's chunk
+        elif num_demos is not None or noop_threshold > 0:
+            name, value = ((options[0], num_demos) if num_demos is not None
+                           else (options[1], noop_threshold))
+            raise AlgorithmError(
+                f"algorithm.{name}={value}: reads the episodes of an .h5 dataset "
+                f"(m2flow-demos'); algorithm.{field}={dataset!r} is a flat .pt batch. Drop "
+                f"{name} or point the dataset at an .h5 file.")
+        else:
+            self.episodes, self.data = None, load_dataset(dataset, action_dim, field=field)
+
+    def sample(self, policy, n: int, gen: torch.Generator) -> TensorDict:
+        """``n`` rows of the targets (without replacement while there are enough), drawn
+        with ``gen``; on the CPU."""
+        if self.data is None or _needs_tokens(policy, self.data):
+            self.data = self._targets(policy)
+        m = self.data.shape[0]
+        if n <= m:
+            idx = torch.randperm(m, generator=gen)[:n]
+        else:  # a dataset smaller than a batch: with replacement
+            idx = torch.randint(m, (n,), generator=gen)
+        return self.data[idx]
+
     def _targets(self, policy) -> TensorDict:
-        """The flat dataset (M,) with the targets ``policy`` trains on: action chunks of its
-        ``chunk`` and, for a token policy, their action tokens."""
+        """The flat dataset (M,) with the targets ``policy`` trains on."""
         chunk = int(getattr(policy, "chunk", 1))
-        where = f"algorithm.dataset={self.cfg.dataset!r}"
+        where = f"algorithm.{self.field}={self.dataset!r}"
         if self.data is None:
             data = flatten_demos(self.episodes, chunk)
             self.episodes = None
@@ -180,20 +227,6 @@ class BC(Algorithm):
         if _needs_tokens(policy, data):
             data[keys.ACTION_TOKENS] = action_bins(policy, data[keys.ACTION])
         return data
-
-    def loss(self, policy, mb: TensorDict) -> TensorDict:
-        if self.cfg.loss == "mse":
-            action = policy.act(mb, deterministic=True)[keys.ACTION]
-            if not action.requires_grad:
-                raise AlgorithmError(
-                    f"algorithm.loss='mse' needs a policy whose deterministic action is "
-                    f"differentiable; {type(policy).__name__}'s is not. Use algorithm.loss=nll."
-                )
-            err = ((action - mb[keys.ACTION]) ** 2).reshape(mb.shape[0], -1).sum(-1)
-            return TensorDict({"loss_bc": err.mean()}, batch_size=[])
-        out = policy.evaluate_actions(mb)
-        return TensorDict({"loss_bc": -out[keys.LOG_PROB].mean(),
-                           "entropy": out[keys.ENTROPY].mean().detach()}, batch_size=[])
 
 
 # -- action tokens ------------------------------------------------------------------------
@@ -317,6 +350,25 @@ def _what_followed(group, where: str, name: str, t: int) -> TensorDict:
     }, batch_size=[t])
 
 
+def drop_noops(episode: TensorDict, threshold: float) -> TensorDict:
+    """``episode`` (T,) without its no-op steps: the arm's action (all dims but the last) of
+    L2 norm below ``threshold`` with the gripper's (the last dim) as the step before's (the
+    first step's "before" is the episode's first gripper command); unchanged for 0.
+
+    >>> ep = TensorDict({"action": torch.tensor([[0.0, 0.0, 1.0], [0.5, 0.0, 1.0],
+    ...                                          [0.001, 0.0, 1.0], [0.0, 0.0, -1.0]])}, [4])
+    >>> drop_noops(ep, 0.01)["action"].tolist()
+    [[0.5, 0.0, 1.0], [0.0, 0.0, -1.0]]
+    """
+    if threshold <= 0:
+        return episode
+    action = episode[keys.ACTION]  # (T, A)
+    still = action[:, :-1].norm(dim=-1) < threshold
+    grip = action[:, -1]
+    same_grip = grip == torch.cat([grip[:1], grip[:-1]])
+    return episode[~(still & same_grip)]
+
+
 def flatten_demos(episodes: list[TensorDict], chunk: int = 1) -> TensorDict:
     """Episodes (T_e,) -> one flat TensorDict (M,), M = sum T_e: ``obs`` and ``action`` (M, A),
     or with ``chunk`` K > 1 ``action`` (M, K, A): the actions of steps t .. t+K-1 of the same
@@ -340,13 +392,13 @@ def flatten_demos(episodes: list[TensorDict], chunk: int = 1) -> TensorDict:
 
 
 def load_dataset(path: str, action_dim: int, *, num_demos: Optional[int] = None,
-                 chunk: int = 1) -> TensorDict:
+                 chunk: int = 1, field: str = "dataset") -> TensorDict:
     """The dataset at ``path`` as a flat (M,) TensorDict of its valid steps, on the CPU: an
     m2flow-demos .h5 file (its first ``num_demos`` episodes, action chunks of ``chunk``) or a
     .pt TensorDict; a missing or malformed file is one AlgorithmError naming algorithm.dataset."""
     if Path(path).suffix in HDF5_SUFFIXES:
-        return flatten_demos(read_demos(path, action_dim, num_demos), chunk)
-    where = f"algorithm.dataset={path!r}"
+        return flatten_demos(read_demos(path, action_dim, num_demos, field=field), chunk)
+    where = f"algorithm.{field}={path!r}"
     if not Path(path).expanduser().is_file():
         raise AlgorithmError(
             f"{where}: no such file; point it at an .h5 file written by m2flow-demos, or a .pt "

@@ -17,12 +17,13 @@ from tensordict import TensorDict
 from m2flow import keys
 from m2flow.embodied.algorithms.advantages import first_episodes, keep_groups
 from m2flow.embodied.algorithms.base import Algorithm, AlgorithmConfig, check_field, flatten_valid
+from m2flow.embodied.algorithms.demo_term import DemoTerm, DemoTermConfig
 from m2flow.embodied.algorithms.losses import LOGPROB_LEVELS, level_log_probs, per_ratio
 from m2flow.runs.rl import clipped_surrogate, group_advantages, ratio_stats
 
 
 @dataclass
-class GRPOConfig(AlgorithmConfig):
+class GRPOConfig(DemoTermConfig, AlgorithmConfig):
     """Embodied GRPO hyper-parameters."""
 
     name: str = "grpo"
@@ -64,13 +65,20 @@ class GRPOConfig(AlgorithmConfig):
                     "rate lies between them: every group would be dropped).")
         check_field(self, "logprob_level", self.logprob_level in LOGPROB_LEVELS,
                     f"use one of {', '.join(LOGPROB_LEVELS)}.")
+        self.validate_demo_term()
 
 
 class GRPO(Algorithm):
-    """``algorithm=grpo``: each env's first episode is a sample of its group; no critic."""
+    """``algorithm=grpo``: each env's first episode is a sample of its group; no critic; with
+    ``demo_coef``, the demonstrations' NLL in the loss (:mod:`~m2flow.embodied.algorithms.
+    demo_term`)."""
 
     config_class = GRPOConfig
     needs_critic = False
+
+    def __init__(self, cfg, *, action_dim: int, seed: int):
+        super().__init__(cfg, action_dim=action_dim, seed=seed)
+        self.demos = DemoTerm(cfg, action_dim=action_dim, seed=seed)
 
     @classmethod
     def reset_group_size(cls, cfg) -> int:
@@ -80,7 +88,12 @@ class GRPO(Algorithm):
     def prepare(self, policy, traj: TensorDict, *, iteration: int,
                 staleness: int) -> tuple[TensorDict, dict]:
         metrics = self.add_group_advantages(traj)
+        self.demos.start(iteration)
         return flatten_valid(traj), metrics
+
+    def minibatch(self, mb: TensorDict) -> TensorDict:
+        self.demos.next_minibatch()
+        return mb
 
     @torch.no_grad()
     def add_group_advantages(self, traj: TensorDict) -> dict:
@@ -115,8 +128,10 @@ class GRPO(Algorithm):
 
     def loss(self, policy, mb: TensorDict) -> TensorDict:
         c = self.cfg
-        return grpo_loss(policy, mb, clip_coef=c.clip_coef, ent_coef=c.ent_coef,
-                         level=c.logprob_level, action_dim=self.action_dim)
+        terms = grpo_loss(policy, mb, clip_coef=c.clip_coef, ent_coef=c.ent_coef,
+                          level=c.logprob_level, action_dim=self.action_dim)
+        terms.update(self.demos.terms(policy, mb.device))
+        return terms
 
     def stop_early(self, terms: dict) -> bool:
         return self.cfg.target_kl is not None and terms["approx_kl"] > self.cfg.target_kl

@@ -17,6 +17,7 @@ from m2flow.embodied.algorithms.base import (
     check_field,
     flatten_valid,
 )
+from m2flow.embodied.algorithms.demo_term import DemoTerm, DemoTermConfig
 from m2flow.embodied.algorithms.losses import LOGPROB_LEVELS, level_log_probs, per_ratio
 from m2flow.pipelines.distributed import DataParallel
 from m2flow.runs.rl import clipped_surrogate, ratio_stats
@@ -30,7 +31,7 @@ ADAPTIVE_LR_MAX = 1e-2
 
 
 @dataclass
-class PPOConfig(AlgorithmConfig):
+class PPOConfig(DemoTermConfig, AlgorithmConfig):
     """PPO hyper-parameters, named as in the papers and cleanRL."""
 
     name: str = "ppo"
@@ -102,12 +103,14 @@ class PPOConfig(AlgorithmConfig):
                     "must be > 0, or null for learning_rate.")
         check_field(self, "critic_warmup", self.critic_warmup >= 0,
                     "must be >= 0 (iterations that train the critic alone).")
+        self.validate_demo_term()
 
 
 class PPO(Algorithm):
     """``algorithm=ppo``: GAE advantages with the policy's critic, the clipped surrogate, a
     value loss and an entropy bonus; stops an update early past ``target_kl``; with
-    ``lr_schedule=adaptive``, adapts the step size to each minibatch's KL."""
+    ``lr_schedule=adaptive``, adapts the step size to each minibatch's KL; with
+    ``demo_coef``, adds the demonstrations' NLL (:mod:`~m2flow.embodied.algorithms.demo_term`)."""
 
     config_class = PPOConfig
     needs_critic = True
@@ -116,11 +119,13 @@ class PPO(Algorithm):
         super().__init__(cfg, action_dim=action_dim, seed=seed)
         self.lr = cfg.learning_rate
         """The adapted step size (``lr_schedule=adaptive``): the last minibatch's."""
+        self.demos = DemoTerm(cfg, action_dim=action_dim, seed=seed)
 
     @torch.no_grad()
     def prepare(self, policy, traj: TensorDict, *, iteration: int,
                 staleness: int) -> tuple[TensorDict, dict]:
         self.add_advantages(policy, traj, revalue=staleness > 0)
+        self.demos.start(iteration)
         return flatten_valid(traj), {}
 
     @torch.no_grad()
@@ -147,6 +152,7 @@ class PPO(Algorithm):
     def minibatch(self, mb: TensorDict) -> TensorDict:
         """Normalises the advantages over the whole minibatch (before micro-batches; with
         several learner ranks, over every rank's share of it)."""
+        self.demos.next_minibatch()
         dp = self.data_parallel
         if self.cfg.norm_adv and dp.active:
             mb = mb.clone(recurse=False)
@@ -158,9 +164,11 @@ class PPO(Algorithm):
 
     def loss(self, policy, mb: TensorDict) -> TensorDict:
         c = self.cfg
-        return ppo_loss(policy, mb, clip_coef=c.clip_coef, vf_coef=c.vf_coef,
-                        ent_coef=c.ent_coef, clip_vloss=c.clip_vloss,
-                        level=c.logprob_level, action_dim=self.action_dim)
+        terms = ppo_loss(policy, mb, clip_coef=c.clip_coef, vf_coef=c.vf_coef,
+                         ent_coef=c.ent_coef, clip_vloss=c.clip_vloss,
+                         level=c.logprob_level, action_dim=self.action_dim)
+        terms.update(self.demos.terms(policy, mb.device))
+        return terms
 
     def stop_early(self, terms: dict) -> bool:
         return self.cfg.target_kl is not None and terms["approx_kl"] > self.cfg.target_kl
