@@ -279,6 +279,17 @@ def _on_policy(worker, traj):
     return traj
 
 
+def test_a_critic_warmup_leaves_the_adaptive_step_size_where_it_was():
+    worker = _learner(critic_warmup=1, **ADAPTIVE)
+    m = worker.update(_OneItem(_on_policy(worker, trajectory(seed=0))), env_ranks=[0],
+                      iteration=0)
+    assert m["loss/critic_only"] == 1.0 and m["loss/approx_kl"] == 0.0
+    assert m["loss/learning_rate"] == 1e-3  # not raised 16 times by a KL of 0
+    m = worker.update(_OneItem(_on_policy(worker, trajectory(seed=1))), env_ranks=[0],
+                      iteration=1)
+    assert m["loss/learning_rate"] != 1e-3  # adapting once the actor trains
+
+
 def test_the_adaptive_step_size_follows_rsl_rls_rule_minibatch_by_minibatch():
     worker = _learner(critic_learning_rate=1e-2, **ADAPTIVE)
     kls, stepped = [], []  # each minibatch's KL as the hook saw it; each step's group lrs

@@ -141,7 +141,6 @@ def test_validate_names_the_field_the_value_and_the_fix(field, value):
 
 @pytest.mark.parametrize("other, fix", [
     ({"anneal_lr": True}, "set algorithm.anneal_lr=false, or lr_schedule=fixed to anneal."),
-    ({"critic_warmup": 3}, "set algorithm.critic_warmup=0."),
 ])
 def test_the_adaptive_step_size_with_a_schedule_it_excludes_is_one_error_naming_the_fix(other, fix):
     cfg = PPOConfig(lr_schedule="adaptive", **other)

@@ -56,7 +56,8 @@ class PPOConfig(DemoTermConfig, AlgorithmConfig):
     """fixed | adaptive: the step size as ``learning_rate``/``anneal_lr`` set it, or rsl-rl's
     schedule: before each minibatch's step, divided by 1.5 when its KL is above 2 x
     ``desired_kl``, multiplied by 1.5 when it is in (0, ``desired_kl`` / 2), kept in [1e-5,
-    1e-2], and carried over between updates (and checkpoints); starts at ``learning_rate``."""
+    1e-2], and carried over between updates (and checkpoints); starts at ``learning_rate``.
+    During a critic warm-up (the actor frozen: its KL is 0) the step size stays as it is."""
     desired_kl: float = 0.01
     """The KL between behaviour and current policy that ``lr_schedule=adaptive`` steers each
     minibatch towards (rsl-rl's desired_kl)."""
@@ -93,10 +94,6 @@ class PPOConfig(DemoTermConfig, AlgorithmConfig):
         check_field(self, "lr_schedule", not (self.lr_schedule == "adaptive" and self.anneal_lr),
                     "adaptive sets the step size itself; set algorithm.anneal_lr=false, or "
                     "lr_schedule=fixed to anneal.")
-        check_field(self, "lr_schedule",
-                    not (self.lr_schedule == "adaptive" and self.critic_warmup > 0),
-                    "adaptive reads the actor's KL, which a critic warm-up freezes (it would "
-                    "raise the step size to its ceiling); set algorithm.critic_warmup=0.")
         check_field(self, "desired_kl", self.desired_kl > 0, "must be > 0.")
         check_field(self, "critic_learning_rate",
                     self.critic_learning_rate is None or self.critic_learning_rate > 0,
@@ -120,12 +117,15 @@ class PPO(Algorithm):
         self.lr = cfg.learning_rate
         """The adapted step size (``lr_schedule=adaptive``): the last minibatch's."""
         self.demos = DemoTerm(cfg, action_dim=action_dim, seed=seed)
+        self.actor_frozen = False
+        """Whether this update trains the critic alone (its KL then says nothing)."""
 
     @torch.no_grad()
     def prepare(self, policy, traj: TensorDict, *, iteration: int,
                 staleness: int) -> tuple[TensorDict, dict]:
         self.add_advantages(policy, traj, revalue=staleness > 0)
         self.demos.start(iteration)
+        self.actor_frozen = self.critic_only(iteration)
         return flatten_valid(traj), {}
 
     @torch.no_grad()
@@ -194,7 +194,7 @@ class PPO(Algorithm):
         [0.000667, 0.000667, 0.001]
         """
         c = self.cfg
-        if c.lr_schedule != "adaptive":
+        if c.lr_schedule != "adaptive" or self.actor_frozen:
             return None
         kl = float(terms["approx_kl"])
         if kl > 2.0 * c.desired_kl:
