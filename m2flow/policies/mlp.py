@@ -162,11 +162,12 @@ class GaussianMLPPolicy(GaussianActorCritic):
         self._build_heads(obs_dim, env_spec.action_dim, cfg, _std(cfg.kwargs))
         self.obs_norm = RunningNorm(obs_dim) if cfg.normalize_obs else nn.Identity()
         self.privileged_critic = _critic(cfg.kwargs) == PRIVILEGED_CRITIC
-        hidden = torch.ones(obs_dim, dtype=torch.bool)
-        for start, end in _hidden_ranges(cfg.kwargs, obs_dim):
-            hidden[start:end] = False
-        # a constant, not a weight: the same for every checkpoint of this config
-        self.register_buffer("actor_sees", hidden.float(), persistent=False)
+        ranges = _hidden_ranges(cfg.kwargs, obs_dim)
+        sees = torch.ones(obs_dim) if ranges else None  # (D,) 0 where the actor is blind
+        for start, end in ranges:
+            sees[start:end] = 0.0
+        # a constant, not a weight: the same for every checkpoint of this config (None: none)
+        self.register_buffer("actor_sees", sees, persistent=False)
         if self.privileged_critic:  # replaces the critic over the state
             n_priv = critics.privileged_dim(env_spec.obs_shapes, "policy.kwargs.critic=privileged")
             self.critic = critics.PrivilegedCritic(n_priv, cfg.hidden_sizes, cfg.activation)
@@ -175,7 +176,9 @@ class GaussianMLPPolicy(GaussianActorCritic):
         return self.obs_norm(obs[keys.leaf(keys.STATE)])
 
     def _dist(self, features: torch.Tensor) -> Normal:
-        return super()._dist(features * self.actor_sees)
+        if self.actor_sees is not None:
+            features = features * self.actor_sees
+        return super()._dist(features)
 
     def _value(self, obs: TensorDict, features: torch.Tensor) -> torch.Tensor:
         if not self.privileged_critic:

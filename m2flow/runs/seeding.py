@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-TRAIN, EVAL, SAMPLE, LEARN, STAGGER = 0, 1, 2, 3, 4  # purposes
+TRAIN, EVAL, SAMPLE, LEARN, STAGGER, DEMO = 0, 1, 2, 3, 4, 5  # purposes
 
 
 def derive(seed: int, purpose: int, iteration: int, rank: int, n: int = 1) -> list[int]:

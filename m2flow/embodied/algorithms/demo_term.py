@@ -27,9 +27,8 @@ from tensordict import TensorDict
 
 from m2flow import keys
 from m2flow.embodied.algorithms.base import check_field
+from m2flow.embodied.algorithms.bc import ExpertData
 from m2flow.runs import seeding
-
-DEMO = 5  # seeding purpose: the demonstration rows of each minibatch (after seeding's own)
 
 
 @dataclass
@@ -68,8 +67,6 @@ class DemoTerm:
     :meth:`terms` to ``loss``'s."""
 
     def __init__(self, cfg: DemoTermConfig, *, action_dim: int, seed: int):
-        from m2flow.embodied.algorithms.bc import ExpertData
-
         self.cfg, self.seed = cfg, seed
         self.data = (ExpertData(cfg.demo_dataset, action_dim, num_demos=cfg.demo_num,
                                 noop_threshold=cfg.demo_noop_threshold, field="demo_dataset",
@@ -90,7 +87,7 @@ class DemoTerm:
             return
         self.weight = self.cfg.demo_coef * self.cfg.demo_decay ** iteration
         self.gen = torch.Generator().manual_seed(
-            seeding.derive(self.seed, DEMO, iteration, 0)[0])
+            seeding.derive(self.seed, seeding.DEMO, iteration, 0)[0])
 
     def next_minibatch(self) -> None:
         """A new minibatch begins: its first :meth:`terms` draws new rows (its micro-batches
