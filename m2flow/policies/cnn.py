@@ -20,11 +20,11 @@ from tensordict import TensorDict
 from torch import nn
 
 from m2flow import keys
-from m2flow.policies import critics
+from m2flow.policies import critics, hidden_state
 from m2flow.policies.base import PolicyError
 from m2flow.policies.config import PolicyConfig
 from m2flow.policies.layers import ACTIVATIONS, orthogonal_linear
-from m2flow.policies.mlp import GaussianActorCritic
+from m2flow.policies.mlp import HIDE_FIELD, GaussianActorCritic
 from m2flow.policies.normalizer import RunningNorm
 
 # The unpadded convs need this many pixels per side to leave a 1x1 map; smaller images are
@@ -58,6 +58,11 @@ class CNNOptions:
     predicts the normalised ``("obs", "privileged")`` simulator state from the actor's features
     (``env.privileged_state=true``): the encoder learns where cube and goal are from a dense
     supervised signal. Training only; the actor reads what it read before. 0: off."""
+    actor_hidden_state: list | None = None
+    """[start, end) ranges of ``("obs", "state")``'s dims the actor reads as their running
+    mean (0 after normalisation); the critic and ``state_aux`` read them all. As in
+    ``policy=mlp``: [[9, 18]] hides ManiSkill Panda's joint velocities, which a cloned policy
+    would copy (``m2flow.policies.hidden_state``). None: the actor reads the whole state."""
 
 
 def _options(kwargs) -> CNNOptions:
@@ -79,6 +84,7 @@ def _options(kwargs) -> CNNOptions:
             f"policy.kwargs.critic={opts.critic!r}: use {SHARED_CRITIC!r} (the image encoder's "
             f"features) or {PRIVILEGED_CRITIC!r} (the simulator state, env.privileged_state=true)."
         )
+    hidden_state.ranges(opts.actor_hidden_state, None, HIDE_FIELD)
     if not (opts.state_aux >= 0 and np.isfinite(opts.state_aux)):
         raise PolicyError(f"policy.kwargs.state_aux={opts.state_aux}: must be >= 0 (0: off).")
     if opts.encoder_weights is not None and not is_timm:
@@ -272,6 +278,12 @@ class GaussianCNNPolicy(GaussianActorCritic):
         self.has_state = "state" in shapes
         self.encoder = _encoder(opts, tuple(shapes["rgb"]))
         self._build_heads(opts.feature_dim + state_dim, env_spec.action_dim, cfg)
+        ranges = hidden_state.ranges(opts.actor_hidden_state,
+                                     state_dim if self.has_state else None, HIDE_FIELD)
+        if ranges and not self.has_state:
+            raise PolicyError("policy.kwargs.actor_hidden_state hides dims of ('obs', 'state'), "
+                              f"but this env gives none ({shapes}); drop the option.")
+        self._hide_from_actor(ranges, opts.feature_dim, opts.feature_dim + state_dim)
         use_norm = cfg.normalize_obs and self.has_state
         self.state_norm = RunningNorm(state_dim) if use_norm else nn.Identity()
         self.privileged_critic = opts.critic == PRIVILEGED_CRITIC

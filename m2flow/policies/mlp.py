@@ -5,18 +5,12 @@ log-std. Critic: a separate MLP -> value, over the same state or, with
 ``policy.kwargs.critic=privileged``, over ``("obs", "privileged")`` (an mjlab task's critic
 group: its noise-free observations). ``policy.kwargs.actor_hidden_state`` hides dims of the
 state from the actor alone (the critic reads them all): each [start, end) range is fed to the
-actor as its running mean (0 after normalisation). Behaviour cloning needs it where the state
-holds the robot's joint velocities (ManiSkill's Panda: dims 9-17 of ``state``, after its 9
-joint positions): a cloned policy that reads them learns to continue the motion it sees
-instead of choosing one, so from rest it stays at rest (the "copycat" failure of imitation,
-Wen et al. 2020). Actions are raw Gaussian samples; the env clips them to
-its bounds, and log-probs are of the unclipped sample.
+actor as its running mean (0 after normalisation); behaviour cloning needs it where the state
+holds the robot's joint velocities (``m2flow.policies.hidden_state``). Actions are raw
+Gaussian samples; the env clips them to its bounds, and log-probs are of the unclipped sample.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
-from typing import Optional
 
 import numpy as np
 import torch
@@ -25,7 +19,7 @@ from torch import nn
 from torch.distributions import Normal
 
 from m2flow import keys
-from m2flow.policies import critics
+from m2flow.policies import critics, hidden_state
 from m2flow.policies.base import Policy, PolicyError
 from m2flow.policies.config import PolicyConfig
 from m2flow.policies.layers import ACTIVATIONS, ACTOR_OUT_GAIN, CRITIC_OUT_GAIN, mlp
@@ -33,6 +27,8 @@ from m2flow.policies.normalizer import RunningNorm
 
 SHARED_CRITIC, PRIVILEGED_CRITIC = "shared", critics.PRIVILEGED
 LOG_STD, SCALAR_STD = "log", "scalar"
+HIDE = "actor_hidden_state"  # the option of mlp and cnn
+HIDE_FIELD = f"policy.kwargs.{HIDE}"
 MIN_STD = 1e-6  # rsl-rl's lower clamp of a scalar standard deviation
 
 class GaussianActorCritic(Policy):
@@ -78,7 +74,17 @@ class GaussianActorCritic(Policy):
     def _features(self, obs: TensorDict) -> torch.Tensor:
         raise NotImplementedError
 
+    def _hide_from_actor(self, hidden: list[tuple[int, int]], offset: int,
+                         n_features: int) -> None:
+        """Registers ``actor_sees`` (``hidden_state.sees``; None: the actor reads every
+        feature). A constant, not a weight: the same for every checkpoint of the config, so
+        it is not saved."""
+        self.register_buffer("actor_sees", hidden_state.sees(hidden, n_features, offset),
+                             persistent=False)
+
     def _dist(self, features: torch.Tensor) -> Normal:
+        if getattr(self, "actor_sees", None) is not None:
+            features = features * self.actor_sees
         mean = self.actor_mean(features)
         if hasattr(self, "actor_std"):
             return Normal(mean, self.actor_std.clamp(min=MIN_STD).expand_as(mean))
@@ -141,7 +147,7 @@ class GaussianMLPPolicy(GaussianActorCritic):
     def check_config(policy_cfg: PolicyConfig, env_cfg) -> None:
         GaussianActorCritic.check_config(policy_cfg, env_cfg)
         _std(policy_cfg.kwargs)
-        _hidden_ranges(policy_cfg.kwargs, None)
+        hidden_state.ranges(policy_cfg.kwargs.get(HIDE), None, HIDE_FIELD)
         if _critic(policy_cfg.kwargs) == PRIVILEGED_CRITIC:
             critics.check_env(env_cfg, "policy.kwargs.critic=privileged",
                               "drop policy.kwargs.critic")
@@ -162,23 +168,13 @@ class GaussianMLPPolicy(GaussianActorCritic):
         self._build_heads(obs_dim, env_spec.action_dim, cfg, _std(cfg.kwargs))
         self.obs_norm = RunningNorm(obs_dim) if cfg.normalize_obs else nn.Identity()
         self.privileged_critic = _critic(cfg.kwargs) == PRIVILEGED_CRITIC
-        ranges = _hidden_ranges(cfg.kwargs, obs_dim)
-        sees = torch.ones(obs_dim) if ranges else None  # (D,) 0 where the actor is blind
-        for start, end in ranges:
-            sees[start:end] = 0.0
-        # a constant, not a weight: the same for every checkpoint of this config (None: none)
-        self.register_buffer("actor_sees", sees, persistent=False)
+        self._hide_from_actor(hidden_state.ranges(cfg.kwargs.get(HIDE), obs_dim, HIDE_FIELD), 0, obs_dim)
         if self.privileged_critic:  # replaces the critic over the state
             n_priv = critics.privileged_dim(env_spec.obs_shapes, "policy.kwargs.critic=privileged")
             self.critic = critics.PrivilegedCritic(n_priv, cfg.hidden_sizes, cfg.activation)
 
     def _features(self, obs: TensorDict) -> torch.Tensor:
         return self.obs_norm(obs[keys.leaf(keys.STATE)])
-
-    def _dist(self, features: torch.Tensor) -> Normal:
-        if self.actor_sees is not None:
-            features = features * self.actor_sees
-        return super()._dist(features)
 
     def _value(self, obs: TensorDict, features: torch.Tensor) -> torch.Tensor:
         if not self.privileged_critic:
@@ -206,32 +202,6 @@ def _critic(kwargs) -> str:
                           f"or {PRIVILEGED_CRITIC!r} (('obs','privileged'), "
                           "env.privileged_state=true).")
     return critic
-
-
-def _hidden_ranges(kwargs, obs_dim: Optional[int]) -> list[tuple[int, int]]:
-    """``policy.kwargs.actor_hidden_state``: [start, end) ranges of the state's dims, within
-    [0, obs_dim) (None: not known yet, at start-up); PolicyError naming the option for
-    anything else."""
-    ranges = kwargs.get("actor_hidden_state") or []
-    top = obs_dim if obs_dim is not None else float("inf")
-    out = []
-    for r in ranges:
-        ok = (isinstance(r, Sequence) and len(r) == 2 and all(isinstance(i, int) for i in r)
-              and 0 <= r[0] < r[1] <= top)
-        if not ok:
-            bound = f" <= {obs_dim}, the state's size" if obs_dim is not None else ""
-            raise PolicyError(
-                f"policy.kwargs.actor_hidden_state={_plain(ranges)}: each entry is a "
-                f"[start, end) range of the state's dims, 0 <= start < end{bound} (e.g. "
-                "[[9, 18]] hides ManiSkill Panda's joint velocities).")
-        out.append((int(r[0]), int(r[1])))
-    return out
-
-
-def _plain(value):
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
 
 
 def _std(kwargs) -> str:

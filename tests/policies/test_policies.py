@@ -1,3 +1,5 @@
+from types import SimpleNamespace
+
 import pytest
 import torch
 from tensordict import TensorDict
@@ -200,8 +202,9 @@ def test_mlp_privileged_critic_needs_the_envs_privileged_state():
 
 def test_cnn_state_aux_predicts_the_normalised_simulator_state_from_the_actors_features():
     """policy.kwargs.state_aux: a linear head on the actor's features regresses the
-    normalised privileged vector; its loss (by hand) reaches PPO's terms and trains the
+    normalised privileged vector; its loss (by hand) reaches PPO's and BC's terms and trains the
     encoder, and the actor's outputs are what they are without it."""
+    from m2flow.embodied.algorithms.bc import BC
     from m2flow.embodied.algorithms.ppo import ppo_loss
 
     torch.manual_seed(0)
@@ -231,6 +234,9 @@ def test_cnn_state_aux_predicts_the_normalised_simulator_state_from_the_actors_f
     terms = ppo_loss(pi, b, clip_coef=0.2, vf_coef=0.5, ent_coef=0.0)
     torch.testing.assert_close(terms["loss_aux"], by_hand.mean())
     assert "loss_aux" not in ppo_loss(plain, b, clip_coef=0.2, vf_coef=0.5, ent_coef=0.0).keys()
+    bc = SimpleNamespace(cfg=SimpleNamespace(loss="nll"))  # BC.loss reads only its loss name
+    torch.testing.assert_close(BC.loss(bc, pi, b)["loss_aux"], by_hand.mean())
+    assert "loss_aux" not in BC.loss(bc, plain, b).keys()
     pi.zero_grad()
     out["aux_loss"].sum().backward()  # the auxiliary loss alone trains the encoder
     conv = next(m for m in pi.encoder.modules() if isinstance(m, torch.nn.Conv2d))

@@ -167,8 +167,11 @@ class BC(Algorithm):
             err = ((action - mb[keys.ACTION]) ** 2).reshape(mb.shape[0], -1).sum(-1)
             return TensorDict({"loss_bc": err.mean()}, batch_size=[])
         out = policy.evaluate_actions(mb)
-        return TensorDict({"loss_bc": -out[keys.LOG_PROB].mean(),
-                           "entropy": out[keys.ENTROPY].mean().detach()}, batch_size=[])
+        terms = {"loss_bc": -out[keys.LOG_PROB].mean(),
+                 "entropy": out[keys.ENTROPY].mean().detach()}
+        if keys.AUX_LOSS in out.keys():  # the policy's own, as PPO and GRPO add it
+            terms["loss_aux"] = out[keys.AUX_LOSS].mean()
+        return TensorDict(terms, batch_size=[])
 
 
 class ExpertData:

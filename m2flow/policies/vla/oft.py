@@ -45,7 +45,7 @@ from torch import nn
 from m2flow import keys
 from m2flow.policies.action_tokenizer import N_BINS, ActionStats, ActionTokenizer
 from m2flow.policies.base import Policy, PolicyError
-from m2flow.policies import critics
+from m2flow.policies import critics, hidden_state
 from m2flow.policies.config import PolicyConfig
 from m2flow.policies.vla import checkpoint as vla_checkpoint
 from m2flow.policies.vla import oft_checkpoint
@@ -58,6 +58,7 @@ TRAINABLE = ("proprio", "value_head", "queries", "projector", "vision")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 CRITICS = ("head", critics.PRIVILEGED)
 PRIVILEGED_HIDDEN = [256, 256]
+PROPRIO_HIDDEN = "policy.kwargs.proprio_hidden"
 
 
 @dataclass
@@ -74,6 +75,12 @@ class OFTOptions:
     use_proprio: Optional[bool] = None
     """Add one token projected from ``("obs", "state")``. None: with a checkpoint, whether it
     has a ``proprio_projector--*.pt``; without one, True."""
+    proprio_hidden: list = field(default_factory=list)
+    """[start, end) ranges of ``("obs", "state")``'s dims fed to the proprio projector as 0
+    (after normalisation): the whole policy, its value head included, is blind to them (a
+    privileged critic still reads the simulator state). [[9, 18]] hides ManiSkill Panda's
+    joint velocities, which a cloned policy copies instead of choosing a motion (see
+    ``m2flow.policies.hidden_state``). Empty: the whole state."""
     chunk: int = 8
     """Actions decoded per forward pass (openvla-oft's ``NUM_ACTIONS_CHUNK``: 8 for LIBERO;
     must be the checkpoint's)."""
@@ -153,6 +160,7 @@ def _options(kwargs) -> OFTOptions:
     if opts.critic not in CRITICS:
         raise PolicyError(f"policy.kwargs.critic={opts.critic!r}: use one of {list(CRITICS)} "
                           "('head': a value head on the LM; 'privileged': the simulator state).")
+    hidden_state.ranges(opts.proprio_hidden, None, PROPRIO_HIDDEN)
     bad = [t for t in opts.trainable if t not in TRAINABLE]
     if bad:
         raise PolicyError(f"policy.kwargs.trainable: {bad[0]!r} is not a part of the policy; "
@@ -251,6 +259,15 @@ class OpenVLAOFTPolicy(Policy):
                 if privileged else None)
         if self.proprio is not None and proprio_file is not None:
             self.proprio.load_state_dict(oft_checkpoint.load_proprio(proprio_file))
+        ranges = hidden_state.ranges(o.proprio_hidden,
+                                     shapes["state"][0] if self.use_proprio else None,
+                                     PROPRIO_HIDDEN)
+        if ranges and not self.use_proprio:
+            raise PolicyError("policy.kwargs.proprio_hidden hides dims of the proprio token, but "
+                              "this policy reads no state; drop the option.")
+        self.register_buffer(  # a constant of the config: not saved
+            "proprio_sees", hidden_state.sees(ranges, shapes["state"][0] if ranges else 0,
+                                              device=device), persistent=False)
         if o.lora_rank > 0:
             self.vlm.add_lora(o.lora_rank, o.lora_alpha)
             self._freeze_all_but(o.trainable)
@@ -362,13 +379,13 @@ class OpenVLAOFTPolicy(Policy):
 
     def _state(self, obs: TensorDict, dev) -> torch.Tensor:
         """The proprio state, normalised to [-1, 1] by the checkpoint's q01/q99 where it has
-        them (openvla-oft's ``normalize_proprio``)."""
+        them (openvla-oft's ``normalize_proprio``), 0 in ``proprio_hidden``'s dims."""
         state = obs[keys.leaf(keys.STATE)].float().to(dev)
-        if self.proprio_stats is None:
-            return state
-        q01, q99, mask = self.proprio_stats._as(state)
-        scaled = 2 * (state - q01) / (q99 - q01 + 1e-8) - 1
-        return torch.where(mask, scaled, state).clamp(-1, 1)
+        if self.proprio_stats is not None:
+            q01, q99, mask = self.proprio_stats._as(state)
+            scaled = 2 * (state - q01) / (q99 - q01 + 1e-8) - 1
+            state = torch.where(mask, scaled, state).clamp(-1, 1)
+        return state if self.proprio_sees is None else state * self.proprio_sees
 
     def _sequence(self, obs: TensorDict, tail: torch.Tensor, bidirectional_tail: bool,
                   full: bool = False):
