@@ -191,6 +191,9 @@ def check_paths(cfg: TrainConfig) -> None:
 
 def check_init_from(cfg: TrainConfig) -> None:
     """``init_from`` is an embodied checkpoint of a run with this config's policy."""
+    if cfg.init_skip and cfg.init_from is None:
+        raise field_error("init_skip", list(cfg.init_skip), "names tensors of init_from's "
+                          "checkpoint, but init_from is not set; set it or drop init_skip.")
     if cfg.init_from is None or cfg.resume is not None:
         return
     check_resume(cfg.init_from, "embodied", name="init_from")
@@ -204,6 +207,22 @@ def check_init_from(cfg: TrainConfig) -> None:
         raise field_error("init_from", cfg.init_from,
                           f"holds a policy={theirs} but this run trains policy="
                           f"{cfg.policy.name}; start from a checkpoint of the same policy.")
+    if cfg.init_skip:
+        names = checkpoint.load(cfg.init_from, mmap=True)["learner"]["policy"].keys()
+        _check_skip(list(cfg.init_skip), list(names), cfg.init_from)
+
+
+def _check_skip(skip: list[str], names: list[str], source: str) -> None:
+    """Every name of ``init_skip`` is a tensor of the checkpoint's policy (``names``)."""
+    import difflib
+
+    for name in skip:
+        if name not in names:
+            near = difflib.get_close_matches(str(name), names, n=3)
+            hint = f"did you mean {', '.join(near)}?" if near else \
+                f"its tensors include {', '.join(names[:5])}."
+            raise field_error("init_skip", list(skip), f"{name!r} is not a tensor of the policy "
+                              f"in init_from={source}; {hint}")
 
 
 def _check_reset_groups(cfg: TrainConfig) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import List, Optional
 
 from omegaconf import MISSING
 
@@ -132,5 +132,10 @@ class TrainConfig:
     policy must be this config's (same ``policy`` and sizes); tensors it lacks (a value head
     BC did not train) keep their initial values. Ignored with ``resume`` (that checkpoint
     holds the weights)."""
+    init_skip: List[str] = field(default_factory=list)
+    """Tensors of the ``init_from`` checkpoint's policy not loaded: they keep this config's
+    initial values. ``[actor_log_std]`` with ``policy.init_log_std`` sets the exploration
+    noise RL starts from, instead of the spread BC fitted to the demonstrations (wide enough
+    to cover their variety, so sampled rollouts succeed far less often than the mean action)."""
     run_name: str = "run"
     """Name of the run directory's parent (entry configs set it to their own name)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import replace
-from typing import Optional
+from typing import Optional, Sequence
 
 from tensordict import TensorDict
 
@@ -140,7 +140,7 @@ class EmbodiedRunner(RunLoop):
             if cfg.resume:
                 self.load(cfg.resume)
             elif cfg.init_from:
-                self.init_weights(cfg.init_from)
+                self.init_weights(cfg.init_from, skip=list(cfg.init_skip))
             self.sync_weights(self.iteration, full=True)
 
     def set_stages(self, stages: int) -> None:
@@ -385,10 +385,12 @@ class EmbodiedRunner(RunLoop):
         if note:
             announce(f"resume: {note}")
 
-    def init_weights(self, path: str) -> None:
-        """Starts the learner from the policy weights of checkpoint ``path`` (``init_from``)."""
+    def init_weights(self, path: str, skip: Sequence[str] = ()) -> None:
+        """Starts the learner from the policy weights of checkpoint ``path`` (``init_from``)
+        but those named in ``skip`` (``init_skip``: they keep their initial values)."""
         state = checkpoint.load(path, workload=WORKLOAD)
-        missing = self.learner.call(LearnerWorker.init_weights, state["learner"]["policy"],
+        weights = {k: v for k, v in state["learner"]["policy"].items() if k not in skip}
+        missing = self.learner.call(LearnerWorker.init_weights, weights,
                                     source=f"init_from={path}").wait()[0]
         kept = f"; initial values kept for {', '.join(missing)}" if missing else ""
         announce(f"start-up: policy weights from {path} (iteration {state['iteration']} of "

@@ -92,11 +92,17 @@ def test_grpo_from_a_bc_checkpoint_starts_from_its_weights_and_learns(tmp_path, 
     assert len(rl["learner"]["optimizer"]["state"]) > 0  # Adam's own, after one update
 
 
-def test_init_from_another_policy_is_one_config_error(tmp_path, bc_checkpoint):
+def test_init_from_another_policy_or_an_unknown_skipped_tensor_is_one_config_error(tmp_path, bc_checkpoint):
     with pytest.raises(ConfigError) as e:
         load_run_config("maniskill_pushcube_ppo_cnn", [f"init_from={bc_checkpoint}"])
     text = str(e.value)
     assert "init_from=" in text and "policy=mlp" in text and "policy=cnn" in text, text
+    assert "\n" not in text
+    with pytest.raises(ConfigError) as e:
+        load_run_config("maniskill_pushcube_ppo_mlp", [f"init_from={bc_checkpoint}",
+                                                        "init_skip=[actor_logstd]"])
+    text = str(e.value)
+    assert "init_skip=" in text and "did you mean actor_log_std" in text, text
     assert "\n" not in text
 
 
@@ -114,7 +120,9 @@ def test_ppo_from_a_bc_checkpoint_acts_as_it_and_its_critic_warmup_leaves_the_ac
         tmp_path, bc_checkpoint):
     cfg = load_run_config("maniskill_pushcube_ppo_mlp", [
         *COMMON, f"runner.log_dir={tmp_path}", "run_name=ppo", f"init_from={bc_checkpoint}",
-        "algorithm.critic_warmup=2", "runner.num_iterations=2", "runner.rollout_steps=20"])
+        "algorithm.critic_warmup=2", "runner.num_iterations=2", "runner.rollout_steps=20",
+        # the exploration noise from this config, not from the checkpoint (BC's: -5)
+        "init_skip=[actor_log_std]", "policy.init_log_std=-2.0"])
     runner = EmbodiedRunner(cfg)
     try:
         served = runner.rollout.call(RolloutWorker.get_weights).wait()[0]  # after the first sync
@@ -128,9 +136,12 @@ def test_ppo_from_a_bc_checkpoint_acts_as_it_and_its_critic_warmup_leaves_the_ac
     want = deterministic_actions(cfg, spec, bc, states)
     assert want.abs().max() > 0.05  # a trained actor, not zeros
     assert torch.equal(deterministic_actions(cfg, spec, served, states), want)
+    assert torch.equal(bc["actor_log_std"], torch.full_like(bc["actor_log_std"], -5.0))
+    assert torch.equal(served["actor_log_std"], torch.full_like(bc["actor_log_std"], -2.0))
     # two iterations of the critic alone: the actor bit for bit BC's, its observation
     # statistics too (they are the actor's input); the critic moved
     assert torch.equal(deterministic_actions(cfg, spec, warmed, states), want)
     actor = [k for k in bc if not k.startswith("critic")]
-    assert all(torch.equal(warmed[k], bc[k]) for k in actor), actor
+    assert all(torch.equal(warmed[k], bc[k] if k != "actor_log_std" else served[k])
+               for k in actor), actor
     assert any(not torch.equal(warmed[k], served[k]) for k in warmed if k.startswith("critic"))
