@@ -2,6 +2,7 @@
 
     m2flow-plot runs/maniskill_pushcube_ppo_mlp/*/ -o pushcube.png
     m2flow-plot runs/a runs/b --metrics eval/success_at_end env/return
+    m2flow-plot runs/ppo_from_bc/*/ --baseline runs/bc/<time>/eval/<time>/results.json
 
 Each metric gets a panel against the logged step and one against wall time; runs are overlaid,
 labelled by their folder (:mod:`m2flow.runs.plot`).
@@ -24,9 +25,12 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="the PNG to write (default curves.png)")
     parser.add_argument("--metrics", nargs="+", default=list(DEFAULT_METRICS),
                         help=f"scalar tags to draw (default {' '.join(DEFAULT_METRICS)})")
+    parser.add_argument("--baseline", nargs="+", type=Path, default=[],
+                        help="m2flow-eval reports (results.json) drawn as dashed levels, e.g. "
+                             "the checkpoint RL started from")
     args = parser.parse_args(argv)
     try:
-        out = plot(args.runs, args.out, tuple(args.metrics))
+        out = plot(args.runs, args.out, tuple(args.metrics), tuple(args.baseline))
     except ValueError as e:
         print(f"m2flow-plot: {e}", file=sys.stderr)
         return 2

@@ -10,6 +10,10 @@ plots as one curve in two colours.
 
 A metric a run never logged is left out of that run's panels; a folder that is not a run (no
 ``tb/`` with scalars) is one clear error line.
+
+A baseline is an ``m2flow-eval`` report (``results.json``): its success_once, success_at_end
+and mean return are drawn as dashed levels in the panels of ``eval/success_once``,
+``eval/success_at_end`` and ``eval/return`` (e.g. the BC checkpoint that RL started from).
 """
 
 from __future__ import annotations
@@ -74,15 +78,42 @@ def _resumed_offset(run_dir: Path, first_step: int) -> float:
     return max(before, default=0.0)
 
 
-def plot(runs: list[Path], out: Path, metrics: tuple[str, ...] = DEFAULT_METRICS) -> Path:
+# the figures of an m2flow-eval report, by the training scalar they stand beside
+REPORT_KEYS = {"eval/success_once": "mean_success_once",
+               "eval/success_at_end": "mean_success_at_end"}
+
+
+def read_baseline(report: Path) -> tuple[str, dict[str, float]]:
+    """(label, {metric: level}) of an ``m2flow-eval`` ``results.json``; a file that is not
+    one is a ValueError naming it."""
+    import json
+
+    try:
+        data = json.loads(Path(report).read_text())
+        levels = {m: float(data[k]) for m, k in REPORT_KEYS.items()}
+        tasks = data["tasks"]
+        levels["eval/return"] = sum(t["mean_return"] for t in tasks) / len(tasks)
+        checkpoint, episodes = data["checkpoint"], int(data["episodes"])
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError) as e:
+        raise ValueError(f"--baseline {report}: not an m2flow-eval results.json ({e!r}); give "
+                         "the file m2flow-eval wrote (runs/<name>/<time>/eval/<time>/results.json)."
+                         ) from e
+    name = Path(checkpoint).parent.parent.parent.name  # runs/<name>/<time>/checkpoints/x.pt
+    return f"{name}, m2flow-eval {episodes} episodes", levels
+
+
+def plot(runs: list[Path], out: Path, metrics: tuple[str, ...] = DEFAULT_METRICS,
+         baselines: tuple[Path, ...] = ()) -> Path:
     """Draws ``metrics`` of ``runs`` (rows) against steps and wall time (columns) into
-    ``out`` (PNG); returns it."""
+    ``out`` (PNG), with each of ``baselines`` (m2flow-eval reports) as dashed levels;
+    returns it."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
 
     data = {Path(r): read_run(Path(r)) for r in runs}
+    levels = [read_baseline(Path(b)) for b in baselines]
     if not any(m in curves for curves in data.values() for m in metrics):
         have = sorted({t for curves in data.values() for t in curves})
         raise ValueError(f"--metrics {list(metrics)}: none was logged by these runs; they have "
@@ -98,6 +129,11 @@ def plot(runs: list[Path], out: Path, metrics: tuple[str, ...] = DEFAULT_METRICS
             row[0].plot(c.steps, c.values, marker=marker, label=label, linewidth=1)
             row[1].plot([s / 60 for s in c.seconds], c.values, marker=marker, label=label,
                         linewidth=1)
+        for (label, level), style in zip(levels, ("--", ":", "-.") * len(levels)):
+            if metric in level:
+                for ax in row:
+                    ax.axhline(level[metric], color="black", linestyle=style, linewidth=1,
+                               label=label)
         row[0].set_xlabel("steps (env steps; reasoning: samples)")
         row[1].set_xlabel("wall time (min)")
         for ax in row:

@@ -83,3 +83,27 @@ def test_a_resumed_run_continues_the_clock_of_the_run_it_resumed(tmp_path):
     assert read_run(src)["eval/success_once"].seconds == pytest.approx([0.0, 100.0, 300.0])
     (resumed / "config.yaml").write_text("resume: null\n")  # not resumed: its own clock
     assert read_run(resumed)["eval/success_once"].seconds == pytest.approx([0.0, 60.0])
+
+
+def test_a_baseline_report_gives_its_levels_and_a_bad_one_is_one_line(tmp_path, capsys):
+    import json
+
+    from m2flow.runs.plot import read_baseline
+
+    report = tmp_path / "results.json"  # the fields m2flow-eval writes, two tasks
+    report.write_text(json.dumps({
+        "checkpoint": "runs/maniskill_pickcube_bc_mlp/20261127-000000/checkpoints/last.pt",
+        "episodes": 8, "mean_success_once": 0.375, "mean_success_at_end": 0.125,
+        "tasks": [{"mean_return": 10.0}, {"mean_return": 30.0}]}))
+    label, levels = read_baseline(report)
+    assert label == "maniskill_pickcube_bc_mlp, m2flow-eval 8 episodes"
+    assert levels == {"eval/success_once": 0.375, "eval/success_at_end": 0.125,
+                      "eval/return": 20.0}
+    a = write_run(tmp_path, "a", RUN_A)
+    assert main([str(a), "--baseline", str(report), "-o", str(tmp_path / "c.png")]) == 0
+    capsys.readouterr()
+    (tmp_path / "bad.json").write_text("{}")
+    assert main([str(a), "--baseline", str(tmp_path / "bad.json"), "-o",
+                 str(tmp_path / "d.png")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not an m2flow-eval results.json" in err[0]
