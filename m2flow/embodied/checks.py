@@ -191,9 +191,6 @@ def check_paths(cfg: TrainConfig) -> None:
 
 def check_init_from(cfg: TrainConfig) -> None:
     """``init_from`` is an embodied checkpoint of a run with this config's policy."""
-    if cfg.init_skip and cfg.init_from is None:
-        raise field_error("init_skip", list(cfg.init_skip), "names tensors of init_from's "
-                          "checkpoint, but init_from is not set; set it or drop init_skip.")
     if cfg.init_from is None or cfg.resume is not None:
         return
     check_resume(cfg.init_from, "embodied", name="init_from")

@@ -136,6 +136,7 @@ class TrainConfig:
     """Tensors of the ``init_from`` checkpoint's policy not loaded: they keep this config's
     initial values. ``[actor_log_std]`` with ``policy.init_log_std`` sets the exploration
     noise RL starts from, instead of the spread BC fitted to the demonstrations (wide enough
-    to cover their variety, so sampled rollouts succeed far less often than the mean action)."""
+    to cover their variety, so sampled rollouts succeed far less often than the mean action).
+    Without ``init_from`` nothing is loaded and this does nothing."""
     run_name: str = "run"
     """Name of the run directory's parent (entry configs set it to their own name)."""
