@@ -198,15 +198,15 @@ def check_init_from(cfg: TrainConfig) -> None:
 
     from omegaconf import OmegaConf
 
-    written = OmegaConf.create(checkpoint.load(cfg.init_from, mmap=True)["config"])
+    state = checkpoint.load(cfg.init_from, mmap=True)
+    written = OmegaConf.create(state["config"])
     theirs = OmegaConf.select(written, "policy.name")
     if theirs != cfg.policy.name:
         raise field_error("init_from", cfg.init_from,
                           f"holds a policy={theirs} but this run trains policy="
                           f"{cfg.policy.name}; start from a checkpoint of the same policy.")
     if cfg.init_skip:
-        names = checkpoint.load(cfg.init_from, mmap=True)["learner"]["policy"].keys()
-        _check_skip(list(cfg.init_skip), list(names), cfg.init_from)
+        _check_skip(list(cfg.init_skip), list(state["learner"]["policy"]), cfg.init_from)
 
 
 def _check_skip(skip: list[str], names: list[str], source: str) -> None:

@@ -168,7 +168,8 @@ class GaussianMLPPolicy(GaussianActorCritic):
         self._build_heads(obs_dim, env_spec.action_dim, cfg, _std(cfg.kwargs))
         self.obs_norm = RunningNorm(obs_dim) if cfg.normalize_obs else nn.Identity()
         self.privileged_critic = _critic(cfg.kwargs) == PRIVILEGED_CRITIC
-        self._hide_from_actor(hidden_state.ranges(cfg.kwargs.get(HIDE), obs_dim, HIDE_FIELD), 0, obs_dim)
+        hidden = hidden_state.ranges(cfg.kwargs.get(HIDE), obs_dim, HIDE_FIELD)
+        self._hide_from_actor(hidden, 0, obs_dim)
         if self.privileged_critic:  # replaces the critic over the state
             n_priv = critics.privileged_dim(env_spec.obs_shapes, "policy.kwargs.critic=privileged")
             self.critic = critics.PrivilegedCritic(n_priv, cfg.hidden_sizes, cfg.activation)
