@@ -53,7 +53,8 @@ class RunnerConfig(RunnerBaseConfig):
     eval_interval: int = 5
     """Evaluate every N iterations (and after the last); 0: only after the last."""
     eval_episodes: int = 16
-    """Episodes per evaluation (rounded up to whole batches of envs)."""
+    """Episodes per evaluation: episode e starts from the same initial state whatever
+    ``env.num_envs`` and the env workers are (``seeding.eval_seeds``)."""
     stop_at_success: Optional[float] = None
     """Stop once an evaluation's success rate (``success_metric``) reaches this (None: run all
     iterations)."""
@@ -69,6 +70,13 @@ class RunnerConfig(RunnerBaseConfig):
     evaluation's; ``eval/success_*`` are then those of the episodes run, ``eval/curtailed`` 1,
     and the checkpoint is never ``best.pt``). Saves most evaluation time before the policy
     gets close; False: every evaluation runs all ``eval_episodes``."""
+    eval_batch_invariant: bool = True
+    """Evaluation with mean actions (training-time and ``m2flow-eval``) runs the policy on one
+    env's observation at a time, so an episode's actions never depend on which episodes share
+    its batch: a float sum's order changes with the batch size (a BLAS kernel picks its
+    blocking by shape), contact dynamics amplify the last-bit differences, and success would
+    change with ``env.num_envs``. False: one call per batch, faster for a large policy on a
+    GPU, at that cost."""
     overlap_learner: bool = False
     """Collect iteration k+1 (with the weights at hand) while the learner trains on iteration
     k; new weights reach the rollout workers mid-collection. PPO's ratio uses the stored

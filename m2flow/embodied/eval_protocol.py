@@ -4,9 +4,12 @@ Episode e of task j runs on some env slot (env worker rank, env index) in some r
 slot runs one counted episode per round (its first), so a round of M env workers with n envs
 each evaluates M*n episodes at once. Seeds: a multi-task env (``spec.tasks``, e.g. LIBERO)
 starts episode e from seed e, which LIBERO maps to the task's init state e (the LIBERO
-protocol); a one-task env uses the seeds of training-time evaluation, so both agree.
+protocol); a one-task env starts episode e from ``seeding.eval_seeds(seed, .)[e]``, as
+training-time evaluation does. No episode's seed depends on the layout, so one checkpoint
+gives the same episodes with any ``env.num_envs`` or number of env workers.
 
-Writes into the output folder: ``results.json`` (per task and mean), ``results.md`` (the
+Writes into the output folder: ``results.json`` (per task and mean, and ``per_episode``:
+each episode's task, index, seed and outcome, the same whatever the layout), ``results.md`` (the
 same as a Markdown table) and ``videos/task<j>_<task>_ep<e>_<success|failure>.mp4`` for the
 first ``videos_per_task`` episodes of each task (from the env's image observation; named by
 success_once).
@@ -74,7 +77,9 @@ class TaskResult:
 def plan(num_tasks: int, per_task: int, ranks: int, envs_per_rank: int, base_seed: int,
          videos_per_task: int, one_task_env: bool = False) -> list[list[list[Slot]]]:
     """Rounds -> env worker ranks -> slots. Episodes are laid out task by task. Episode e
-    starts from seed e, or, for a one-task env, from training-time evaluation's seeds.
+    starts from seed e, or, for a one-task env, from ``seeding.eval_seeds(base_seed, .)[e]``
+    (training-time evaluation's seeds): either way an episode's seed never depends on the
+    layout (``env.num_envs``, env workers).
 
     >>> rounds = plan(num_tasks=3, per_task=2, ranks=1, envs_per_rank=4, base_seed=0,
     ...               videos_per_task=1)
@@ -83,21 +88,22 @@ def plan(num_tasks: int, per_task: int, ranks: int, envs_per_rank: int, base_see
     """
     episodes = [(j, e) for j in range(num_tasks) for e in range(per_task)]
     slots = ranks * envs_per_rank
+    num_rounds = math.ceil(len(episodes) / slots)
+    # one-task: a filler in slot k (past the last episode) runs the seed of episode k, never
+    # one a counted episode has; multi-task: seed 0 (init state 0 of task 0)
+    seeds = seeding.eval_seeds(base_seed, num_rounds * slots) if one_task_env else None
     rounds = []
-    for r in range(math.ceil(len(episodes) / slots)):
+    for r in range(num_rounds):
         per_rank = []
         for rank in range(ranks):
-            seeds = None
-            if one_task_env:
-                seeds = seeding.derive(base_seed, seeding.EVAL, r, rank, envs_per_rank)
             row = []
             for i in range(envs_per_rank):
                 k = r * slots + rank * envs_per_rank + i
                 if k < len(episodes):
                     j, e = episodes[k]
-                    row.append(Slot(j, e, e if seeds is None else seeds[i], e < videos_per_task))
+                    row.append(Slot(j, e, e if seeds is None else seeds[k], e < videos_per_task))
                 else:
-                    row.append(Slot(0, None, 0 if seeds is None else seeds[i]))
+                    row.append(Slot(0, None, 0 if seeds is None else seeds[k]))
             per_rank.append(row)
         rounds.append(per_rank)
     return rounds
@@ -127,6 +133,7 @@ def run_protocol(runner, cfg, progress: bool = True) -> dict:
                   ev.videos_per_task, one_task_env=not multi)
     results = [TaskResult(j, n) for j, n in enumerate(names)]
     videos: list[tuple[Slot, EvalEpisode]] = []
+    per_episode: list[dict] = []
     total = len(names) * per_task
     bar = runner.session.progress(f"eval {cfg.env.name}", total, bar=progress)
     t0 = time.perf_counter()
@@ -142,6 +149,11 @@ def run_protocol(runner, cfg, progress: bool = True) -> dict:
                 if slot.episode is None:
                     continue
                 res = results[slot.task]
+                per_episode.append({"task": slot.task, "episode": slot.episode,
+                                    "seed": slot.seed, "discarded": bool(ep.discarded),
+                                    "success_once": bool(ep.success_once),
+                                    "success_at_end": bool(ep.success_at_end),
+                                    "return": float(ep.ret), "length": int(ep.length)})
                 if ep.discarded:
                     res.discarded += 1  # lost to a simulator restart: not counted
                     continue
@@ -170,6 +182,7 @@ def run_protocol(runner, cfg, progress: bool = True) -> dict:
         "episodes": sum(r.episodes for r in results),
         "discarded": sum(r.discarded for r in results),
         "wall_s": time.perf_counter() - t0,
+        "per_episode": sorted(per_episode, key=lambda e: (e["task"], e["episode"])),
         "_videos": videos,
     }
 

@@ -78,13 +78,15 @@ class RolloutWorker(Worker):
 
     def serve(
         self, obs_ch: Channel, act_ch: Channel, *, lanes: list, num_steps: int,
-        iteration: int, deterministic: bool = False,
+        iteration: int, deterministic: bool = False, one_env_at_a_time: bool = False,
     ) -> None:
         """Answers ``num_steps`` observations on each lane of ``lanes`` routed to this rank.
 
         Lanes are served in the order given, step after step (the runner lists them stage by
         stage, the order env workers send them in). Sampling is seeded per (iteration, rank),
-        so an iteration replays exactly on resume.
+        so an iteration replays exactly on resume. ``one_env_at_a_time``: the policy acts on
+        each env's observation alone (``runner.eval_batch_invariant``), so its arithmetic
+        never depends on the batch.
         """
         mine = [lane for lane in lanes if obs_ch.rank_of(lane) == self.rank]
         cuda = [torch.device(self.device)] if self.device.startswith("cuda") else []
@@ -95,7 +97,7 @@ class RolloutWorker(Worker):
                     with self.timer("wait"):
                         batch = obs_ch.get(key=lane, timeout=self.timeout)
                     with self.timer("infer"), torch.no_grad(), self._lock:
-                        out = self.policy.act(batch.to(self.device), deterministic=deterministic)
+                        out = self._act(batch.to(self.device), deterministic, one_env_at_a_time)
                         version = self.version
                     out = out.to("cpu")
                     out[keys.POLICY_VERSION] = torch.full(out.batch_size, version, dtype=torch.long)
@@ -103,3 +105,9 @@ class RolloutWorker(Worker):
                         act_ch.put(out, key=lane, timeout=self.timeout)
                     self.served[lane] += 1
         act_ch.flush()
+
+    def _act(self, batch, deterministic: bool, one_env_at_a_time: bool):
+        if not one_env_at_a_time or batch.batch_size[0] == 1:
+            return self.policy.act(batch, deterministic=deterministic)
+        return torch.cat([self.policy.act(batch[i:i + 1], deterministic=deterministic)
+                          for i in range(batch.batch_size[0])])

@@ -25,6 +25,7 @@ from m2flow.embodied.config import TrainConfig
 from m2flow.embodied.env_eval import EvalRound
 from m2flow.embodied.env_worker import EnvWorker
 from m2flow.embodied.episodes import EpisodeStats
+from m2flow.embodied import eval_protocol
 from m2flow.embodied.learner_worker import LearnerWorker, learner_rank
 from m2flow.embodied.no_signal import NoSignalWatch
 from m2flow.embodied.plan import monitor as plan_monitor
@@ -32,7 +33,7 @@ from m2flow.embodied.rollout_worker import RolloutWorker
 from m2flow.embodied.stages import rollout_rank
 from m2flow.pipelines import Channel
 from m2flow.pipelines.futures import Futures, gather
-from m2flow.runs import checkpoint, seeding
+from m2flow.runs import checkpoint
 from m2flow.runs.logger import announce, log_field, memory_in_use
 from m2flow.runs.loop import RunLoop
 from m2flow.runs.session import RunSession
@@ -198,32 +199,36 @@ class EmbodiedRunner(RunLoop):
         """Episodes from fixed seeds (mean actions by default): ``eval/success_once``,
         ``eval/success_at_end`` and friends.
 
-        Round r runs one episode per env; env i of env worker w starts from seed
-        ``seeding.derive(seed, EVAL, r, w, env.num_envs)[i]`` (the seeds ``m2flow-eval`` gives
-        a one-task env). After each round the progress (episodes done, success so far) goes
-        to the bar or the log (``RunSession.progress``). With ``reach``, the evaluation ends
-        after the first round from which its success rate (``runner.success_metric``) can no
-        longer reach ``reach`` even if every remaining episode succeeds: its numbers are those
-        of the rounds run, plus ``eval/curtailed`` 1 (the rounds run are the first rounds of
-        the full evaluation).
+        Episode e starts from seed ``seeding.eval_seeds(seed, .)[e]`` whatever env it runs on
+        (``eval_protocol.plan``: the seeds ``m2flow-eval`` gives a one-task env), and exactly
+        ``episodes`` are counted: the envs of a last round with fewer episodes left run
+        fillers, not counted. After each round the progress (episodes done, success so far)
+        goes to the bar or the log (``RunSession.progress``). With ``reach``, the evaluation
+        ends after the first round from which its success rate (``runner.success_metric``) can
+        no longer reach ``reach`` even if every remaining episode succeeds: its numbers are
+        those of the rounds run, plus ``eval/curtailed`` 1 (the rounds run are the first
+        rounds of the full evaluation).
         """
         episodes = episodes or self.cfg.runner.eval_episodes
         metric = self.cfg.runner.success_metric
         self.switcher.activate("rollout")  # its cost is part of time/eval
-        rounds = max(1, math.ceil(episodes / self.num_envs))
+        rounds = eval_protocol.plan(1, episodes, len(self.env_ranks), self.cfg.env.num_envs,
+                                    self.cfg.seed, videos_per_task=0, one_task_env=True)
         per_rank = [EpisodeStats() for _ in self.env_ranks]
-        progress = self.session.progress(f"eval {self.cfg.env.name}", rounds * self.num_envs)
+        progress = self.session.progress(f"eval {self.cfg.env.name}", episodes)
+        done = 0
         try:
-            for r in range(rounds):
-                seeds = [seeding.derive(self.cfg.seed, seeding.EVAL, r, e, self.cfg.env.num_envs)
-                         for e in self.env_ranks]
-                out = self.eval_round([EvalRound(seeds=s) for s in seeds], deterministic)
-                for stats, eps in zip(per_rank, out):
-                    stats.extend(_episode_stats(eps))
+            for rnd in rounds:
+                out = self.eval_round([EvalRound(seeds=[s.seed for s in row]) for row in rnd],
+                                      deterministic)
+                for stats, row, eps in zip(per_rank, rnd, out):
+                    stats.extend(_episode_stats(
+                        [ep for slot, ep in zip(row, eps) if slot.episode is not None]))
+                n = sum(s.episode is not None for row in rnd for s in row)
+                done += n
                 so_far = _merge(per_rank)
-                progress.update(self.num_envs, success_status(so_far.success_once,
-                                                              so_far.success_at_end))
-                left = (rounds - r - 1) * self.num_envs
+                progress.update(n, success_status(so_far.success_once, so_far.success_at_end))
+                left = episodes - done
                 counted = getattr(so_far, metric)
                 if reach is not None and left and not can_reach(counted, left, reach):
                     curtailed = True
@@ -256,6 +261,7 @@ class EmbodiedRunner(RunLoop):
         return self.rollout.call(
             RolloutWorker.serve, self.obs_ch, self.act_ch, lanes=self.lanes, num_steps=steps,
             iteration=iteration, deterministic=deterministic,
+            one_env_at_a_time=deterministic and self.cfg.runner.eval_batch_invariant,
         )
 
     def timings(self) -> dict[str, float]:

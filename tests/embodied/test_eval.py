@@ -3,6 +3,7 @@
 import json
 
 import imageio.v2 as imageio
+import numpy as np
 import pytest
 
 from m2flow.configs import ConfigError
@@ -69,12 +70,41 @@ def test_plan_lays_out_every_episode_once_and_pads_the_last_round():
     assert sum(s.video for s in slots) == 20
 
 
-def test_one_task_plan_uses_training_evaluation_seeds():
-    from m2flow.runs import seeding
-
-    rounds = plan(num_tasks=1, per_task=4, ranks=1, envs_per_rank=2, base_seed=7,
+@pytest.mark.parametrize("ranks,envs", [(1, 4), (1, 8), (1, 16), (2, 4), (2, 3)])
+def test_one_task_episode_seeds_do_not_depend_on_the_layout(ranks, envs):
+    """Episode e's seed is the e-th word of the EVAL purpose's seed sequence (computed here
+    with numpy alone), whatever the env workers and envs per worker; fillers never repeat a
+    counted episode's seed."""
+    n = 20
+    words = np.random.SeedSequence([7, 1, 0, 0]).generate_state(n)  # purpose EVAL = 1
+    expected = [int(w) & 0x7FFFFFFF for w in words]
+    rounds = plan(num_tasks=1, per_task=n, ranks=ranks, envs_per_rank=envs, base_seed=7,
                   videos_per_task=0, one_task_env=True)
-    assert [s.seed for s in rounds[1][0]] == seeding.derive(7, seeding.EVAL, 1, 0, 2)
+    slots = [s for r in rounds for row in r for s in row]
+    assert all(len(r) == ranks and all(len(row) == envs for row in r) for r in rounds)
+    seeds = {s.episode: s.seed for s in slots if s.episode is not None}
+    assert [seeds[e] for e in range(n)] == expected
+    assert not {s.seed for s in slots if s.episode is None} & set(expected)
+
+
+def test_per_episode_outcomes_do_not_depend_on_num_envs_or_env_workers(tmp_path):
+    """One policy, the same 6 ManiSkill episodes run on 2 or 4 envs, and on 2 env workers of
+    3: each episode's seed, return and success are the same. Returns differ from episode to
+    episode, so an episode started from another's initial state would show."""
+    runs = {"2 envs": ["env.num_envs=2"], "4 envs": ["env.num_envs=4"],
+            "2 workers": ["env.num_envs=3", "cluster.placement.components.env.workers=2"]}
+    outcomes = {}
+    for name, layout in runs.items():
+        out = tmp_path / name.replace(" ", "_")
+        assert evaluate(["env=maniskill_pushcube", "policy=mlp", "episodes=6", "max_steps=20",
+                         f"output_dir={out}", *layout, *QUIET]) == 0
+        report = json.loads((out / "results.json").read_text())
+        outcomes[name] = [(e["episode"], e["seed"], e["success_once"], e["success_at_end"],
+                           round(e["return"], 5)) for e in report["per_episode"]]
+    assert [o[0] for o in outcomes["2 envs"]] == list(range(6))
+    assert len({o[4] for o in outcomes["2 envs"]}) == 6  # every episode's return its own
+    assert outcomes["4 envs"] == outcomes["2 envs"]
+    assert outcomes["2 workers"] == outcomes["2 envs"]
 
 
 def test_eval_config_errors_name_the_fix():
@@ -135,3 +165,24 @@ def test_the_report_counts_success_once_and_at_end_per_task(tmp_path):
     assert "| success_once | success_at_end |" in table
     assert "| 0 | push it | 1.000 | 0.500 | 2 |" in table
     assert "| **mean over tasks** | **1.000** | **0.750** | 3 |" in table
+
+
+def test_training_evaluation_counts_its_episodes_and_matches_m2flow_eval(tmp_path):
+    """3 episodes on 2 envs during training (a last round with one filler, not counted), then
+    the same checkpoint through m2flow-eval on 4 envs: the same 3 episodes, the same returns."""
+    from m2flow.cli.train import main as train
+    from m2flow.runs import checkpoint
+
+    assert train(["env=gym_pendulum", "cluster=inprocess", "env.num_envs=2",
+                  "runner.rollout_steps=8", "runner.num_iterations=1", "runner.eval_episodes=3",
+                  "runner.eval_curtail=false", "runner.progress_bar=false",
+                  f"runner.log_dir={tmp_path}"]) == 0
+    ckpt = next(tmp_path.glob("*/*/checkpoints/last.pt"))
+    metrics = checkpoint.load(ckpt)["metrics"]
+    assert metrics["eval/episodes"] == 3.0
+    assert evaluate([f"checkpoint={ckpt}", "episodes=3", "env.num_envs=4",
+                     f"output_dir={tmp_path / 'report'}", *QUIET]) == 0
+    report = json.loads((tmp_path / "report" / "results.json").read_text())
+    returns = [e["return"] for e in report["per_episode"]]
+    assert len(returns) == 3 and len(set(returns)) == 3
+    assert metrics["eval/return"] == pytest.approx(sum(returns) / 3, rel=1e-6)
