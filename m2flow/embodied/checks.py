@@ -180,6 +180,7 @@ def check_paths(cfg: TrainConfig) -> None:
                    "give a .pt written by m2flow-train (runs/<name>/<time>/checkpoints/last.pt)")
     else:
         check_resume(cfg.resume, "embodied")
+        check_resume_matches(cfg)
         check_init_from(cfg)
     out = cfg.eval.output_dir
     if out is not None:
@@ -187,6 +188,39 @@ def check_paths(cfg: TrainConfig) -> None:
 
         if Path(out).expanduser().is_file():
             raise field_error("eval.output_dir", out, "is a file; give a folder for the report.")
+
+
+# what a run's checkpoint must share with the config that resumes it: the env and its
+# observations and actions, the policy and its layers, the algorithm (its learner state)
+RESUME_IDENTITY = ("env.name", "env.obs_mode", "env.control_mode", "env.image_size",
+                   "policy.name", "policy.hidden_sizes", "algorithm.name")
+
+
+def check_resume_matches(cfg: TrainConfig) -> None:
+    """``resume`` was written by a run of this config: the fields of ``RESUME_IDENTITY`` agree
+    (a checkpoint of another config would start every worker and then fail to load)."""
+    if cfg.resume is None:
+        return
+    from omegaconf import OmegaConf
+
+    from m2flow.runs import checkpoint
+
+    written = OmegaConf.create(checkpoint.load(cfg.resume, mmap=True)["config"])
+    ours = OmegaConf.structured(cfg) if not OmegaConf.is_config(cfg) else cfg
+    differ = [(key, OmegaConf.select(written, key), OmegaConf.select(ours, key))
+              for key in RESUME_IDENTITY
+              if _plain(OmegaConf.select(written, key)) != _plain(OmegaConf.select(ours, key))]
+    if differ:
+        what = "; ".join(f"{k}={theirs} there, {mine} here" for k, theirs, mine in differ)
+        raise field_error("resume", cfg.resume, f"was written by another config ({what}); "
+                          "resume it with the config it ran with (config.yaml in its run "
+                          "directory), or start from its weights with init_from=.")
+
+
+def _plain(value):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
 
 
 def check_init_from(cfg: TrainConfig) -> None:

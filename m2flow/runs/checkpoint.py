@@ -104,6 +104,27 @@ def load(path: str | os.PathLike, workload: Optional[str] = None, mmap: bool = F
     return state
 
 
+def newest_good(path: str | os.PathLike, workload: Optional[str] = None) -> Optional[Path]:
+    """The newest other checkpoint beside ``path`` (``iter_*.pt`` of its folder, newest
+    first) that ``load`` reads, mapped; None if there is none. What a refused checkpoint's
+    line offers instead of it."""
+    path = Path(path)
+    try:
+        bad = path.stat()
+    except OSError:
+        bad = None
+    for cand in sorted(path.parent.glob("iter_*.pt"), reverse=True):
+        st = cand.stat()
+        if bad is not None and (st.st_ino, st.st_dev) == (bad.st_ino, bad.st_dev):
+            continue  # the refused file itself, or a hard link to it (last.pt)
+        try:
+            load(cand, workload=workload, mmap=True)
+        except CheckpointError:
+            continue
+        return cand
+    return None
+
+
 def prune(folder: Path, keep: int, pattern: str = "iter_*.pt",
           protect: Sequence[str] = (BEST,)) -> list[Path]:
     """Deletes all but the newest ``keep`` files matching ``pattern`` (0: keep all), except a

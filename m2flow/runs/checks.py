@@ -158,4 +158,7 @@ def check_resume(path: Optional[str], workload: str, name: str = "resume") -> No
     try:
         checkpoint.load(path, workload=workload, mmap=True)
     except ValueError as e:
-        raise FieldError(f"config error: {name}={path}: {str(e).splitlines()[0]}") from None
+        good = checkpoint.newest_good(path, workload)
+        other = f" The newest good checkpoint beside it: {good}." if good else ""
+        raise FieldError(
+            f"config error: {name}={path}: {str(e).splitlines()[0]}{other}") from None
