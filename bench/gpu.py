@@ -53,7 +53,7 @@ def vla(args) -> None:
     from tensordict import TensorDict
 
     from m2flow.envs.base import EnvSpec
-    from m2flow.policies import PolicyConfig, make_policy
+    from m2flow.policies import make_policy, policy_config
 
     oft = args.kind == "oft"
     dev = "cpu" if args.tiny else "cuda"
@@ -61,7 +61,7 @@ def vla(args) -> None:
         torch.cuda.reset_peak_memory_stats = torch.cuda.synchronize = lambda *a: None
         torch.cuda.memory_allocated = torch.cuda.max_memory_allocated = lambda *a: 0
     size = TINY if args.tiny else {**LLAMA2_7B, "vision": OPENVLA_VISION, "image_size": 224}
-    kwargs = {**size, "image_keys": ["rgb"],
+    settings = {**size, "image_keys": ["rgb"],
               "chunk": 8 if oft else 1, "lora_rank": 32, "dtype": "float32" if args.tiny else "bfloat16",
               "use_proprio": oft, "trainable": ["proprio", "value_head"],
               "gradient_checkpointing": args.gradient_checkpointing}
@@ -70,7 +70,7 @@ def vla(args) -> None:
     torch.cuda.reset_peak_memory_stats()
     t = time.perf_counter()
     torch.manual_seed(0)
-    policy = make_policy(PolicyConfig(name="openvla_oft" if oft else "openvla", kwargs=kwargs),
+    policy = make_policy(policy_config("openvla_oft" if oft else "openvla", **settings),
                          spec, device=dev)
     torch.cuda.synchronize()
     build_s = time.perf_counter() - t
@@ -149,11 +149,11 @@ def vla(args) -> None:
 
 
 def render(args) -> None:
-    from m2flow.envs import EnvConfig, make_env
+    from m2flow.envs import env_config, make_env
 
-    cfg = EnvConfig(name="ManiSkill/PushCube-v1", num_envs=args.num_envs, obs_mode="rgb",
-                    image_size=args.image_size, render_backend=args.render_backend,
-                    sim_backend="cpu")
+    cfg = env_config(name="ManiSkill/PushCube-v1", num_envs=args.num_envs, obs_mode="rgb",
+                     image_size=args.image_size, render_backend=args.render_backend,
+                     sim_backend="cpu")
     t = time.perf_counter()
     env = make_env(cfg)
     try:
@@ -219,7 +219,7 @@ def main() -> None:
     s.add_argument("--train-batches", type=int, nargs="+", default=[8, 32])
     s.add_argument("--tiny", action="store_true", help="tiny sizes on the CPU (a smoke run)")
     s.add_argument("--gradient-checkpointing", action="store_true",
-                   help="policy.kwargs.gradient_checkpointing: recompute LM layers in backward")
+                   help="policy.gradient_checkpointing: recompute LM layers in backward")
     s = sub.add_parser("render")
     s.add_argument("--num-envs", type=int, default=16)
     s.add_argument("--steps", type=int, default=60)

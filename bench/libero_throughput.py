@@ -3,7 +3,7 @@
 Cases (per case, the 1- and 2-process envs are alive at once and timed in interleaved rounds,
 since this machine's speed drifts; one case at a time, as each rgb process takes ~1-2 GB):
   rgb standard  LIBERO's look: agent view + wrist at --size px, 4x MSAA, reflections
-  rgb fast      the same cameras without MSAA and reflections (env.kwargs.render_quality=fast)
+  rgb fast      the same cameras without MSAA and reflections (env.render_quality=fast)
   state         physics only, nothing rendered
 each with 1 env process and with 2 (m2flow's LIBERO adapter: one MuJoCo process per env,
 stepped in parallel by GymVectorEnv). Random actions; episodes reset as they end.
@@ -22,7 +22,7 @@ import time
 import record
 import torch
 
-from m2flow.envs import EnvConfig, make_env
+from m2flow.envs import env_config, make_env
 
 CASES = {  # name -> (obs_mode, render_quality)
     "rgb standard": ("rgb", "standard"),
@@ -45,9 +45,9 @@ def main() -> None:
         envs = {}
         try:
             for n in PROCESSES:
-                envs[n] = make_env(EnvConfig(
+                envs[n] = make_env(env_config(
                     name=f"LIBERO/{args.suite}", num_envs=n, obs_mode=mode,
-                    image_size=args.size, kwargs={"render_quality": quality},
+                    image_size=args.size, render_quality=quality,
                 ))
                 envs[n].reset(seed=list(range(n)))
                 rates[case, n] = []

@@ -86,13 +86,13 @@ def env_config(case: str, n: int):
     peer script would (its simulator, torch, gymnasium)."""
     import yaml
 
-    from m2flow.envs import EnvConfig
+    from m2flow.envs import env_config as settings
 
     group, overrides = CASES[case]
     with open(ROOT / "m2flow" / "configs" / "env" / f"{group}.yaml") as f:
         fields = yaml.safe_load(f)
-    fields["kwargs"] = fields.get("kwargs") or {}
-    return EnvConfig(**{**fields, **overrides, "num_envs": n})
+    fields.pop("defaults", None)  # the schema line: settings() picks the adapter's class
+    return settings(**{**fields, **overrides, "num_envs": n})
 
 
 def peer_env_fns(cfg) -> list:
@@ -102,14 +102,12 @@ def peer_env_fns(cfg) -> list:
 
         from m2flow.envs import libero as adapter
 
-        suite, opts = adapter.check_config(cfg)
-        adapter.prepare(opts.assets_path)
+        suite = adapter.check_config(cfg)
+        adapter.prepare(cfg.assets_path)
         importlib.import_module("libero.libero.envs")  # a peer script imports its simulator
         limit = adapter.SUITE_MAX_STEPS[suite]
         ids = list(range(len(adapter.suite_tasks(suite))))
-        return [functools.partial(adapter.LiberoTaskEnv, suite, ids, i % len(ids), cfg.obs_mode,
-                                  cfg.image_size, limit, cfg.ignore_terminations,
-                                  adapter.options(cfg))
+        return [functools.partial(adapter.LiberoTaskEnv, suite, ids, i % len(ids), limit, cfg)
                 for i in range(cfg.num_envs)]
     import mani_skill.envs  # noqa: F401
 

@@ -202,11 +202,11 @@ def evaluate(env, act) -> float:
 def eval_env(args):
     import warp
 
-    from m2flow.envs import EnvConfig, make_env
+    from m2flow.envs import env_config, make_env
 
     warp.config.log_level = warp.LOG_WARNING  # no line per kernel module (Warp 1.19: not quiet)
-    return make_env(EnvConfig(name=f"mjlab/{args.task}", num_envs=args.eval_episodes,
-                              max_episode_steps=args.episode_steps))
+    return make_env(env_config(name=f"mjlab/{args.task}", num_envs=args.eval_episodes,
+                               max_episode_steps=args.episode_steps))
 
 
 def write_curves(rows: list[dict], out: Path) -> None:
@@ -247,8 +247,8 @@ def main() -> None:
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     print("warm-up (Warp kernels): one env built and stepped", flush=True)
-    run("warmup", [sys.executable, "-c", "import torch; from m2flow.envs import EnvConfig, "
-                   f"make_env; e = make_env(EnvConfig(name='mjlab/{args.task}', num_envs=1)); "
+    run("warmup", [sys.executable, "-c", "import torch; from m2flow.envs import env_config, "
+                   f"make_env; e = make_env(env_config(name='mjlab/{args.task}', num_envs=1)); "
                    "e.reset(seed=[0]); e.step(torch.zeros(1, e.spec.action_dim)); e.close()"],
         args.out)
     trainers = {"m2flow": (train_m2flow, m2flow_actor), "mjlab": (train_mjlab, rsl_rl_actor)}

@@ -108,8 +108,8 @@ def main() -> None:
     device = "cpu" if args.cpu else "cuda:0"
     print(f"warm-up (Warp kernels on {device}): {args.num_envs} envs built and stepped", flush=True)
     t = time.perf_counter()
-    run("warmup", [sys.executable, "-c", "import torch; from m2flow.envs import EnvConfig, make_env; "
-                   f"e = make_env(EnvConfig(name='mjlab/{TASK}', num_envs={args.num_envs}), "
+    run("warmup", [sys.executable, "-c", "import torch; from m2flow.envs import env_config, make_env; "
+                   f"e = make_env(env_config(name='mjlab/{TASK}', num_envs={args.num_envs}), "
                    f"device='{device}'); e.reset(seed=list(range(e.num_envs))); "
                    f"[e.step(torch.zeros(e.num_envs, e.spec.action_dim, device='{device}')) "
                    "for _ in range(3)]; e.close()"], args.out, env)

@@ -28,7 +28,7 @@ import numpy as np
 import record
 import torch
 
-from m2flow.envs import EnvConfig, make_env
+from m2flow.envs import env_config, make_env
 from m2flow.envs.shm import IN_BLOCK
 from m2flow.envs.vector import GymVectorEnv
 
@@ -64,7 +64,7 @@ def build(case: str, mode: str):
         make = functools.partial(BareEnv, int(case.split()[1]))
         return GymVectorEnv([make] * BARE_ENVS, processes=True, max_episode_steps=None,
                             shared_memory=mode)
-    return make_env(EnvConfig(**ENVS[case][0], shared_memory=mode))
+    return make_env(env_config(**ENVS[case][0], shared_memory=mode))
 
 
 def timed_reads(env) -> list:

@@ -45,30 +45,30 @@ from m2flow.pipelines import Channel, Placement, WorkerGroup
 from m2flow.pipelines.worker import Worker, pin_process
 from m2flow.policies import make_policy
 
-MJLAB_VLA = ["policy=openvla_oft_tiny", "policy.kwargs.image_keys=[rgb]", "policy.kwargs.chunk=1",
-             "policy.kwargs.value_head=true", "policy.kwargs.critic=head", "env.sim_backend=gpu"]
+MJLAB_VLA = ["policy=openvla_oft_tiny", "policy.image_keys=[rgb]", "policy.chunk=1",
+             "policy.value_head=true", "policy.critic=head", "env.sim_backend=gpu"]
 CASES = {
     "rgb": ("maniskill_pushcube_ppo_cnn",
-            ["env.image_size=128", "policy=cnn_resnet18", "policy.kwargs.encoder=timm/resnet50",
+            ["env.image_size=128", "policy=cnn_resnet18", "policy.encoder=timm/resnet50",
              # as measured (bench/README.md): the image critic, no auxiliary loss
-             "env.privileged_state=false", "policy.kwargs.critic=shared",
-             "policy.kwargs.state_aux=0"]),
+             "env.privileged_state=false", "policy.critic=shared",
+             "policy.state_aux=0"]),
     "state": ("maniskill_pushcube_ppo_mlp", []),
     # the tiny OpenVLA-OFT-style VLA (ViT-tiny 64 px + 2-layer Llama, chunk 1) on PickCube rgb
     "vla": ("maniskill_pickcube_ppo_openvla_tiny", []),
     # a larger small VLA (backbone at 128 px, 4-layer Llama of width 256): inference ~ simulation
     "vla128": ("maniskill_pickcube_ppo_openvla_tiny",
-               ["policy.kwargs.image_size=128", "policy.kwargs.hidden_size=256",
-                "policy.kwargs.num_layers=4", "policy.kwargs.intermediate_size=512"]),
+               ["policy.image_size=128", "policy.hidden_size=256",
+                "policy.num_layers=4", "policy.intermediate_size=512"]),
     # GPU simulation: mjlab's Lift-Cube-Yam-Rgb (MuJoCo Warp, its batch renderer) with the tiny
     # VLA on its one camera at 64 px, then an OpenVLA-OFT-shaped ~1B (a Llama of Llama-3.2-1B's
     # shape, ViT-B/16 at 224 px; bf16 on CUDA). Each stage's envs are an mjlab env of their own.
     "mjlab_vla": ("mjlab_liftcube_ppo_cnn", [*MJLAB_VLA, "env.image_size=64"]),
     "mjlab_vla1b": ("mjlab_liftcube_ppo_cnn",
-                    [*MJLAB_VLA, "env.image_size=224", "policy.kwargs.image_size=224",
-                     "policy.kwargs.vision=[timm/vit_base_patch16_224]",
-                     "policy.kwargs.hidden_size=2048", "policy.kwargs.num_layers=16",
-                     "policy.kwargs.num_heads=32", "policy.kwargs.intermediate_size=8192"]),
+                    [*MJLAB_VLA, "env.image_size=224", "policy.image_size=224",
+                     "policy.vision=[timm/vit_base_patch16_224]",
+                     "policy.hidden_size=2048", "policy.num_layers=16",
+                     "policy.num_heads=32", "policy.intermediate_size=8192"]),
 }
 FEW_STEPS = ("rgb", "vla", "vla128", "mjlab_vla", "mjlab_vla1b")  # slow cases: fewer steps per round
 DEFAULT_CASE = "rgb"
@@ -219,7 +219,7 @@ def bench_case(case: str, args) -> dict:
 def _print(r: dict, cfg) -> None:
     print(f"\n== case {r['case']}: {cfg.env.name} obs={cfg.env.obs_mode} "
           f"{cfg.env.image_size if cfg.env.obs_mode != 'state' else ''} policy={cfg.policy.name}"
-          f"{' ' + str(cfg.policy.kwargs.get('encoder')) if cfg.policy.kwargs else ''}, "
+          f"{' ' + cfg.policy.encoder if hasattr(cfg.policy, 'encoder') else ''}, "
           f"{r['num_envs']} envs, {r['rounds']} interleaved rounds of {r['steps']} steps, "
           f"{os.cpu_count()} CPUs, cluster={r['cluster']}")
     print(f"T_sim {r['t_sim_ms']:.1f} ms/step   T_infer {r['t_infer_ms']:.1f} ms/step   "

@@ -24,13 +24,14 @@ import numpy as np
 import record
 import torch
 
-from m2flow.envs import EnvConfig, make_env
+from m2flow.envs import env_config, make_env
+from m2flow.envs.maniskill import ManiSkillEnvConfig
 
 
-def env_cfg(args, fraction: float) -> EnvConfig:
-    return EnvConfig(name=args.task, num_envs=args.num_envs, obs_mode="rgb",
-                     image_size=args.image_size, control_mode="pd_ee_delta_pos",
-                     visual_mesh_fraction=fraction)
+def env_cfg(args, fraction: float) -> ManiSkillEnvConfig:
+    return env_config(name=args.task, num_envs=args.num_envs, obs_mode="rgb",
+                      image_size=args.image_size, control_mode="pd_ee_delta_pos",
+                      visual_mesh_fraction=fraction)
 
 
 def triangles(task: str, fraction: float) -> int:
@@ -60,8 +61,8 @@ def frame(args, fractions) -> None:
 
     images = []
     for f in fractions:
-        env = make_env(EnvConfig(name=args.task, num_envs=1, obs_mode="rgb", image_size=128,
-                                 control_mode="pd_ee_delta_pos", visual_mesh_fraction=f))
+        env = make_env(env_config(name=args.task, num_envs=1, obs_mode="rgb", image_size=128,
+                                  control_mode="pd_ee_delta_pos", visual_mesh_fraction=f))
         images.append(env.reset(seed=[0])["obs", "rgb"][0].numpy())
         env.close()
     row = np.concatenate(images, axis=1)

@@ -12,8 +12,10 @@ is a family that serves every ``<prefix>/<anything>``.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
+import re
 from importlib.metadata import entry_points
 from typing import Optional, Union
 
@@ -26,12 +28,26 @@ def suggest(name: str, known: list[str]) -> str:
     return f" Did you mean {close[0]!r}?" if close else ""
 
 
+def schema_name(name: str) -> str:
+    """The Hydra schema a registered name's config class is stored as (in its group): the name
+    in lower case, a family's ``/*`` dropped, other characters than letters and digits ``_``.
+
+    >>> schema_name("ManiSkill/*"), schema_name("toy/Reach-v0"), schema_name("sac_mlp")
+    ('maniskill_schema', 'toy_reach_v0_schema', 'sac_mlp_schema')
+    """
+    stem = name[:-2] if name.endswith("/*") else name
+    return re.sub(r"[^a-z0-9]+", "_", stem.lower()).strip("_") + "_schema"
+
+
 class Registry:
     """Names of one kind of component; errors are raised as ``error`` (a typed user error)."""
 
-    def __init__(self, kind: str, group: str, error: type, builtins: Optional[dict] = None):
+    def __init__(self, kind: str, group: str, error: type, builtins: Optional[dict] = None,
+                 base_config: Optional[type] = None):
         self.kind, self.group, self.error = kind, group, error
         self._table: dict[str, Target] = dict(builtins or {})
+        self.base_config = base_config
+        """The settings of a class that names no ``config_class`` (one written before)."""
 
     def register(self, name: str, target: Target | None = None, *, override: bool = False):
         """Registers ``target`` under ``name``; without ``target`` it is a decorator."""
@@ -65,15 +81,76 @@ class Registry:
                 "Install the package that provides it."
             ) from e
 
+    def store_schemas(self, cs, group: str) -> None:
+        """Stores the ``config_class`` of every name that imports in ConfigStore ``cs`` as
+        ``<group>/<schema_name(name)>``; a group file extends it with ``defaults:
+        [<schema>, _self_]``, so its keys are checked against that class. A name that does not
+        import (a plugin's missing dependency) is skipped: it fails when it is chosen."""
+        for name in self.names():
+            try:
+                node = self.config_class(self.load(name))
+            except self.error:
+                continue
+            cs.store(group=group, name=schema_name(name), node=node)
+
+    def config_class(self, cls) -> type:
+        """The settings class of implementation ``cls``."""
+        return getattr(cls, "config_class", self.base_config)
+
+    def schema_of(self, name: str) -> str:
+        """The schema of ``name``'s config class (its family's, for a family member)."""
+        return schema_name(self._key(name))
+
+    def settings(self, name: str, **fields):
+        """``name``'s config class with ``fields`` (the rest its defaults); a key it lacks is
+        one line naming ``name``, the key and the class's keys.
+
+        >>> reg = Registry("thing", "m2flow.things", ValueError)
+        >>> @dataclasses.dataclass
+        ... class Cfg:
+        ...     name: str = ""
+        ...     width: int = 1
+        >>> _ = reg.register("a", type("A", (), {"config_class": Cfg}))
+        >>> reg.settings("a", width=2)
+        Cfg(name='a', width=2)
+        >>> reg.settings("a", widht=2)
+        Traceback (most recent call last):
+        ...
+        ValueError: thing 'a' has no setting 'widht'. Did you mean 'width'? Its settings (Cfg): name, width.
+        """
+        cls = self.config_class(self.load(name))
+        known = [f.name for f in dataclasses.fields(cls)]
+        for key in fields:
+            if key not in known:
+                raise self.error(f"{self.kind} {name!r} has no setting {key!r}."
+                                 f"{suggest(key, known)} Its settings ({cls.__name__}): "
+                                 f"{', '.join(known)}.")
+        return cls(**{"name": name, **fields})
+
+    def check_settings(self, cfg, cls, field: str) -> None:
+        """``self.error`` unless ``cfg`` is (a subclass of) the settings class of ``cls``, the
+        implementation of ``cfg.name``: a config group file of another simulator or model,
+        given another ``name``, has other settings. ``field``: where ``cfg`` sits."""
+        want = self.config_class(cls)
+        if not isinstance(cfg, want):
+            raise self.error(
+                f"{field}.name={cfg.name!r} takes the settings {want.__name__}, but the {field} "
+                f"config gives {type(cfg).__name__}; pick the {field}= option written for it "
+                f"(its file starts with defaults: [{self.schema_of(cfg.name)}, _self_]).")
+
     def _lookup(self, name: str) -> Target:
-        if name in self._table:
-            return self._table[name]
-        for ep in entry_points(group=self.group):
-            if ep.name == name:
-                return ep.value
+        key = self._key(name)
+        if key in self._table:
+            return self._table[key]
+        return next(ep.value for ep in entry_points(group=self.group) if ep.name == key)
+
+    def _key(self, name: str) -> str:
+        """The table key (or entry-point name) that serves ``name``: itself or its family."""
+        if name in self._table or any(ep.name == name for ep in entry_points(group=self.group)):
+            return name
         family = name.rsplit("/", 1)[0] + "/*" if "/" in name else None
         if family in self._table:
-            return self._table[family]
+            return family
         known = self.names()
         raise self.error(
             f"Unknown {self.kind} {name!r}. Known: {', '.join(known)}.{suggest(name, known)}"

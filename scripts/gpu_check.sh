@@ -117,8 +117,8 @@ step pipeline 120 $PY bench/pipeline.py --case vla128 --num-envs 16 --rounds 1 -
 step plan_gpu 180 $PY -c 'from m2flow.cli.plan import main; raise SystemExit(main())' \
   --config-name maniskill_pickcube_ppo_openvla_tiny --no-calibrate --no-overlap --top 12 \
   --output /tmp/plan_vla128/plan.yaml cluster=gpu_inprocess env.num_envs=16 \
-  env.render_backend=gpu env.sim_backend=cpu policy.kwargs.image_size=128 \
-  policy.kwargs.hidden_size=256 policy.kwargs.num_layers=4 policy.kwargs.intermediate_size=512
+  env.render_backend=gpu env.sim_backend=cpu policy.image_size=128 \
+  policy.hidden_size=256 policy.num_layers=4 policy.intermediate_size=512
 ray_step() {  # a step that needs Ray: skipped, saying so, where the Ray part was not unpacked
   if [ -d /tmp/site/ray ]; then step "$@"; else
     case " $STEPS " in *" $1 "*) printf '%-16s %-16s %4ss\n' "$1" "skipped (no Ray)" 0 \

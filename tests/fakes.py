@@ -3,15 +3,17 @@
 ``test/Counter``: env i's observation is ``[seed_i, t, last action]``; episodes last 5 steps.
 ``test/CounterProc``: the same env, one subprocess per env (steps in the background, like
 ManiSkill's CPU backend).
-``test/Rendezvous``: a process env whose reset waits until ``kwargs.parties`` resets (of any
+``test/Rendezvous``: a process env whose reset waits until ``parties`` resets (of any
 env object) have started, so it fails unless resets of separate envs run at the same time;
-with ``kwargs.steps``, each step after an episode's first likewise.
+with ``steps``, each step after an episode's first likewise (its settings:
+:class:`RendezvousConfig`).
 ``test/echo``: action = 0.1 * (seed + t) of the observation; deterministic, no sampling.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
@@ -21,6 +23,7 @@ from torch import nn
 
 from m2flow.envs import EnvSpec, register_env
 from m2flow.envs.base import BatchedEnv
+from m2flow.envs.config import ProcessEnvConfig
 from m2flow.envs.vector import GymVectorEnv
 from m2flow.policies import register_policy
 from m2flow.policies.base import Policy
@@ -122,11 +125,24 @@ class RendezvousGym(CounterGym):
         return super().step(action)
 
 
+@dataclass
+class RendezvousConfig(ProcessEnvConfig):
+    """The settings of ``test/Rendezvous``: the process env's and where and how many meet."""
+
+    folder: str = ""
+    """Where the resets (and steps) leave their marks."""
+    parties: int = 1
+    """Marks a reset waits for."""
+    steps: bool = False
+    """Steps after an episode's first wait too."""
+
+
 class RendezvousProcEnv(GymVectorEnv):
-    def __init__(self, cfg, device: str = "cpu"):
+    config_class = RendezvousConfig
+
+    def __init__(self, cfg: RendezvousConfig, device: str = "cpu"):
         from functools import partial
-        fn = partial(RendezvousGym, cfg.kwargs["folder"], cfg.kwargs["parties"],
-                     cfg.kwargs.get("steps", False))
+        fn = partial(RendezvousGym, cfg.folder, cfg.parties, cfg.steps)
         super().__init__([fn] * cfg.num_envs, processes=True, max_episode_steps=EPISODE)
 
 

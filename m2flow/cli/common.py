@@ -50,17 +50,19 @@ def load_eval_config(overrides: Sequence[str]) -> tuple[object, Optional[dict]]:
     """(config, checkpoint state or None) for ``m2flow-eval``:
 
     - ``checkpoint=PATH [key=value ...]``: the checkpoint's own config (its workload's schema,
-      from the checkpoint's tag), overrides and config-group options on top;
+      from the checkpoint's tag; one written by an older version in this one's layout),
+      overrides and config-group options on top;
     - otherwise a Hydra-composed config (entry config ``config=NAME``, default ``eval``) with
       the policy's initial weights: ``m2flow-eval env=libero_spatial policy=cnn``.
     """
     from omegaconf import OmegaConf
 
     from m2flow.configs import ConfigError, load_config
-    from m2flow.configs.loader import group_option, merge_onto, to_object
+    from m2flow.configs.loader import check_retired, group_option, merge_onto, to_object
     from m2flow.runs import checkpoint
 
     register_schemas()
+    check_retired(overrides)
     pairs = []
     for ov in overrides:
         key, sep, value = ov.partition("=")
@@ -95,11 +97,15 @@ def load_eval_config(overrides: Sequence[str]) -> tuple[object, Optional[dict]]:
         else:
             dotlist.append(f"{shorthands.get(key, key)}={value}")
     saved = OmegaConf.create(state["config"])
-    try:
-        base = w.typed_base(saved) if w.typed_base else w.config_class
+    if w.upgrade:  # written by an older version
+        saved = OmegaConf.create(w.upgrade(OmegaConf.to_container(saved)))
+    given = OmegaConf.from_dotlist(dotlist)
+    try:  # typed by the names the run will have (a group or an override may change them)
+        base = (w.typed_base(OmegaConf.merge(saved, *groups, given)) if w.typed_base
+                else w.config_class)
     except ValueError as e:  # e.g. the algorithm that wrote it is not installed here
         raise ConfigError(f"config error: checkpoint={path}: {e}") from None
-    merged = merge_onto(base, saved, *groups, OmegaConf.from_dotlist(dotlist))
+    merged = merge_onto(base, saved, *groups, given)
     cfg = to_object(merged)
     check_config(w, cfg)
     return cfg, state

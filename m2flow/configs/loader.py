@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import Sequence
+from typing import Optional, Sequence
 
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
@@ -30,15 +30,43 @@ PLUGIN_GROUP = "m2flow.configs"
 
 def load_config(config_name: str, overrides: Sequence[str] = ()) -> DictConfig:
     """The composed config (typed DictConfig), or a ConfigError naming the bad field."""
+    check_retired(overrides)
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module("m2flow.configs", version_base="1.3"):
-            return compose(config_name=config_name,
-                           overrides=plugin_search_path(overrides) + list(overrides))
+            all_overrides = plugin_search_path(overrides) + list(overrides)
+            try:
+                return compose(config_name=config_name, overrides=all_overrides)
+            except (HydraException, OmegaConfBaseException) as e:
+                raise ConfigError(retired_in_file(e, all_overrides) or explain(e, config_name)
+                                  ) from None
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(explain(e, config_name)) from None
     finally:
         GlobalHydra.instance().clear()
+
+
+def retired_in_file(e: Exception, overrides: Sequence[str]) -> Optional[str]:
+    """:func:`m2flow.configs.schema.retired_line` for a config file that sets a retired key
+    (``policy.kwargs:``), naming the file and the fields its entries are now; None for any
+    other error. Reads the file through the running Hydra's search path."""
+    text = str(e)
+    where = re.match(r"In '([^']+)'", text)
+    key = _grab(r"full_key: (\S+)", text)
+    if where is None or key is None or not schema.retired_line(key):
+        return None
+    path = where.group(1)
+    group, _, leaf = key.rpartition(".")
+    try:
+        loader = GlobalHydra.instance().config_loader()
+        _, repo = loader._parse_overrides_and_create_caching_repo(None, list(overrides))
+        node = repo.load_config(path).config
+        if not path.startswith(f"{group}/"):  # an entry config: under the group's key
+            node = node.get(group) or {}
+        entries = list(node.get(leaf) or [])
+    except Exception:  # noqa: BLE001 - the line without the entries is still the right one
+        entries = []
+    return schema.retired_line(key, entries, path)
 
 
 def sweep_jobs(overrides: Sequence[str]) -> list[list[str]]:
@@ -85,6 +113,7 @@ def multirun(config_name: str, task_function, overrides: Sequence[str]) -> list:
     launcher plugin such as joblib in parallel) calls ``task_function(cfg)`` once per job,
     each with its own output folder under ``hydra.sweep.dir``. Returns every job's
     ``hydra.core.utils.JobReturn``, in job order; errors before the first job as one line."""
+    check_retired(overrides)
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module("m2flow.configs", version_base="1.3",
@@ -97,6 +126,15 @@ def multirun(config_name: str, task_function, overrides: Sequence[str]) -> list:
     finally:
         GlobalHydra.instance().clear()
     return [ret for batch in batches for ret in batch]
+
+
+def check_retired(overrides: Sequence[str]) -> None:
+    """ConfigError (:func:`m2flow.configs.schema.retired_line`) for an override of a key that
+    is gone (``policy.kwargs.critic=...``), before Hydra says only that it does not exist."""
+    for o in overrides:
+        line = schema.retired_line(o.lstrip("+~").partition("=")[0])
+        if line:
+            raise ConfigError(line)
 
 
 def plugin_search_path(overrides: Sequence[str]) -> list[str]:
@@ -132,15 +170,18 @@ def explain(e: Exception, config_name: str) -> str:
     text = str(inner)
     first = text.strip().splitlines()[0] if text.strip() else type(inner).__name__
     full_key = getattr(inner, "full_key", None) or _grab(r"full_key: (\S+)", text)
-    m = re.match(r"Key '([^']+)' not in '([^']+)'", first)
+    m = re.search(r"Key '([^']+)' not in '([^']+)'", text)
     if m:
         key, owner = m.groups()
+        where = full_key or key
+        retired = schema.retired_line(where)
+        if retired:
+            return retired
         known = _fields_of(owner)
         hint = difflib.get_close_matches(key, known, n=1)
-        where = full_key or key
         parent = where.rsplit(".", 1)[0] + "." if "." in where else ""
         return (
-            f"config error: {where} is not a field of {owner}."
+            f"config error: {where} is not a field of {owner}{_named(inner, where)}."
             + (f" Did you mean {parent}{hint[0]}?" if hint else "")
             + (f" Known fields: {', '.join(known)}." if known else "")
         )
@@ -160,6 +201,19 @@ def explain(e: Exception, config_name: str) -> str:
     if full_key:
         return f"config error: {full_key}: {first}"
     return f"config error: {first}"
+
+
+def _named(error: Exception, where: str) -> str:
+    """`` (env ManiSkill/PushCube-v1)`` when the node at fault is a config group's with a
+    ``name`` (an env's, a policy's, an algorithm's: whose settings these are), else ''."""
+    node = getattr(error, "parent_node", None)
+    if where.count(".") != 1 or not isinstance(node, DictConfig):
+        return ""
+    try:
+        name = node.get("name")
+    except OmegaConfBaseException:  # a missing name
+        return ""
+    return f" ({where.split('.')[0]} {name})" if isinstance(name, str) else ""
 
 
 def _grab(pattern: str, text: str):

@@ -1,10 +1,11 @@
 """Start-up checks of an embodied config: every mistake is one line naming the field, the
 value and the fix, before any worker or simulator starts.
 
-In order, cheapest first: the ranges of every numeric field (the table ``RULES``), the
-algorithm's own ``validate()``, the cluster and its placement on this machine, the fields
-that must agree (``check_config``), the paths (``resume``, ``eval.checkpoint``), and registry
-names with the env's and the policy's own ``check_config`` hooks.
+In order, cheapest first: the ranges of every numeric field the env and policy settings
+classes share (the table ``RULES``), the algorithm's own ``validate()``, the cluster and its
+placement on this machine, the fields that must agree (``check_config``), the paths
+(``resume``, ``eval.checkpoint``), and registry names with the env's and the policy's own
+``check_config`` hooks (which check the fields of their own settings classes).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from m2flow.runs.checks import (
     check_file,
     check_resume,
     check_runner_base,
-    each,
     field_error,
     one_of,
     optional,
@@ -31,8 +31,6 @@ from m2flow.runs.checks import (
 
 COMPONENTS = ("env", "rollout", "learner")  # the runner's (m2flow.embodied.runner.COMPONENTS)
 SIM_BACKENDS = ("auto", "cpu", "gpu")
-RENDER_BACKENDS = ("auto", "none", "cpu", "gpu")
-SHARED_MEMORY = ("auto", "on", "off")  # m2flow.envs.shm.MODES
 SUCCESS_METRICS = ("success_once", "success_at_end")  # EpisodeStats' two success figures
 
 RULES: list[Rule] = [
@@ -40,14 +38,8 @@ RULES: list[Rule] = [
     ("env.max_episode_steps", optional(at_least(1), "the simulator's limit"),
      "set the episode time limit in steps"),
     ("env.image_size", at_least(1), "set the camera width and height in pixels (e.g. 64)"),
-    ("env.step_timeout_s", above(0),
-     "give the seconds a step may take before its process counts as hung (default 300)"),
     ("env.sim_backend", one_of(SIM_BACKENDS),
      "'auto' simulates on the env worker's GPU if it has one"),
-    ("env.render_backend", one_of(RENDER_BACKENDS), "'auto' renders only for image obs modes"),
-    ("env.shared_memory", one_of(SHARED_MEMORY),
-     "'auto' sends images through shared memory and state vectors as messages"),
-    ("policy.hidden_sizes", each(at_least(1)), "give layer widths such as [256, 256]"),
     ("rollout.pipeline_stages", at_least(1),
      "use 1 (sequential) or S > 1 to overlap simulation and inference"),
     ("rollout.env_groups", optional(at_least(1), "rollout.pipeline_stages"),
@@ -96,15 +88,18 @@ def check_train_config(cfg: TrainConfig) -> None:
 
 
 def check_names(cfg: TrainConfig) -> None:
-    """Registry lookups at startup, not 300 lines into a rollout, and the env's and the
-    policy's own ``check_config`` hooks (the policy's gets the env config too: the obs modes
-    it can read)."""
+    """Registry lookups at startup, not 300 lines into a rollout: the names, whether the env's
+    and the policy's settings are their classes' (a group file of another simulator, given
+    another ``name``, is not), and their own ``check_config`` hooks (the policy's gets the env
+    config too: the obs modes it can read)."""
     from m2flow.envs import EnvError, env_class
+    from m2flow.envs.registry import ENVS
     from m2flow.policies import PolicyError
-    from m2flow.policies.registry import policy_class
+    from m2flow.policies.registry import POLICIES, policy_class
 
     try:
         cls = env_class(cfg.env.name)
+        ENVS.check_settings(cfg.env, cls, "env")
         check = getattr(cls, "check_config", None)
         if check is not None:
             check(cfg.env)
@@ -118,12 +113,13 @@ def check_names(cfg: TrainConfig) -> None:
         cls = policy_class(cfg.policy.name)
     except PolicyError as e:
         raise ConfigError(f"config error: policy.name: {e}") from None
-    check = getattr(cls, "check_config", None)
-    if check is not None:
-        try:
+    try:
+        POLICIES.check_settings(cfg.policy, cls, "policy")
+        check = getattr(cls, "check_config", None)
+        if check is not None:
             check(cfg.policy, cfg.env)
-        except PolicyError as e:
-            raise ConfigError(f"config error: {e}") from None
+    except PolicyError as e:
+        raise ConfigError(f"config error: {e}") from None
 
 
 def check_config(cfg: TrainConfig, plan: Optional[dict[str, list[str]]] = None) -> None:
@@ -203,13 +199,16 @@ def check_resume_matches(cfg: TrainConfig) -> None:
         return
     from omegaconf import OmegaConf
 
+    from m2flow.embodied.saved import upgrade
     from m2flow.runs import checkpoint
 
-    written = OmegaConf.create(checkpoint.load(cfg.resume, mmap=True)["config"])
+    saved = OmegaConf.create(checkpoint.load(cfg.resume, mmap=True)["config"])
+    written = OmegaConf.create(upgrade(OmegaConf.to_container(saved)))  # an older layout too
     ours = OmegaConf.structured(cfg) if not OmegaConf.is_config(cfg) else cfg
     differ = [(key, OmegaConf.select(written, key), OmegaConf.select(ours, key))
               for key in RESUME_IDENTITY
-              if _plain(OmegaConf.select(written, key)) != _plain(OmegaConf.select(ours, key))]
+              if OmegaConf.select(written, key) is not None  # a field it has (older: fewer)
+              and _plain(OmegaConf.select(written, key)) != _plain(OmegaConf.select(ours, key))]
     if differ:
         what = "; ".join(f"{k}={theirs} there, {mine} here" for k, theirs, mine in differ)
         raise field_error("resume", cfg.resume, f"was written by another config ({what}); "

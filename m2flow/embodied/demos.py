@@ -150,7 +150,7 @@ class Generator:
         self.control_mode = env_cfg.control_mode
         self.solve = getattr(solutions, SOLUTIONS[self.task])
         kw = dict(obs_mode="none", render_backend="none", sim_backend="physx_cpu",
-                  max_episode_steps=PLAN_STEP_LIMIT, **dict(env_cfg.kwargs))
+                  max_episode_steps=PLAN_STEP_LIMIT, **dict(env_cfg.make_args))
         if env_cfg.reward_mode:
             kw["reward_mode"] = env_cfg.reward_mode
         recorder = _recorder()
@@ -286,7 +286,7 @@ def instruction(spec) -> tuple[str, str]:
 def env_kwargs(env_cfg: EnvConfig, limit: Optional[int]) -> dict:
     """The ``gym.make`` keyword arguments of m2flow's ManiSkill env (``env_info.env_kwargs``)."""
     kw = dict(obs_mode=env_cfg.obs_mode, control_mode=env_cfg.control_mode,
-              sim_backend="physx_cpu", max_episode_steps=limit, **dict(env_cfg.kwargs))
+              sim_backend="physx_cpu", max_episode_steps=limit, **dict(env_cfg.make_args))
     if env_cfg.reward_mode:
         kw["reward_mode"] = env_cfg.reward_mode
     if env_cfg.obs_mode != "state":
@@ -339,9 +339,12 @@ def save(stem: Path, demos: list[Demo], env_cfg: EnvConfig, spec) -> tuple[Path,
 
 
 def register_schema() -> None:
+    """``demos_schema`` and the env adapters' settings (``env/<schema>``)."""
     from m2flow.configs import schema
+    from m2flow.envs.registry import register_schemas as register_envs
 
     schema.store("demos_schema", DemosConfig)
+    register_envs(schema)  # its ``store(name=, node=, group=)`` is a ConfigStore's
 
 
 def load_demos_config(config_name: str = DEFAULT_CONFIG, overrides=()) -> DemosConfig:
@@ -349,6 +352,7 @@ def load_demos_config(config_name: str = DEFAULT_CONFIG, overrides=()) -> DemosC
     ConfigError of one line."""
     from m2flow.configs import ConfigError, load_config, to_object
     from m2flow.envs import EnvError, env_class
+    from m2flow.envs.registry import ENVS
 
     register_schema()
     cfg: DemosConfig = to_object(load_config(f"{CONFIG_DIR}/{config_name}", overrides))
@@ -365,6 +369,7 @@ def load_demos_config(config_name: str = DEFAULT_CONFIG, overrides=()) -> DemosC
         raise ConfigError("config error: demos.episodes and demos.max_tries must be >= 1 "
                           f"(got {cfg.demos.episodes} and {cfg.demos.max_tries}).")
     try:
+        ENVS.check_settings(cfg.env, env_class(cfg.env.name), "env")
         env_class(cfg.env.name).check_config(cfg.env)
     except EnvError as e:
         raise ConfigError(f"config error: {str(e).splitlines()[0]}") from None

@@ -13,11 +13,18 @@ from m2flow.runs.workload import Workload
 
 
 def register_schemas() -> None:
-    """The root schema and one schema per registered algorithm (group ``algorithm``)."""
+    """The root schema and one schema per registered algorithm, env adapter and policy (groups
+    ``algorithm``, ``env``, ``policy``); ``policy.kwargs`` and ``env.kwargs``, gone, are
+    named as such when a config or override still sets them."""
     from m2flow.embodied.algorithms import register_schemas as register_algorithms
+    from m2flow.envs.registry import register_schemas as register_envs
+    from m2flow.policies.registry import register_schemas as register_policies
 
     schema.store("train_schema", TrainConfig)
-    register_algorithms(_Store())
+    for register in (register_algorithms, register_envs, register_policies):
+        register(_Store())
+    for group in ("env", "policy"):
+        schema.retire(f"{group}.kwargs", group)
 
 
 class _Store:
@@ -29,17 +36,28 @@ class _Store:
 
 
 def typed_base(saved):
-    """TrainConfig's defaults with ``algorithm`` typed by the saved algorithm's own config
-    class, so a checkpoint's GRPO fields merge onto GRPOConfig, not onto the base class."""
+    """TrainConfig's defaults with ``algorithm``, ``env`` and ``policy`` typed by the saved
+    names' own config classes, so a checkpoint's GRPO fields merge onto GRPOConfig and its
+    LIBERO settings onto LiberoEnvConfig, not onto the base classes."""
     from omegaconf import OmegaConf
 
-    from m2flow.embodied.algorithms import algorithm_class
+    from m2flow.embodied.algorithms import ALGORITHMS
+    from m2flow.envs.registry import ENVS
+    from m2flow.policies.registry import POLICIES
 
     base = OmegaConf.structured(TrainConfig)
-    name = OmegaConf.select(saved, "algorithm.name")
-    if name:
-        base.algorithm = OmegaConf.structured(algorithm_class(name).config_class)
+    for group, registry in (("algorithm", ALGORITHMS), ("env", ENVS), ("policy", POLICIES)):
+        name = OmegaConf.select(saved, f"{group}.name")
+        if name:
+            base[group] = OmegaConf.structured(registry.config_class(registry.load(name)))
     return base
+
+
+def upgrade(saved: dict) -> dict:
+    """A checkpoint's saved config in this version's layout (``m2flow.embodied.saved``)."""
+    from m2flow.embodied.saved import upgrade as upgrade_saved
+
+    return upgrade_saved(saved)
 
 
 def check(cfg: TrainConfig) -> None:
@@ -123,6 +141,7 @@ WORKLOAD = Workload(
     evaluate=evaluate,
     memory_hint=memory_hint,
     typed_base=typed_base,
+    upgrade=upgrade,
     eval_shorthands={
         "episodes": "eval.episodes",
         "episodes_per_task": "eval.episodes_per_task",

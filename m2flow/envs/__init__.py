@@ -5,7 +5,7 @@
 
 from m2flow.envs.base import BatchedEnv, EnvError, EnvSpec
 from m2flow.envs.config import EnvConfig
-from m2flow.envs.registry import env_class, make_env, register_env, registered_envs
+from m2flow.envs.registry import env_class, env_config, make_env, register_env, registered_envs
 
 __all__ = [
     "BatchedEnv",
@@ -13,6 +13,7 @@ __all__ = [
     "EnvError",
     "EnvSpec",
     "env_class",
+    "env_config",
     "make_env",
     "register_env",
     "registered_envs",

@@ -16,6 +16,8 @@ from typing import Optional, Sequence
 import torch
 from tensordict import TensorDict
 
+from m2flow.envs.config import EnvConfig
+
 
 class EnvError(ValueError):
     """Bad env input: an unknown name, an obs mode the simulator can't render, missing assets."""
@@ -39,8 +41,8 @@ class EnvSpec:
 class BatchedEnv(ABC):
     """``num_envs`` environments stepped together, talking in TensorDicts of batch [num_envs].
 
-    >>> from m2flow.envs import EnvConfig, make_env
-    >>> env = make_env(EnvConfig(name="gym/Pendulum-v1", num_envs=2))
+    >>> from m2flow.envs import env_config, make_env
+    >>> env = make_env(env_config("gym/Pendulum-v1", num_envs=2))
     >>> env.reset(seed=[0, 1])["obs", "state"].shape
     torch.Size([2, 3])
     >>> out = env.step(torch.zeros(2, 1))
@@ -48,6 +50,9 @@ class BatchedEnv(ABC):
     ['discarded', 'done', 'obs', 'reward', 'success', 'terminated', 'truncated']
     """
 
+    config_class: type = EnvConfig
+    """Its settings: a dataclass extending :class:`EnvConfig`, the schema of its env group
+    files (``m2flow.envs.config``); ``cls(cfg, device=...)`` gets one of these."""
     num_envs: int
     spec: EnvSpec
     device: torch.device = torch.device("cpu")

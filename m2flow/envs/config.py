@@ -1,9 +1,15 @@
-"""The env config: one dataclass shared by every simulator adapter."""
+"""The settings every env has; each adapter's own dataclass extends them.
+
+An adapter names its settings class as ``config_class`` (``BatchedEnv``'s default: this
+base); the registry stores it as Hydra schema ``env/<schema>`` (``m2flow.registry.
+schema_name``: ``ManiSkill/*`` -> ``maniskill_schema``), and an env group file starts with
+``defaults: [<schema>, _self_]``, so every key of it is checked against that class.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from dataclasses import dataclass
+from typing import Optional
 
 from omegaconf import MISSING
 
@@ -29,26 +35,20 @@ class EnvConfig:
     """Time limit (truncation); None: the simulator's registered limit."""
     sim_backend: str = "auto"
     """'cpu', 'gpu', or 'auto' (gpu when the worker was placed on a GPU, else cpu)."""
-    render_backend: str = "auto"
-    """'none', 'cpu' or 'gpu'; 'auto': none for state obs, else gpu if present, else cpu."""
     image_size: int = 64
     """Camera width and height for image obs modes."""
-    visual_mesh_fraction: float = 1.0
-    """Fraction of the visual-mesh triangles kept when a CPU renders (ManiSkill): 1.0 draws
-    the published meshes; 0.05 draws 5 % of the robot's, ~3.8x the env steps/s through
-    software Vulkan at a 64 px image change of ~1/255 (``m2flow.envs.meshes``). Physics is unchanged. The
-    GPU backend always renders the published meshes. Checked by the ManiSkill adapter."""
-    privileged_state: bool = False
-    """ManiSkill: also return ``("obs", "privileged")``, the simulator's full state (every
-    actor's pose and velocities, the robot's joints: ManiSkill's ``get_state()``), for an
-    asymmetric critic (``policy=cnn`` with ``policy.kwargs.critic=privileged``); no actor reads
-    it, so the policy still acts from what the camera and proprio show."""
+
+
+@dataclass
+class ProcessEnvConfig(EnvConfig):
+    """The settings of adapters that run one simulator process per env (ManiSkill's CPU
+    backend, LIBERO, a plugin's ``GymVectorEnv(..., processes=True)``); their
+    ``check_config`` calls ``m2flow.envs.procs.check_processes``."""
+
     step_timeout_s: float = 300.0
-    """Envs with one simulator process each: a step or reset that takes longer counts as a
-    hung process, which is killed and restarted (its episode is discarded)."""
+    """A step or reset that takes longer counts as a hung process, which is killed and
+    restarted (its episode is discarded)."""
     shared_memory: str = "auto"
-    """Envs with one simulator process each: which observation arrays come back through
-    shared memory instead of a pickled message: 'auto' those of 16 KiB or more (images; state
-    vectors stay messages), 'on' every array, 'off' none (bench/obs_transfer.py measures both)."""
-    kwargs: Dict[str, Any] = field(default_factory=dict)
-    """Extra keyword arguments for the simulator's constructor."""
+    """Which observation arrays come back through shared memory instead of a pickled message:
+    'auto' those of 16 KiB or more (images; state vectors stay messages), 'on' every array,
+    'off' none (bench/obs_transfer.py measures both)."""

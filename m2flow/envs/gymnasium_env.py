@@ -1,13 +1,15 @@
 """Any gymnasium env id with a flat Box observation, as ``gym/<id>`` (e.g. ``gym/Pendulum-v1``).
 
-Task: whatever the gymnasium env defines. Observations: ``("obs", "state")`` (D,) float32.
-Actions: the env's Box action space, flattened. Success: the env's ``info["success"]`` if it
-reports one, else never.
+Task: whatever the gymnasium env defines (``env.make_args``: its constructor's arguments).
+Observations: ``("obs", "state")`` (D,) float32. Actions: the env's Box action space,
+flattened. Success: the env's ``info["success"]`` if it reports one, else never.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass, field
+from typing import Any, Dict
 
 import gymnasium as gym
 
@@ -17,17 +19,26 @@ from m2flow.registry import suggest
 from m2flow.envs.vector import GymVectorEnv
 
 
-def _make_one(env_id: str, max_episode_steps, kwargs: dict) -> gym.Env:
-    return gym.make(env_id, max_episode_steps=max_episode_steps, **kwargs)
+@dataclass
+class GymEnvConfig(EnvConfig):
+    """``gym/<id>``: the common settings and the env's own constructor arguments."""
+
+    make_args: Dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of ``gym.make(<id>, ...)``, e.g. Pendulum's ``g``."""
+
+
+def _make_one(env_id: str, max_episode_steps, make_args: dict) -> gym.Env:
+    return gym.make(env_id, max_episode_steps=max_episode_steps, **make_args)
 
 
 class GymnasiumEnv(GymVectorEnv):
-    """Adapter for ``gym/<id>``; envs run in this process (``kwargs`` go to ``gym.make``)."""
+    """Adapter for ``gym/<id>``; envs run in this process."""
 
     EXAMPLE_IDS = ("gym/Pendulum-v1",)  # the registry sweep's picks
+    config_class = GymEnvConfig
 
     @staticmethod
-    def check_config(cfg: EnvConfig) -> None:
+    def check_config(cfg: GymEnvConfig) -> None:
         """Raises EnvError for an unknown env id or an option the adapter cannot honour;
         builds no env."""
         env_id = cfg.name.split("/", 1)[1]
@@ -41,21 +52,16 @@ class GymnasiumEnv(GymVectorEnv):
                 f"env.obs_mode={cfg.obs_mode!r}: the gymnasium adapter only passes 'state' "
                 "observations; set env.obs_mode=state."
             )
-        if cfg.privileged_state:
-            raise EnvError(
-                "env.privileged_state=true: a gymnasium env's observation is its whole state "
-                "already; set env.privileged_state=false for gym/* envs."
-            )
         if cfg.ignore_terminations:
             raise EnvError(
                 "env.ignore_terminations=true: a generic gymnasium env cannot be stepped past "
                 "its termination; set it to false for gym/* envs."
             )
 
-    def __init__(self, cfg: EnvConfig, device: str = "cpu"):
+    def __init__(self, cfg: GymEnvConfig, device: str = "cpu"):
         env_id = cfg.name.split("/", 1)[1]
         self.check_config(cfg)
-        make = functools.partial(_make_one, env_id, cfg.max_episode_steps, dict(cfg.kwargs))
+        make = functools.partial(_make_one, env_id, cfg.max_episode_steps, dict(cfg.make_args))
         probe = make()
         if not isinstance(probe.observation_space, gym.spaces.Box) or not isinstance(
             probe.action_space, gym.spaces.Box

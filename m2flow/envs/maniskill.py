@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import functools
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import gymnasium as gym
 import torch
@@ -29,14 +30,15 @@ from tensordict import TensorDict
 
 from m2flow import keys
 from m2flow.envs.base import BatchedEnv, EnvError, EnvSpec
-from m2flow.envs.config import EnvConfig
-from m2flow.envs.procs import EnvRecipe, env_server
+from m2flow.envs.config import ProcessEnvConfig
+from m2flow.envs.procs import EnvRecipe, check_processes, env_server
 from m2flow.registry import suggest
 from m2flow.envs.vector import GymVectorEnv
 
 log = logging.getLogger(__name__)
 
 OBS_MODES = {"state": "state", "rgb": "rgb"}  # m2flow obs_mode -> ManiSkill obs_mode
+RENDER_BACKENDS = ("auto", "none", "cpu", "gpu")
 REBUILD = {"reconfigure": True}  # rebuilds the SAPIEN scene: PhysX state does not survive
 # imported once by the fork server of the CPU env processes (none starts a renderer, a thread
 # or CUDA on import); each process then imports only what its task adds
@@ -46,13 +48,35 @@ PRELOAD = (
 )
 
 
+@dataclass
+class ManiSkillEnvConfig(ProcessEnvConfig):
+    """``ManiSkill/<task>``: the common settings, those of one process per env (the CPU
+    backend), and ManiSkill's own."""
+
+    render_backend: str = "auto"
+    """'none', 'cpu' or 'gpu'; 'auto': none for state obs, else gpu if present, else cpu."""
+    visual_mesh_fraction: float = 1.0
+    """Fraction of the visual-mesh triangles kept when a CPU renders: 1.0 draws the published
+    meshes; 0.05 draws 5 % of the robot's, for many more env steps/s through software Vulkan
+    at a small change of the image (``m2flow.envs.meshes``). Physics is unchanged. The GPU
+    backend always renders the published meshes."""
+    privileged_state: bool = False
+    """Also return ``("obs", "privileged")``, the simulator's full state (every actor's pose
+    and velocities, the robot's joints: ManiSkill's ``get_state()``), for an asymmetric critic
+    (``policy=cnn`` with ``policy.critic=privileged``); no actor reads it, so the policy still
+    acts from what the camera and proprio show."""
+    make_args: Dict[str, Any] = field(default_factory=dict)
+    """More keyword arguments of the task's ``gym.make`` (e.g. ``robot_uids``)."""
+
+
 class ManiSkillEnv(BatchedEnv):
     """Adapter for ``ManiSkill/<task>``; picks the CPU or GPU backend from ``cfg`` and device."""
 
     EXAMPLE_IDS = ("ManiSkill/PushCube-v1", "ManiSkill/PickCube-v1")  # the registry sweep's picks
+    config_class = ManiSkillEnvConfig
 
     @staticmethod
-    def check_config(cfg: EnvConfig):
+    def check_config(cfg: ManiSkillEnvConfig):
         """Raises EnvError for an unknown task, missing assets or an unsupported obs mode."""
         spec = _registered_task(cfg.name.split("/", 1)[1], cfg.name)
         if cfg.obs_mode not in OBS_MODES:
@@ -60,6 +84,12 @@ class ManiSkillEnv(BatchedEnv):
                 f"env.obs_mode={cfg.obs_mode!r}: the ManiSkill adapter renders "
                 f"{sorted(OBS_MODES)}; pick one of those."
             )
+        if cfg.render_backend not in RENDER_BACKENDS:
+            raise EnvError(
+                f"env.render_backend={cfg.render_backend!r}: must be one of "
+                f"{', '.join(RENDER_BACKENDS)}; 'auto' renders only for image obs modes."
+            )
+        check_processes(cfg)
         if not 0.0 < cfg.visual_mesh_fraction <= 1.0:
             raise EnvError(
                 f"env.visual_mesh_fraction={cfg.visual_mesh_fraction!r}: keep a fraction of "
@@ -77,7 +107,7 @@ class ManiSkillEnv(BatchedEnv):
                 f"env.reward_mode={cfg.reward_mode!r}: {cfg.name} has reward modes "
                 f"{list(rewards)}; pick one of those (or null for the task's default)."
             )
-        controls = _control_modes(spec, cfg.kwargs.get("robot_uids"))
+        controls = _control_modes(spec, cfg.make_args.get("robot_uids"))
         if cfg.control_mode is not None and controls and cfg.control_mode not in controls:
             raise EnvError(
                 f"env.control_mode={cfg.control_mode!r}: the robot of {cfg.name} has "
@@ -85,7 +115,7 @@ class ManiSkillEnv(BatchedEnv):
             )
         return spec
 
-    def __init__(self, cfg: EnvConfig, device: str = "cpu"):
+    def __init__(self, cfg: ManiSkillEnvConfig, device: str = "cpu"):
         task = cfg.name.split("/", 1)[1]
         backend = _sim_backend(cfg.sim_backend, device)
         if backend == "cpu":
@@ -103,7 +133,7 @@ class ManiSkillEnv(BatchedEnv):
                 if cfg.obs_mode != "state"
                 else {}
             ),
-            **dict(cfg.kwargs),
+            **dict(cfg.make_args),
         )
         if backend == "cpu":
             fraction = _mesh_fraction(cfg, kw["render_backend"])
@@ -209,7 +239,7 @@ def _sim_backend(requested: str, device: str) -> str:
     return requested
 
 
-def _mesh_fraction(cfg: EnvConfig, render_backend: str) -> float:
+def _mesh_fraction(cfg: ManiSkillEnvConfig, render_backend: str) -> float:
     """``env.visual_mesh_fraction`` where a CPU renders (lavapipe), else 1.0: a GPU draws the
     published meshes at no cost worth saving (and state obs render nothing)."""
     if render_backend == "cpu":
@@ -241,7 +271,7 @@ def enable_gpu_physx() -> None:
         ) from None
 
 
-def _render_backend(cfg: EnvConfig, sim_backend: str) -> str:
+def _render_backend(cfg: ManiSkillEnvConfig, sim_backend: str) -> str:
     if cfg.render_backend != "auto":
         return cfg.render_backend
     if cfg.obs_mode == "state":
@@ -291,7 +321,7 @@ class PrivilegedState(gym.ObservationWrapper):
 class _ManiSkillGPU(BatchedEnv):
     """All envs in one GPU-simulated ManiSkill batch (needs CUDA)."""
 
-    def __init__(self, task: str, cfg: EnvConfig, kw: dict, device: str, limit):
+    def __init__(self, task: str, cfg: ManiSkillEnvConfig, kw: dict, device: str, limit):
         import mani_skill.envs  # noqa: F401
         from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
 

@@ -13,7 +13,7 @@ ship in the wheel; nothing is downloaded.
 Observations: mjlab's ``actor`` group is ``("obs", "state")`` (its noise included: the
 policy's view); with ``env.privileged_state=true`` its ``critic`` group (noise-free, and for
 Lift-Cube-Rgb the cube's pose) is ``("obs", "privileged")`` for
-``policy.kwargs.critic=privileged``. ``env.obs_mode=rgb`` or ``depth`` needs a task with a
+``policy.critic=privileged``. ``env.obs_mode=rgb`` or ``depth`` needs a task with a
 camera group (``-Rgb``/``-Depth``): ``("obs", "rgb")`` (S, S, 3) uint8 or ``("obs", "depth")``
 (S, S, 1) float32 in [0, 1] (mjlab's normalised depth), S = ``env.image_size``, rendered by
 MuJoCo Warp's batch renderer.
@@ -33,7 +33,7 @@ the episode's end. A task without one (Cartpole, locomotion) reports False.
 Seeds: mjlab seeds the process's global RNGs (torch, numpy, random, Warp), not an env. A
 seeded ``reset(seed)`` resets env i alone after seeding with ``seed[i]``, so an env's initial
 state depends on its seed only and envs given one seed (a GRPO group) start alike; that is
-one mjlab reset per env (``env.kwargs.seeded_resets=per_env``). ``batch`` resets all envs at
+one mjlab reset per env (``env.seeded_resets=per_env``). ``batch`` resets all envs at
 once after seeding with the first seed: one call, reproducible, but equal seeds do not give
 equal states. Unseeded resets (the auto-resets) draw from the RNG stream.
 """
@@ -46,7 +46,7 @@ import io
 import logging
 import math
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
@@ -67,9 +67,12 @@ SEEDED_RESETS = ("per_env", "batch")
 
 
 @dataclass
-class MjlabOptions:
-    """``env.kwargs`` of ``mjlab/<task>``."""
+class MjlabEnvConfig(EnvConfig):
+    """``mjlab/<task>``: the common settings and mjlab's own."""
 
+    privileged_state: bool = False
+    """Also return the task's ``critic`` observation group (noise-free; for Lift-Cube-Rgb the
+    cube's pose) as ``("obs", "privileged")``, for a critic only (``policy.critic=privileged``)."""
     seeded_resets: str = "per_env"
     """'per_env': a seeded reset resets each env alone after seeding with its seed (its state
     is a function of its seed; one mjlab reset per env); 'batch': one reset of all envs after
@@ -81,22 +84,9 @@ class MjlabOptions:
     """mjlab's 'play' variant of the task (no observation noise, no curriculum)."""
 
 
-def options(cfg: EnvConfig) -> MjlabOptions:
-    known = [f.name for f in fields(MjlabOptions)]
-    unknown = sorted(set(cfg.kwargs) - set(known))
-    if unknown:
-        raise EnvError(f"env.kwargs.{unknown[0]} is not an option of {cfg.name}; "
-                       f"use one of {known}.")
-    opts = MjlabOptions(**cfg.kwargs)
-    if opts.seeded_resets not in SEEDED_RESETS:
-        raise EnvError(f"env.kwargs.seeded_resets={opts.seeded_resets!r}: use one of "
-                       f"{list(SEEDED_RESETS)}.")
-    return opts
-
-
-def task_config(cfg: EnvConfig):
+def task_config(cfg: MjlabEnvConfig):
     """The task's mjlab env config (a fresh copy), or one EnvError line: mjlab missing, an
-    unknown task, an obs mode the task cannot give, an option mjlab tasks do not have."""
+    unknown task, an obs mode the task cannot give, a setting mjlab tasks do not have."""
     task = cfg.name[len(PREFIX):]
     if importlib.util.find_spec("mjlab") is None:
         raise EnvError(f"env.name={cfg.name!r}: mjlab is not installed; `bash scripts/install.sh` "
@@ -109,8 +99,10 @@ def task_config(cfg: EnvConfig):
     if task not in list_tasks():
         raise EnvError(f"env.name={cfg.name!r}: mjlab has no task {task!r}."
                        f"{suggest(task, list_tasks())}")
-    opts = options(cfg)
-    env_cfg = load_env_cfg(task, play=opts.play)
+    if cfg.seeded_resets not in SEEDED_RESETS:
+        raise EnvError(f"env.seeded_resets={cfg.seeded_resets!r}: use one of "
+                       f"{list(SEEDED_RESETS)}.")
+    env_cfg = load_env_cfg(task, play=cfg.play)
     if cfg.obs_mode not in OBS_MODES:
         raise EnvError(f"env.obs_mode={cfg.obs_mode!r}: mjlab tasks give {list(OBS_MODES)}.")
     if cfg.obs_mode in IMAGE_MODES and _camera_group(env_cfg, cfg.obs_mode) is None:
@@ -130,7 +122,7 @@ def task_config(cfg: EnvConfig):
                            f"set env.{name}=null.")
     if cfg.sim_backend not in ("auto", "cpu", "gpu"):
         raise EnvError(f"env.sim_backend={cfg.sim_backend!r}: use 'cpu', 'gpu' or 'auto'.")
-    return env_cfg, opts
+    return env_cfg
 
 
 def _camera_group(env_cfg, mode: str) -> Optional[str]:
@@ -143,7 +135,7 @@ def _camera_group(env_cfg, mode: str) -> Optional[str]:
     return None
 
 
-def _device(cfg: EnvConfig, device: str) -> str:
+def _device(cfg: MjlabEnvConfig, device: str) -> str:
     if cfg.sim_backend == "cpu":
         return "cpu"
     if cfg.sim_backend == "gpu" or device.startswith("cuda"):
@@ -159,14 +151,16 @@ class MjlabEnv(BatchedEnv):
 
     EXAMPLE_IDS = ("mjlab/Mjlab-Cartpole-Balance",)  # the registry sweep's pick
     episode_clocks = True
+    config_class = MjlabEnvConfig
 
     @staticmethod
-    def check_config(cfg: EnvConfig):
+    def check_config(cfg: MjlabEnvConfig):
         """Raises EnvError for what the adapter cannot build; builds nothing."""
         return task_config(cfg)
 
-    def __init__(self, cfg: EnvConfig, device: str = "cpu"):
-        env_cfg, self.opts = task_config(cfg)
+    def __init__(self, cfg: MjlabEnvConfig, device: str = "cpu"):
+        env_cfg = task_config(cfg)
+        self.seeded_resets = cfg.seeded_resets
         from mjlab.envs import ManagerBasedRlEnv
         from mjlab.tasks.registry import load_rl_cfg
         from mjlab.utils.random import seed_rng
@@ -193,7 +187,7 @@ class MjlabEnv(BatchedEnv):
         log.info("mjlab: building %s, %d envs on %s (MuJoCo Warp compiles its kernels on first "
                  "use, about a minute on a CPU; cached in %s)", cfg.name, cfg.num_envs, dev,
                  wp.config.kernel_cache_dir or "Warp's kernel cache")
-        seed_rng(self.opts.build_seed)
+        seed_rng(cfg.build_seed)
         with _quiet_mjlab():
             self.env = ManagerBasedRlEnv(env_cfg, device=dev)
         self.num_envs = cfg.num_envs
@@ -214,7 +208,7 @@ class MjlabEnv(BatchedEnv):
         an mjlab reset rewrites the whole state of the envs it resets."""
         if seed is None:
             obs, _ = self.env.reset()
-        elif self.opts.seeded_resets == "batch" or self.num_envs == 1:
+        elif self.seeded_resets == "batch" or self.num_envs == 1:
             self.seed_rng(int(seed[0]))
             obs, _ = self.env.reset()
         else:

@@ -34,6 +34,7 @@ import numpy as np
 
 from m2flow.envs import shm
 from m2flow.envs.base import EnvError
+from m2flow.envs.config import ProcessEnvConfig
 from m2flow.envs.fork import ServerProcess, fork_server
 from m2flow.envs.shm import ObsBlock
 
@@ -423,3 +424,15 @@ def _put_step(block: ObsBlock, result: StepResult) -> StepResult:
     obs = block.put(result.obs, shm.OBS)
     final = obs if result.final_obs is result.obs else block.put(result.final_obs, shm.FINAL_OBS)
     return replace(result, obs=obs, final_obs=final)
+
+
+def check_processes(cfg: ProcessEnvConfig) -> None:
+    """Raises EnvError for ``step_timeout_s`` or ``shared_memory`` out of range: what the
+    ``check_config`` of an adapter with these settings calls, at start-up."""
+    if not cfg.step_timeout_s > 0:
+        raise EnvError(f"env.step_timeout_s={cfg.step_timeout_s}: must be > 0; give the seconds "
+                       "a step may take before its process counts as hung (default 300).")
+    if cfg.shared_memory not in shm.MODES:
+        raise EnvError(f"env.shared_memory={cfg.shared_memory!r}: must be one of "
+                       f"{', '.join(shm.MODES)}; 'auto' sends images through shared memory and "
+                       "state vectors as messages.")

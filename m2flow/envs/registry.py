@@ -8,8 +8,10 @@ Three ways in, all ending in the same table:
   so another package adds a simulator without touching m2flow.
 
 A name ending in ``/*`` is a family: ``ManiSkill/*`` serves ``ManiSkill/PushCube-v1``, and the
-adapter gets the full name. The class is called as ``cls(cfg, device=...)``. A family's class
-lists ``EXAMPLE_IDS`` so tests that sweep the registry know which concrete ids to build.
+adapter gets the full name. The class is called as ``cls(cfg, device=...)``, ``cfg`` an
+instance of its ``config_class`` (``env_config(name, **fields)`` makes one); its schema is
+stored as ``env/<schema_name>`` (:func:`register_schemas`). A family's class lists
+``EXAMPLE_IDS`` so tests that sweep the registry know which concrete ids to build.
 """
 
 from __future__ import annotations
@@ -30,14 +32,28 @@ ENVS = Registry(
         "LIBERO/*": "m2flow.envs.libero:LiberoEnv",
         "mjlab/*": "m2flow.envs.mjlab_env:MjlabEnv",
     },
+    base_config=EnvConfig,
 )
 
 register_env = ENVS.register
 registered_envs = ENVS.names
 env_class = ENVS.load
-__all__ = ["ENVS", "env_class", "make_env", "register_env", "registered_envs", "suggest"]
+env_config = ENVS.settings
+__all__ = ["ENVS", "env_class", "env_config", "make_env", "register_env", "register_schemas",
+           "registered_envs", "suggest"]
 
 
 def make_env(cfg: EnvConfig, device: str = "cpu") -> BatchedEnv:
-    """Builds the env ``cfg.name`` describes, on ``device`` when its simulator can use one."""
-    return env_class(cfg.name)(cfg, device=device)
+    """Builds the env ``cfg.name`` describes, on ``device`` when its simulator can use one;
+    EnvError when ``cfg`` is not the adapter's settings class."""
+    cls = env_class(cfg.name)
+    ENVS.check_settings(cfg, cls, "env")
+    return cls(cfg, device=device)
+
+
+def register_schemas(cs) -> None:
+    """Stores each adapter's ``config_class`` in ConfigStore ``cs`` as ``env/<schema>``
+    (``ManiSkill/*`` -> ``env/maniskill_schema``), so an env group file that starts with
+    ``defaults: [maniskill_schema, _self_]`` is checked against it. Imports every adapter
+    module (not its simulator)."""
+    ENVS.store_schemas(cs, "env")

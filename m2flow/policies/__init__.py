@@ -2,13 +2,15 @@
 
 from m2flow.policies.base import Policy, PolicyError
 from m2flow.policies.config import PolicyConfig
-from m2flow.policies.registry import make_policy, register_policy, registered_policies
+from m2flow.policies.registry import (
+    make_policy, policy_config, register_policy, registered_policies)
 
 __all__ = [
     "Policy",
     "PolicyConfig",
     "PolicyError",
     "make_policy",
+    "policy_config",
     "register_policy",
     "registered_policies",
 ]

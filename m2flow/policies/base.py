@@ -25,6 +25,7 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
+from m2flow.policies.config import PolicyConfig
 
 CRITIC_MODULES = frozenset({"critic", "value_head"})
 
@@ -34,6 +35,10 @@ class PolicyError(ValueError):
 
 
 class Policy(nn.Module, ABC):
+    config_class: type = PolicyConfig
+    """Its settings: a dataclass extending :class:`PolicyConfig`, the schema of its policy group
+    files (``m2flow.policies.config``); ``cls(cfg, env_spec, ...)`` gets one of these."""
+
     @abstractmethod
     def act(self, batch: TensorDict, deterministic: bool = False) -> TensorDict:
         """Actions for ``batch["obs"]``: keys ``action`` (B, A), ``log_prob`` (B,), ``value`` (B,)."""

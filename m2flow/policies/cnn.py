@@ -2,7 +2,7 @@
 
 Reads ``("obs", "rgb")`` (B, H, W, C) uint8 and, when the env has it, ``("obs", "state")``
 (B, D). One encoder, shared by actor and critic: the NatureCNN over the image scaled to [0, 1]
-(or, with ``encoder: timm/<model>``, a randomly initialised timm backbone), with the
+(or, with ``policy.encoder=timm/<model>``, a randomly initialised timm backbone), with the
 (normalised) state concatenated to its features. Heads as in ``mlp.py``: an actor MLP
 -> action mean with a learned state-independent log-std, and a critic MLP -> value.
 """
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import difflib
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
@@ -22,9 +23,8 @@ from torch import nn
 from m2flow import keys
 from m2flow.policies import critics, hidden_state
 from m2flow.policies.base import PolicyError
-from m2flow.policies.config import PolicyConfig
 from m2flow.policies.layers import ACTIVATIONS, orthogonal_linear
-from m2flow.policies.mlp import HIDE_FIELD, GaussianActorCritic
+from m2flow.policies.mlp import HIDE_FIELD, GaussianActorCritic, GaussianConfig, check_critic
 from m2flow.policies.normalizer import RunningNorm
 
 # The unpadded convs need this many pixels per side to leave a 1x1 map; smaller images are
@@ -35,69 +35,51 @@ PIXEL_MAX = 255.0
 NATURE_ENCODER = "nature"
 TIMM_PREFIX = "timm/"
 TIMM_EXAMPLE = "timm/resnet18"
-SHARED_CRITIC, PRIVILEGED_CRITIC = "shared", critics.PRIVILEGED
+PRIVILEGED_CRITIC = critics.PRIVILEGED
 
 
 @dataclass
-class CNNOptions:
-    """``policy.kwargs`` accepted by ``policy.name=cnn``."""
+class CNNPolicyConfig(GaussianConfig):
+    """``policy.name=cnn``: the Gaussian actor-critic's settings and the image encoder's.
+    ``critic=shared`` is ManiSkill's rgb baseline (the critic reads the encoder's features);
+    with ``privileged`` the encoder learns from the actor's loss alone."""
 
     feature_dim: int = 256
     """Width of the image features (the encoder's final linear layer)."""
     encoder: str = NATURE_ENCODER
     """Image encoder: 'nature' (NatureCNN) or 'timm/<model>', e.g. 'timm/resnet18' (random init)."""
-    encoder_weights: str | None = None
+    encoder_weights: Optional[str] = None
     """Local file of a state_dict (torch.save) for the timm backbone, loaded strictly; or None."""
-    critic: str = SHARED_CRITIC
-    """'shared': the critic reads the encoder's features (ManiSkill's rgb baseline); 'privileged':
-    an asymmetric critic, an MLP of its own over the normalised ``("obs", "privileged")``
-    simulator state (``env.privileged_state=true``), while the actor still reads only the image
-    and proprio; the encoder then learns from the actor's loss alone."""
     state_aux: float = 0.0
     """> 0: an auxiliary loss, this coefficient x the mean squared error of a linear head that
     predicts the normalised ``("obs", "privileged")`` simulator state from the actor's features
     (``env.privileged_state=true``): the encoder learns where cube and goal are from a dense
     supervised signal. Training only; the actor reads what it read before. 0: off."""
-    actor_hidden_state: list | None = None
-    """[start, end) ranges of ``("obs", "state")``'s dims the actor reads as their running
-    mean (0 after normalisation); the critic and ``state_aux`` read them all. As in
-    ``policy=mlp``: [[9, 18]] hides ManiSkill Panda's joint velocities, which a cloned policy
-    would copy (``m2flow.policies.hidden_state``). None: the actor reads the whole state."""
 
 
-def _options(kwargs) -> CNNOptions:
-    known = [f.name for f in fields(CNNOptions)]
-    unknown = sorted(set(kwargs) - set(known))
-    if unknown:
+def _check(cfg: CNNPolicyConfig) -> None:
+    """PolicyError for a critic, encoder or auxiliary loss that cannot be built."""
+    is_timm = cfg.encoder.startswith(TIMM_PREFIX)
+    if cfg.encoder != NATURE_ENCODER and not is_timm:
         raise PolicyError(
-            f"policy.kwargs.{unknown[0]} is not an option of policy.name='cnn'; use one of {known}."
-        )
-    opts = CNNOptions(**kwargs)
-    is_timm = opts.encoder.startswith(TIMM_PREFIX)
-    if opts.encoder != NATURE_ENCODER and not is_timm:
-        raise PolicyError(
-            f"policy.kwargs.encoder={opts.encoder!r}: use {NATURE_ENCODER!r} or "
+            f"policy.encoder={cfg.encoder!r}: use {NATURE_ENCODER!r} or "
             f"'{TIMM_PREFIX}<model>', e.g. {TIMM_EXAMPLE!r}."
         )
-    if opts.critic not in (SHARED_CRITIC, PRIVILEGED_CRITIC):
+    check_critic(cfg.critic)
+    if cfg.feature_dim < 1:
+        raise PolicyError(f"policy.feature_dim={cfg.feature_dim}: must be >= 1.")
+    if not (cfg.state_aux >= 0 and np.isfinite(cfg.state_aux)):
+        raise PolicyError(f"policy.state_aux={cfg.state_aux}: must be >= 0 (0: off).")
+    if cfg.encoder_weights is not None and not is_timm:
         raise PolicyError(
-            f"policy.kwargs.critic={opts.critic!r}: use {SHARED_CRITIC!r} (the image encoder's "
-            f"features) or {PRIVILEGED_CRITIC!r} (the simulator state, env.privileged_state=true)."
-        )
-    hidden_state.ranges(opts.actor_hidden_state, None, HIDE_FIELD)
-    if not (opts.state_aux >= 0 and np.isfinite(opts.state_aux)):
-        raise PolicyError(f"policy.kwargs.state_aux={opts.state_aux}: must be >= 0 (0: off).")
-    if opts.encoder_weights is not None and not is_timm:
-        raise PolicyError(
-            "policy.kwargs.encoder_weights loads a timm backbone; set policy.kwargs.encoder to "
+            "policy.encoder_weights loads a timm backbone; set policy.encoder to "
             f"'{TIMM_PREFIX}<model>' (e.g. {TIMM_EXAMPLE!r}) or drop encoder_weights."
         )
-    if opts.encoder_weights is not None and not os.path.isfile(opts.encoder_weights):
+    if cfg.encoder_weights is not None and not os.path.isfile(cfg.encoder_weights):
         raise PolicyError(
-            f"policy.kwargs.encoder_weights={opts.encoder_weights!r}: no such file. Give the path "
+            f"policy.encoder_weights={cfg.encoder_weights!r}: no such file. Give the path "
             "of a state_dict saved with torch.save for that timm model, or null for random init."
         )
-    return opts
 
 
 def _conv(n_in: int, n_out: int, kernel: int, stride: int) -> nn.Conv2d:
@@ -144,7 +126,7 @@ def _timm_backbone(model_name: str, in_chans: int) -> nn.Module:
         close = difflib.get_close_matches(model_name, known, n=3)
         hint = f" Did you mean {', '.join(repr(TIMM_PREFIX + m) for m in close)}?" if close else ""
         raise PolicyError(
-            f"policy.kwargs.encoder='{TIMM_PREFIX}{model_name}': timm has no model "
+            f"policy.encoder='{TIMM_PREFIX}{model_name}': timm has no model "
             f"{model_name!r}.{hint} Use '{TIMM_PREFIX}<model>' with a name from "
             f"timm.list_models(), e.g. {TIMM_EXAMPLE!r}."
         )
@@ -182,7 +164,7 @@ class TimmEncoder(nn.Module):
             self.backbone.load_state_dict(state, strict=True)
         except RuntimeError as e:
             raise PolicyError(
-                f"policy.kwargs.encoder_weights={path!r} does not match timm model "
+                f"policy.encoder_weights={path!r} does not match timm model "
                 f"{model_name!r}: {e}\nSave backbone.state_dict() of that same model."
             ) from e
 
@@ -194,7 +176,7 @@ class TimmEncoder(nn.Module):
             self.backbone(torch.zeros(1, c, h, w))
         except (RuntimeError, AssertionError, ValueError) as e:
             raise PolicyError(
-                f"policy.kwargs.encoder='{TIMM_PREFIX}{model_name}' cannot read {h}x{w} images "
+                f"policy.encoder='{TIMM_PREFIX}{model_name}' cannot read {h}x{w} images "
                 f"({e}). Use a convolutional model such as {TIMM_EXAMPLE!r}."
             ) from e
         finally:
@@ -217,19 +199,19 @@ class TimmEncoder(nn.Module):
         return self.fc(self.backbone(x)).reshape(*lead, -1)  # (..., feature_dim)
 
 
-def _encoder(opts: CNNOptions, image_shape: tuple[int, int, int]) -> nn.Module:
-    if opts.encoder == NATURE_ENCODER:
-        return NatureCNN(image_shape, opts.feature_dim)
-    model_name = opts.encoder[len(TIMM_PREFIX):]
-    return TimmEncoder(image_shape, opts.feature_dim, model_name, opts.encoder_weights)
+def _encoder(cfg: CNNPolicyConfig, image_shape: tuple[int, int, int]) -> nn.Module:
+    if cfg.encoder == NATURE_ENCODER:
+        return NatureCNN(image_shape, cfg.feature_dim)
+    model_name = cfg.encoder[len(TIMM_PREFIX):]
+    return TimmEncoder(image_shape, cfg.feature_dim, model_name, cfg.encoder_weights)
 
 
 class GaussianCNNPolicy(GaussianActorCritic):
-    """``policy.name=cnn``; ``policy.kwargs``: see ``CNNOptions``.
+    """``policy.name=cnn``; its settings: :class:`CNNPolicyConfig`.
 
     >>> from m2flow.envs import EnvSpec
     >>> spec = EnvSpec({"rgb": (36, 36, 3), "state": (5,)}, 2, (-1.0, -1.0), (1.0, 1.0), 50)
-    >>> cfg = PolicyConfig(name="cnn", hidden_sizes=[8], kwargs={"feature_dim": 16})
+    >>> cfg = CNNPolicyConfig(name="cnn", hidden_sizes=[8], feature_dim=16)
     >>> pi = GaussianCNNPolicy(cfg, spec)
     >>> obs = {"rgb": torch.zeros(3, 36, 36, 3, dtype=torch.uint8), "state": torch.zeros(3, 5)}
     >>> out = pi.act(TensorDict({"obs": obs}, batch_size=[3]))
@@ -237,26 +219,23 @@ class GaussianCNNPolicy(GaussianActorCritic):
     (torch.Size([3, 2]), torch.Size([3]), torch.Size([3]))
     """
 
+    config_class = CNNPolicyConfig
+
     @staticmethod
-    def check_config(policy_cfg: PolicyConfig, env_cfg) -> None:
-        """Raises PolicyError for a state-only env, bad heads or ``policy.kwargs``."""
+    def check_config(policy_cfg: CNNPolicyConfig, env_cfg) -> None:
+        """Raises PolicyError for a state-only env, bad heads, encoder or auxiliary loss."""
         if env_cfg.obs_mode == "state":
             raise PolicyError(
                 "policy=cnn reads ('obs','rgb') images, but env.obs_mode=state renders none; "
                 "use env.obs_mode=rgb or policy=mlp."
             )
         GaussianActorCritic.check_config(policy_cfg, env_cfg)
-        opts = _options(policy_cfg.kwargs)
-        if opts.feature_dim < 1:
-            raise PolicyError(f"policy.kwargs.feature_dim={opts.feature_dim}: must be >= 1.")
-        if opts.critic == PRIVILEGED_CRITIC:
-            critics.check_env(env_cfg, "policy.kwargs.critic=privileged",
-                              "use another policy.kwargs.critic")
-        if opts.state_aux > 0:
-            critics.check_env(env_cfg, f"policy.kwargs.state_aux={opts.state_aux}",
-                              "set policy.kwargs.state_aux=0")
+        _check(policy_cfg)
+        if policy_cfg.state_aux > 0:
+            critics.check_env(env_cfg, f"policy.state_aux={policy_cfg.state_aux}",
+                              "set policy.state_aux=0")
 
-    def __init__(self, cfg: PolicyConfig, env_spec):
+    def __init__(self, cfg: CNNPolicyConfig, env_spec):
         super().__init__()
         shapes = env_spec.obs_shapes
         if "rgb" not in shapes or len(shapes["rgb"]) != 3:
@@ -273,28 +252,27 @@ class GaussianCNNPolicy(GaussianActorCritic):
             raise PolicyError(
                 f"policy.activation={cfg.activation!r}: use one of {sorted(ACTIVATIONS)}."
             )
-        opts = _options(cfg.kwargs)
+        _check(cfg)
         state_dim = shapes["state"][0] if "state" in shapes else 0
         self.has_state = "state" in shapes
-        self.encoder = _encoder(opts, tuple(shapes["rgb"]))
-        self._build_heads(opts.feature_dim + state_dim, env_spec.action_dim, cfg)
-        ranges = hidden_state.ranges(opts.actor_hidden_state,
+        self.encoder = _encoder(cfg, tuple(shapes["rgb"]))
+        self._build_heads(cfg.feature_dim + state_dim, env_spec.action_dim, cfg)
+        ranges = hidden_state.ranges(cfg.actor_hidden_state,
                                      state_dim if self.has_state else None, HIDE_FIELD)
         if ranges and not self.has_state:
-            raise PolicyError("policy.kwargs.actor_hidden_state hides dims of ('obs', 'state'), "
-                              f"but this env gives none ({shapes}); drop the option.")
-        self._hide_from_actor(ranges, opts.feature_dim, opts.feature_dim + state_dim)
+            raise PolicyError("policy.actor_hidden_state hides dims of ('obs', 'state'), "
+                              f"but this env gives none ({shapes}); drop the setting.")
+        self._hide_from_actor(ranges, cfg.feature_dim, cfg.feature_dim + state_dim)
         use_norm = cfg.normalize_obs and self.has_state
         self.state_norm = RunningNorm(state_dim) if use_norm else nn.Identity()
-        self.privileged_critic = opts.critic == PRIVILEGED_CRITIC
+        self.privileged_critic = cfg.critic == PRIVILEGED_CRITIC
         if self.privileged_critic:  # replaces the critic over the encoder's features
-            n_priv = critics.privileged_dim(shapes, "policy.kwargs.critic=privileged")
+            n_priv = critics.privileged_dim(shapes, "policy.critic=privileged")
             self.critic = critics.PrivilegedCritic(n_priv, cfg.hidden_sizes, cfg.activation)
         self.state_aux = None
-        if opts.state_aux > 0:
-            n_priv = critics.privileged_dim(shapes, "policy.kwargs.state_aux")
-            self.state_aux = critics.StateAux(opts.feature_dim + state_dim, n_priv,
-                                              opts.state_aux)
+        if cfg.state_aux > 0:
+            n_priv = critics.privileged_dim(shapes, "policy.state_aux")
+            self.state_aux = critics.StateAux(cfg.feature_dim + state_dim, n_priv, cfg.state_aux)
 
     def _features(self, obs: TensorDict) -> torch.Tensor:
         features = self.encoder(obs[keys.leaf(keys.RGB)])

@@ -1,26 +1,34 @@
-"""The policy config, shared by every registered policy."""
+"""The settings every policy has; each registered policy's own dataclass extends them.
+
+A policy class names its settings class as ``config_class`` (``Policy``'s default: this
+base); the registry stores it as Hydra schema ``policy/<name>_schema``, and a policy group
+file starts with ``defaults: [<name>_schema, _self_]``, so every key of it is checked
+against that class.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List
+from typing import List
 
 from omegaconf import MISSING
 
 
 @dataclass
 class PolicyConfig:
-    """Which model, and its size."""
+    """Which model."""
 
     name: str = MISSING
     """Registered policy id, e.g. 'mlp'."""
+
+
+@dataclass
+class MLPHeadsConfig(PolicyConfig):
+    """The settings of policies whose actor and critic heads are MLPs (mlp, cnn, sac_*)."""
+
     hidden_sizes: List[int] = field(default_factory=lambda: [256, 256, 256])
-    """Widths of the hidden layers of actor and critic (MLP policies)."""
+    """Widths of the hidden layers of actor and critic."""
     activation: str = "tanh"
     """Hidden activation: tanh | relu | gelu."""
     normalize_obs: bool = True
     """Normalise state observations by running mean/std (updated by the learner)."""
-    init_log_std: float = -0.5
-    """Initial log standard deviation of the Gaussian actions (state-independent)."""
-    kwargs: Dict[str, Any] = field(default_factory=dict)
-    """Extra keyword arguments for the policy's constructor."""

@@ -24,7 +24,7 @@ PRIVILEGED = "privileged"
 
 def privileged_dim(obs_shapes: dict, setting: str) -> int:
     """The width of the flat privileged vector the env gives; PolicyError naming the fix.
-    ``setting``: what asks for it, e.g. ``policy.kwargs.critic=privileged``."""
+    ``setting``: what asks for it, e.g. ``policy.critic=privileged``."""
     key = keys.leaf(keys.PRIVILEGED)
     if key not in obs_shapes or len(obs_shapes[key]) != 1:
         raise PolicyError(f"{setting} needs a flat ('obs', 'privileged') vector; this "
@@ -34,7 +34,7 @@ def privileged_dim(obs_shapes: dict, setting: str) -> int:
 
 def check_env(env_cfg, setting: str, instead: str) -> None:
     """At start-up: the env config must ask for the privileged state ``setting`` reads
-    (e.g. ``policy.kwargs.critic=privileged``); ``instead``: the other way out."""
+    (e.g. ``policy.critic=privileged``); ``instead``: the other way out."""
     if not getattr(env_cfg, "privileged_state", False):
         raise PolicyError(f"{setting} reads ('obs','privileged'), which the env returns only "
                           f"with env.privileged_state=true (ManiSkill, mjlab); set it, or {instead}.")

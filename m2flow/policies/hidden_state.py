@@ -1,13 +1,13 @@
-"""Dims of ``("obs", "state")`` a policy's actor is not shown: ``policy.kwargs`` lists them as
-[start, end) ranges (``actor_hidden_state`` of mlp and cnn, ``proprio_hidden`` of
-openvla_oft), and the actor reads 0 there (after its normalisation).
+"""Dims of ``("obs", "state")`` a policy's actor is not shown: a setting lists them as
+[start, end) ranges (``policy.actor_hidden_state`` of mlp and cnn, ``policy.proprio_hidden``
+of openvla_oft), and the actor reads 0 there (after its normalisation).
 
 Behaviour cloning needs it where the state holds the robot's joint velocities (ManiSkill's
 Panda: dims 9-17, after its 9 joint positions): a cloned policy that reads them learns to
 continue the motion it sees instead of choosing one, so from rest it stays at rest (the
 "copycat" failure of imitation, Wen et al. 2020).
 
->>> ranges([[9, 18]], 25, "policy.kwargs.actor_hidden_state")
+>>> ranges([[9, 18]], 25, "policy.actor_hidden_state")
 [(9, 18)]
 >>> sees([(1, 3)], 5, offset=1).tolist()
 [1.0, 1.0, 0.0, 0.0, 1.0]
@@ -24,7 +24,7 @@ from m2flow.policies.base import PolicyError
 
 
 def ranges(value, size: Optional[int], field: str) -> list[tuple[int, int]]:
-    """``value`` (the option ``field``: a list of [start, end) pairs, or None) as pairs within
+    """``value`` (the setting ``field``: a list of [start, end) pairs, or None) as pairs within
     [0, size) (None: the state's size is not known yet, at start-up); a one-line PolicyError
     naming ``field`` for anything else."""
     value = value or []

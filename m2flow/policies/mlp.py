@@ -2,8 +2,8 @@
 
 Reads ``("obs", "state")`` (B, D). Actor: MLP -> action mean; a learned state-independent
 log-std. Critic: a separate MLP -> value, over the same state or, with
-``policy.kwargs.critic=privileged``, over ``("obs", "privileged")`` (an mjlab task's critic
-group: its noise-free observations). ``policy.kwargs.actor_hidden_state`` hides dims of the
+``policy.critic=privileged``, over ``("obs", "privileged")`` (an mjlab task's critic
+group: its noise-free observations). ``policy.actor_hidden_state`` hides dims of the
 state from the actor alone (the critic reads them all): each [start, end) range is fed to the
 actor as its running mean (0 after normalisation); behaviour cloning needs it where the state
 holds the robot's joint velocities (``m2flow.policies.hidden_state``). Actions are raw
@@ -11,6 +11,9 @@ Gaussian samples; the env clips them to its bounds, and log-probs are of the unc
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional
 
 import numpy as np
 import torch
@@ -21,15 +24,41 @@ from torch.distributions import Normal
 from m2flow import keys
 from m2flow.policies import critics, hidden_state
 from m2flow.policies.base import Policy, PolicyError
-from m2flow.policies.config import PolicyConfig
+from m2flow.policies.config import MLPHeadsConfig
 from m2flow.policies.layers import ACTIVATIONS, ACTOR_OUT_GAIN, CRITIC_OUT_GAIN, mlp
 from m2flow.policies.normalizer import RunningNorm
 
 SHARED_CRITIC, PRIVILEGED_CRITIC = "shared", critics.PRIVILEGED
 LOG_STD, SCALAR_STD = "log", "scalar"
-HIDE = "actor_hidden_state"  # the option of mlp and cnn
-HIDE_FIELD = f"policy.kwargs.{HIDE}"
+HIDE_FIELD = "policy.actor_hidden_state"  # the setting of mlp and cnn
 MIN_STD = 1e-6  # rsl-rl's lower clamp of a scalar standard deviation
+
+
+@dataclass
+class GaussianConfig(MLPHeadsConfig):
+    """The settings of the Gaussian actor-critics (mlp, cnn)."""
+
+    init_log_std: float = -0.5
+    """Initial log standard deviation of the Gaussian actions (state-independent)."""
+    critic: str = SHARED_CRITIC
+    """'shared': the critic reads the actor's features; 'privileged': an asymmetric critic,
+    an MLP of its own over the normalised ``("obs", "privileged")`` simulator state
+    (``env.privileged_state=true``), while the actor still reads only its observations."""
+    actor_hidden_state: Optional[List[List[int]]] = None
+    """[start, end) ranges of ``("obs", "state")``'s dims the actor reads as their running
+    mean (0 after normalisation); the critic reads them all. [[9, 18]] hides ManiSkill
+    Panda's joint velocities, which a cloned policy would copy
+    (``m2flow.policies.hidden_state``). None: the actor reads the whole state."""
+
+
+@dataclass
+class MLPPolicyConfig(GaussianConfig):
+    """``policy.name=mlp``: the Gaussian actor-critic's settings and how its spread is kept."""
+
+    std: str = LOG_STD
+    """'log': learn the log of the actions' standard deviation (cleanRL's); 'scalar': the
+    standard deviation itself, clamped at MIN_STD (rsl-rl's default ``std_type``)."""
+
 
 class GaussianActorCritic(Policy):
     """A Gaussian actor and a critic, both MLPs over ``_features(obs)``: subclasses say how
@@ -37,7 +66,7 @@ class GaussianActorCritic(Policy):
     and state); acting, scoring and the value are the same for all of them."""
 
     @staticmethod
-    def check_config(policy_cfg: PolicyConfig, env_cfg) -> None:
+    def check_config(policy_cfg: GaussianConfig, env_cfg) -> None:
         """Raises PolicyError for heads that cannot be built (``env_cfg``: the env's config,
         for the subclasses' obs-mode rules); builds nothing."""
         if policy_cfg.activation not in ACTIVATIONS:
@@ -52,8 +81,12 @@ class GaussianActorCritic(Policy):
         if not np.isfinite(policy_cfg.init_log_std):
             raise PolicyError(f"policy.init_log_std={policy_cfg.init_log_std}: must be finite "
                               "(e.g. -0.5).")
+        check_critic(policy_cfg.critic)
+        if policy_cfg.critic == PRIVILEGED_CRITIC:
+            critics.check_env(env_cfg, "policy.critic=privileged", "use policy.critic=shared")
+        hidden_state.ranges(policy_cfg.actor_hidden_state, None, HIDE_FIELD)
 
-    def _build_heads(self, n_features: int, act_dim: int, cfg: PolicyConfig,
+    def _build_heads(self, n_features: int, act_dim: int, cfg: GaussianConfig,
                      std: str = LOG_STD) -> None:
         """Actor mean, the actions' spread and the critic. ``std``: 'log' learns the log of
         the standard deviation (cleanRL's); 'scalar' the standard deviation itself, clamped
@@ -136,28 +169,26 @@ class GaussianMLPPolicy(GaussianActorCritic):
 
     >>> from m2flow.envs import EnvSpec
     >>> spec = EnvSpec({"state": (5,)}, 2, (-1.0, -1.0), (1.0, 1.0), 50)
-    >>> pi = GaussianMLPPolicy(PolicyConfig(name="mlp", hidden_sizes=[8]), spec)
+    >>> pi = GaussianMLPPolicy(MLPPolicyConfig(name="mlp", hidden_sizes=[8]), spec)
     >>> obs = TensorDict({"state": torch.zeros(3, 5)}, batch_size=[3])
     >>> out = pi.act(TensorDict({"obs": obs}, batch_size=[3]))
     >>> out["action"].shape, out["log_prob"].shape, out["value"].shape
     (torch.Size([3, 2]), torch.Size([3]), torch.Size([3]))
     """
 
+    config_class = MLPPolicyConfig
+
     @staticmethod
-    def check_config(policy_cfg: PolicyConfig, env_cfg) -> None:
+    def check_config(policy_cfg: MLPPolicyConfig, env_cfg) -> None:
         GaussianActorCritic.check_config(policy_cfg, env_cfg)
-        _std(policy_cfg.kwargs)
-        hidden_state.ranges(policy_cfg.kwargs.get(HIDE), None, HIDE_FIELD)
-        if _critic(policy_cfg.kwargs) == PRIVILEGED_CRITIC:
-            critics.check_env(env_cfg, "policy.kwargs.critic=privileged",
-                              "drop policy.kwargs.critic")
+        _check_std(policy_cfg.std)
         if env_cfg.obs_mode != "state":
             raise PolicyError(
                 f"policy=mlp reads only ('obs','state'); env.obs_mode={env_cfg.obs_mode} renders "
                 "images it would ignore; use env.obs_mode=state or policy=cnn."
             )
 
-    def __init__(self, cfg: PolicyConfig, env_spec):
+    def __init__(self, cfg: MLPPolicyConfig, env_spec):
         super().__init__()
         if "state" not in env_spec.obs_shapes or len(env_spec.obs_shapes["state"]) != 1:
             raise PolicyError(
@@ -165,13 +196,13 @@ class GaussianMLPPolicy(GaussianActorCritic):
                 f"{env_spec.obs_shapes}. Use env.obs_mode=state or an image policy."
             )
         obs_dim = env_spec.obs_shapes["state"][0]
-        self._build_heads(obs_dim, env_spec.action_dim, cfg, _std(cfg.kwargs))
+        self._build_heads(obs_dim, env_spec.action_dim, cfg, _check_std(cfg.std))
         self.obs_norm = RunningNorm(obs_dim) if cfg.normalize_obs else nn.Identity()
-        self.privileged_critic = _critic(cfg.kwargs) == PRIVILEGED_CRITIC
-        hidden = hidden_state.ranges(cfg.kwargs.get(HIDE), obs_dim, HIDE_FIELD)
+        self.privileged_critic = check_critic(cfg.critic) == PRIVILEGED_CRITIC
+        hidden = hidden_state.ranges(cfg.actor_hidden_state, obs_dim, HIDE_FIELD)
         self._hide_from_actor(hidden, 0, obs_dim)
         if self.privileged_critic:  # replaces the critic over the state
-            n_priv = critics.privileged_dim(env_spec.obs_shapes, "policy.kwargs.critic=privileged")
+            n_priv = critics.privileged_dim(env_spec.obs_shapes, "policy.critic=privileged")
             self.critic = critics.PrivilegedCritic(n_priv, cfg.hidden_sizes, cfg.activation)
 
     def _features(self, obs: TensorDict) -> torch.Tensor:
@@ -189,25 +220,17 @@ class GaussianMLPPolicy(GaussianActorCritic):
             self.critic.observe(batch)
 
 
-def _critic(kwargs) -> str:
-    """``policy.kwargs`` of ``policy.name=mlp``: ``critic`` ('shared': the critic MLP reads
-    the state as the actor does; 'privileged': ``("obs", "privileged")``) and ``std`` (see
-    ``_build_heads``); PolicyError for anything else."""
-    unknown = sorted(set(kwargs) - {"critic", "std", "actor_hidden_state"})
-    if unknown:
-        raise PolicyError(f"policy.kwargs.{unknown[0]} is not an option of policy.name=mlp; "
-                          "it takes 'critic', 'std' and 'actor_hidden_state'.")
-    critic = kwargs.get("critic", SHARED_CRITIC)
+def check_critic(critic: str) -> str:
+    """``critic`` (``policy.critic`` of mlp and cnn), or a PolicyError naming the two."""
     if critic not in (SHARED_CRITIC, PRIVILEGED_CRITIC):
-        raise PolicyError(f"policy.kwargs.critic={critic!r}: use {SHARED_CRITIC!r} (the state) "
-                          f"or {PRIVILEGED_CRITIC!r} (('obs','privileged'), "
+        raise PolicyError(f"policy.critic={critic!r}: use {SHARED_CRITIC!r} (the actor's "
+                          f"features) or {PRIVILEGED_CRITIC!r} (('obs','privileged'), "
                           "env.privileged_state=true).")
     return critic
 
 
-def _std(kwargs) -> str:
-    std = kwargs.get("std", LOG_STD)
+def _check_std(std: str) -> str:
     if std not in (LOG_STD, SCALAR_STD):
-        raise PolicyError(f"policy.kwargs.std={std!r}: use {LOG_STD!r} (a learned log-std) or "
+        raise PolicyError(f"policy.std={std!r}: use {LOG_STD!r} (a learned log-std) or "
                           f"{SCALAR_STD!r} (the std itself, as rsl-rl).")
     return std

@@ -2,9 +2,11 @@
 
 Classes are called as ``cls(cfg, env_spec, device=device)`` when their ``__init__`` takes a
 ``device`` (they build their weights there, in the dtype that device wants), else as
-``cls(cfg, env_spec)`` and then moved (third-party policies written before). Same rules as the env registry: a decorator
-``@register_policy("name")``, ``override=True`` to replace, and entry points in group
-``m2flow.policies``.
+``cls(cfg, env_spec)`` and then moved (third-party policies written before); ``cfg`` is an
+instance of the class's ``config_class`` (``policy_config(name, **fields)`` makes one), whose
+schema is stored as ``policy/<name>_schema`` (:func:`register_schemas`). Same rules as the
+env registry: a decorator ``@register_policy("name")``, ``override=True`` to replace, and
+entry points in group ``m2flow.policies``.
 """
 
 from __future__ import annotations
@@ -29,19 +31,30 @@ POLICIES = Registry(
         "sac_mlp": "m2flow.policies.sac:SACPolicy",
         "sac_cnn": "m2flow.policies.sac:SACCNNPolicy",
     },
+    base_config=PolicyConfig,
 )
 
 register_policy = POLICIES.register
 registered_policies = POLICIES.names
 policy_class = POLICIES.load
+policy_config = POLICIES.settings
 
 
 def make_policy(cfg: PolicyConfig, env_spec, device: str = "cpu") -> Policy:
-    """Builds policy ``cfg.name`` for an env with ``env_spec``, on ``device``."""
+    """Builds policy ``cfg.name`` for an env with ``env_spec``, on ``device``; PolicyError
+    when ``cfg`` is not the policy's settings class."""
     cls = policy_class(cfg.name)
+    POLICIES.check_settings(cfg, cls, "policy")
     if _takes_device(cls):
         return cls(cfg, env_spec, device=device)
     return cls(cfg, env_spec).to(device)
+
+
+def register_schemas(cs) -> None:
+    """Stores each policy's ``config_class`` in ConfigStore ``cs`` as ``policy/<name>_schema``,
+    so a policy group file that starts with ``defaults: [<name>_schema, _self_]`` is checked
+    against it. Imports every policy module (not its checkpoints)."""
+    POLICIES.store_schemas(cs, "policy")
 
 
 def _takes_device(cls) -> bool:

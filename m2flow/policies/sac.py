@@ -10,22 +10,23 @@ change of variables. Critics: two MLPs over (state, action), ``critic.0`` and ``
 averaging). ``temperature.log_alpha`` is the log of the entropy weight alpha. What each part
 trains is the algorithm's (``algorithm=sac``); the rollout only acts.
 
-``policy.kwargs``: ``init_alpha`` (1.0: alpha's starting value); ``critic_layer_norm``
-(false: a LayerNorm after each hidden layer of the critics, as ManiSkill's baseline's
-``--q_layer_norm``).
+Settings (:class:`SACPolicyConfig`): ``policy.init_alpha`` (alpha's starting value) and
+``policy.critic_layer_norm`` (a LayerNorm after each hidden layer of the critics, as
+ManiSkill's baseline's ``--q_layer_norm``).
 
 ``policy.name=sac_cnn`` reads ``("obs", "rgb")`` (B, H, W, C) uint8 images (and the state
 next to them, when the env has it): a NatureCNN encoder belongs to the critics
 (``critic.encoder``; its trailing copy is ``critic_target.encoder``) and learns from their
 loss alone; the actor reads its features detached (as ManiSkill's ``sac_rgbd.py`` and DrQ do:
 the actor's loss would otherwise pull the encoder towards what flatters the critics).
-``policy.kwargs.feature_dim`` (256) is the encoder's width.
+``policy.feature_dim`` is the encoder's width.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
 
 import torch
 from tensordict import TensorDict
@@ -34,15 +35,31 @@ from torch.distributions import Normal
 
 from m2flow import keys
 from m2flow.policies.base import Policy, PolicyError
-from m2flow.policies.config import PolicyConfig
+from m2flow.policies.config import MLPHeadsConfig
 from m2flow.policies.cnn import NatureCNN
 from m2flow.policies.layers import ACTIVATIONS, mlp, orthogonal_linear
 from m2flow.policies.normalizer import RunningNorm
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # cleanRL's range for the actor's log-std
 TANH_EPS = 1e-6  # keeps log(1 - tanh(u)^2) finite at the bounds (cleanRL's)
-KWARGS = ("init_alpha", "critic_layer_norm")
-CNN_KWARGS = KWARGS + ("feature_dim",)
+
+
+@dataclass
+class SACPolicyConfig(MLPHeadsConfig):
+    """``policy.name=sac_mlp``: the MLP heads' settings and SAC's own."""
+
+    init_alpha: float = 1.0
+    """The entropy temperature alpha's starting value."""
+    critic_layer_norm: bool = False
+    """A LayerNorm after each hidden layer of the critics (ManiSkill's ``--q_layer_norm``)."""
+
+
+@dataclass
+class SACCNNPolicyConfig(SACPolicyConfig):
+    """``policy.name=sac_cnn``: as sac_mlp, and the width of the critics' image encoder."""
+
+    feature_dim: int = 256
+    """Width of the image features (the NatureCNN encoder's final linear layer)."""
 
 
 class SACPolicy(Policy):
@@ -50,7 +67,7 @@ class SACPolicy(Policy):
 
     >>> from m2flow.envs import EnvSpec
     >>> spec = EnvSpec({"state": (5,)}, 2, (-1.0, -2.0), (1.0, 2.0), 50)
-    >>> pi = SACPolicy(PolicyConfig(name="sac_mlp", hidden_sizes=[8], normalize_obs=False), spec)
+    >>> pi = SACPolicy(SACPolicyConfig(name="sac_mlp", hidden_sizes=[8], normalize_obs=False), spec)
     >>> obs = TensorDict({"state": torch.zeros(3, 5)}, batch_size=[3])
     >>> action, log_prob = pi.sample(obs)
     >>> action.shape, log_prob.shape, pi.q(obs, action).shape  # (B, A), (B,), twin (B, 2)
@@ -62,15 +79,16 @@ class SACPolicy(Policy):
     soft_actor_critic = True
     """What ``algorithm=sac`` asks of a policy: ``sample``, ``q``, ``q_target``,
     ``log_alpha`` and the parameter names of each part."""
+    config_class = SACPolicyConfig
 
     @staticmethod
-    def check_config(policy_cfg: PolicyConfig, env_cfg) -> None:
+    def check_config(policy_cfg: SACPolicyConfig, env_cfg) -> None:
         _check(policy_cfg)
         if env_cfg.obs_mode != "state":
             raise PolicyError(f"policy=sac_mlp reads only ('obs','state'); env.obs_mode="
                               f"{env_cfg.obs_mode}: use env.obs_mode=state.")
 
-    def __init__(self, cfg: PolicyConfig, env_spec):
+    def __init__(self, cfg: SACPolicyConfig, env_spec):
         super().__init__()
         _check(cfg)
         shapes = env_spec.obs_shapes
@@ -82,7 +100,7 @@ class SACPolicy(Policy):
         self._build(cfg, env_spec, actor_in=obs_dim,
                     critic=lambda: _heads(obs_dim + env_spec.action_dim, cfg))
 
-    def _build(self, cfg: PolicyConfig, env_spec, *, actor_in: int, critic) -> None:
+    def _build(self, cfg: SACPolicyConfig, env_spec, *, actor_in: int, critic) -> None:
         """The action bounds, the actor (``actor_in`` -> mean and log-std), the critics
         (``critic()`` makes them, after the actor) and their trailing copy, the temperature."""
         low = torch.tensor(env_spec.action_low, dtype=torch.float32)
@@ -98,7 +116,7 @@ class SACPolicy(Policy):
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.temperature = nn.Module()
         self.temperature.log_alpha = nn.Parameter(
-            torch.tensor(math.log(float(cfg.kwargs.get("init_alpha", 1.0)))))
+            torch.tensor(math.log(float(cfg.init_alpha))))
 
     # -- what SAC trains ----------------------------------------------------------------------
     @property
@@ -196,7 +214,7 @@ class SACCNNPolicy(SACPolicy):
 
     >>> from m2flow.envs import EnvSpec
     >>> spec = EnvSpec({"rgb": (36, 36, 3), "state": (5,)}, 2, (-1.0, -1.0), (1.0, 1.0), 50)
-    >>> cfg = PolicyConfig(name="sac_cnn", hidden_sizes=[8], kwargs={"feature_dim": 16})
+    >>> cfg = SACCNNPolicyConfig(name="sac_cnn", hidden_sizes=[8], feature_dim=16)
     >>> pi = SACCNNPolicy(cfg, spec)
     >>> obs = TensorDict({"rgb": torch.zeros(3, 36, 36, 3, dtype=torch.uint8),
     ...                   "state": torch.zeros(3, 5)}, batch_size=[3])
@@ -207,16 +225,18 @@ class SACCNNPolicy(SACPolicy):
     True
     """
 
+    config_class = SACCNNPolicyConfig
+
     @staticmethod
-    def check_config(policy_cfg: PolicyConfig, env_cfg) -> None:
-        _check(policy_cfg, CNN_KWARGS)
+    def check_config(policy_cfg: SACCNNPolicyConfig, env_cfg) -> None:
+        _check(policy_cfg)
         if env_cfg.obs_mode == "state":
             raise PolicyError("policy=sac_cnn reads ('obs','rgb') images, but env.obs_mode=state "
                               "renders none; use env.obs_mode=rgb or policy=sac_mlp.")
 
-    def __init__(self, cfg: PolicyConfig, env_spec):
+    def __init__(self, cfg: SACCNNPolicyConfig, env_spec):
         nn.Module.__init__(self)
-        _check(cfg, CNN_KWARGS)
+        _check(cfg)
         shapes = env_spec.obs_shapes
         if "rgb" not in shapes or len(shapes["rgb"]) != 3:
             raise PolicyError("policy.name='sac_cnn' needs ('obs', 'rgb') images (H, W, C); this "
@@ -225,9 +245,9 @@ class SACCNNPolicy(SACPolicy):
         state_dim = shapes["state"][0] if self.has_state else 0
         self.obs_norm = (RunningNorm(state_dim) if cfg.normalize_obs and self.has_state
                          else nn.Identity())
-        width = int(cfg.kwargs.get("feature_dim", 256))
+        width = cfg.feature_dim
         if width < 1:
-            raise PolicyError(f"policy.kwargs.feature_dim={width}: must be >= 1.")
+            raise PolicyError(f"policy.feature_dim={width}: must be >= 1.")
         n_in = width + state_dim
         self._build(cfg, env_spec, actor_in=n_in, critic=lambda: nn.ModuleDict({
             "encoder": NatureCNN(tuple(shapes["rgb"]), width),
@@ -249,11 +269,11 @@ class SACCNNPolicy(SACPolicy):
             self.obs_norm.update(batch[keys.STATE])
 
 
-def _heads(n_in: int, cfg: PolicyConfig) -> nn.ModuleList:
+def _heads(n_in: int, cfg: SACPolicyConfig) -> nn.ModuleList:
     """The twin critics over (features, action): MLPs, with a LayerNorm after each hidden layer
-    under ``policy.kwargs.critic_layer_norm``."""
+    under ``policy.critic_layer_norm``."""
     hidden = list(cfg.hidden_sizes)
-    if not cfg.kwargs.get("critic_layer_norm", False):
+    if not cfg.critic_layer_norm:
         return nn.ModuleList([mlp(n_in, hidden, 1, cfg.activation, 1.0) for _ in range(2)])
 
     def normed() -> nn.Sequential:
@@ -271,14 +291,13 @@ def _twin(critics: nn.ModuleList, features: torch.Tensor, action: torch.Tensor) 
     return torch.cat([c(x) for c in critics], dim=-1)  # (B, 2)
 
 
-def _check(cfg: PolicyConfig, options: tuple = KWARGS) -> None:
+def _check(cfg: SACPolicyConfig) -> None:
     """PolicyError for a config this policy cannot build."""
     if cfg.activation not in ACTIVATIONS:
         raise PolicyError(f"policy.activation={cfg.activation!r}: use one of "
                           f"{sorted(ACTIVATIONS)}.")
-    unknown = sorted(set(cfg.kwargs) - set(options))
-    if unknown:
-        raise PolicyError(f"policy.kwargs.{unknown[0]} is not an option of policy.name="
-                          f"{cfg.name}; it takes {', '.join(options)}.")
-    if float(cfg.kwargs.get("init_alpha", 1.0)) <= 0:
-        raise PolicyError(f"policy.kwargs.init_alpha={cfg.kwargs['init_alpha']}: must be > 0.")
+    if any(h < 1 for h in cfg.hidden_sizes):
+        raise PolicyError(f"policy.hidden_sizes={list(cfg.hidden_sizes)}: every width must be "
+                          ">= 1 (an empty list: linear heads).")
+    if cfg.init_alpha <= 0:
+        raise PolicyError(f"policy.init_alpha={cfg.init_alpha}: must be > 0.")

@@ -187,9 +187,9 @@ def missing_weights(own: dict[str, torch.Size], given: dict[str, torch.Tensor],
     >>> missing_weights({"a": torch.Size([2])}, {"a": torch.ones(3)}, "init_from=x.pt")
     Traceback (most recent call last):
     ...
-    m2flow.runs.checkpoint.CheckpointError: init_from=x.pt: its tensor 'a' has shape (3,) where this policy's has (2,); start from a checkpoint of the same policy (policy= and policy.kwargs as the run that wrote it).
+    m2flow.runs.checkpoint.CheckpointError: init_from=x.pt: its tensor 'a' has shape (3,) where this policy's has (2,); start from a checkpoint of the same policy (policy= and its settings as the run that wrote it).
     """
-    fix = "start from a checkpoint of the same policy (policy= and policy.kwargs as the run " \
+    fix = "start from a checkpoint of the same policy (policy= and its settings as the run " \
           "that wrote it)."
     extra = sorted(set(given) - set(own))
     if extra:

@@ -37,17 +37,31 @@ def _machine() -> tuple[int, int]:
     return len(os.sched_getaffinity(0)), torch.cuda.device_count()
 
 
+OLD_POLICY_FILE = """\
+defaults:
+  - mlp_schema
+  - _self_
+name: mlp
+kwargs:
+  actor_hidden_state: [[9, 18]]
+"""  # a policy group file in the layout before typed settings (issue 47)
+
+
 def write_inputs(tmp: Path) -> dict[str, str]:
     """Files the ``resume=`` cases point at: text, a torch file that is no checkpoint, a
-    checkpoint of the other workload, a folder with no runs in it."""
+    checkpoint of the other workload, a folder with no runs in it; and a config folder with
+    a policy group file that still sets ``kwargs``."""
     import torch
 
     (tmp / "notes.txt").write_text("not a checkpoint\n")
     (tmp / "no_runs").mkdir(exist_ok=True)
     torch.save({"weights": torch.zeros(2)}, tmp / "weights.pt")
     torch.save({"workload": "embodied", "config": "{}", "learner": {}}, tmp / "embodied.pt")
+    (tmp / "old_configs" / "policy").mkdir(parents=True, exist_ok=True)
+    (tmp / "old_configs" / "policy" / "old_mlp.yaml").write_text(OLD_POLICY_FILE)
     return {"{text}": str(tmp / "notes.txt"), "{plain}": str(tmp / "weights.pt"),
-            "{other}": str(tmp / "embodied.pt"), "{empty}": str(tmp / "no_runs")}
+            "{other}": str(tmp / "embodied.pt"), "{empty}": str(tmp / "no_runs"),
+            "{old_configs}": str(tmp / "old_configs")}
 
 
 def case_table() -> list[tuple[str, str, list[str], str]]:
@@ -82,8 +96,31 @@ def case_table() -> list[tuple[str, str, list[str], str]]:
         ("grpo_group_split_on_gpu_batches", TRAIN,
          ["algorithm=grpo", "env.num_envs=8", "algorithm.group_size=4", "env.sim_backend=gpu",
           "rollout.pipeline_stages=2", "rollout.env_groups=4"], "rollout.env_groups=4"),
-        ("libero_task_ids", TRAIN, ["env=libero_spatial", "env.kwargs.task_ids=[99]"],
-         "env.kwargs.task_ids"),
+        ("libero_task_ids", TRAIN, ["env=libero_spatial", "env.task_ids=[99]"],
+         "env.task_ids"),
+        # each env's and policy's own settings (issue 47)
+        ("policy_setting_typo", TRAIN, ["--config-name", "maniskill_pushcube_ppo_cnn",
+                                        "policy.critc=privileged"],
+         "policy.critc is not a field of CNNPolicyConfig (policy cnn). Did you mean "
+         "policy.critic? Known fields: name, hidden_sizes"),
+        ("env_setting_typo", TRAIN, ["env=libero_spatial", "env.task_id=[0]"],
+         "env.task_id is not a field of LiberoEnvConfig (env LIBERO/libero_spatial). Did you "
+         "mean env.task_ids? Known fields: name, num_envs"),
+        ("env_setting_of_another_adapter", TRAIN,
+         ["env=libero_spatial", "env.visual_mesh_fraction=0.05"],
+         "env.visual_mesh_fraction is not a field of LiberoEnvConfig"),
+        ("env_name_of_another_adapter", TRAIN, ["env.name=gym/Pendulum-v1"],
+         "env.name='gym/Pendulum-v1' takes the settings GymEnvConfig, but the env config "
+         "gives ManiSkillEnvConfig"),
+        ("policy_kwargs_gone", TRAIN, ["policy.kwargs.actor_hidden_state=[[9,18]]"],
+         "policy.kwargs is gone: its entries are fields of policy now; write "
+         "policy.actor_hidden_state instead of policy.kwargs.actor_hidden_state"),
+        ("env_kwargs_gone", TRAIN, ["env=libero_spatial", "env.kwargs.task_ids=[0]"],
+         "env.kwargs is gone: its entries are fields of env now; write env.task_ids"),
+        ("policy_kwargs_gone_in_a_file", TRAIN,
+         ["hydra.searchpath=[file://{old_configs}]", "policy=old_mlp"],
+         "policy.kwargs is gone: its entries are fields of policy now; in policy/old_mlp, "
+         "move them up one level: policy.actor_hidden_state"),
         ("resume_text_file", TRAIN, ["resume={text}"], "resume="),
         ("resume_torch_file", TRAIN, ["resume={plain}"], "resume="),
         ("gamma", TRAIN, ["algorithm.gamma=1.5"], "algorithm.gamma"),
@@ -210,11 +247,14 @@ def case_table() -> list[tuple[str, str, list[str], str]]:
         ("eval_episodes_negative", EVAL, ["episodes=-1"], "eval.episodes"),
         ("eval_mlp_on_libero_images", EVAL, ["env=libero_spatial"], "env.obs_mode=rgb"),
         ("eval_max_steps", EVAL, ["max_steps=0"], "eval.max_steps"),
+        ("eval_policy_kwargs_gone", EVAL, ["policy.kwargs.critic=privileged"],
+         "write policy.critic instead of policy.kwargs.critic"),
     ]
 
 
 # run as separate processes of the console scripts (exit code, wall time, nothing written)
-SEPARATE = ("num_iterations", "gpu_beyond_gpus", "reasoning_n_1", "eval_missing_checkpoint")
+SEPARATE = ("num_iterations", "gpu_beyond_gpus", "reasoning_n_1", "eval_missing_checkpoint",
+            "policy_kwargs_gone")
 
 
 # (the driver, this file run as a script, imports nothing before its first case)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from m2flow.envs import EnvConfig, make_env
+from m2flow.envs import env_config, make_env
 from m2flow.pipelines import RankResources, Worker, WorkerGroup
 
 pytestmark = [
@@ -26,8 +26,8 @@ def gpu_physx():
 
 
 def test_maniskill_gpu_backend_steps_a_native_batch(gpu_physx):
-    cfg = EnvConfig(name="ManiSkill/PushCube-v1", num_envs=16, sim_backend="gpu",
-                    ignore_terminations=True)
+    cfg = env_config(name="ManiSkill/PushCube-v1", num_envs=16, sim_backend="gpu",
+                     ignore_terminations=True)
     env = make_env(cfg, device="cuda")
     try:
         obs = env.reset(seed=list(range(16)))["obs"]
@@ -41,7 +41,7 @@ def test_maniskill_gpu_backend_steps_a_native_batch(gpu_physx):
 
 
 def test_maniskill_gpu_envs_of_one_seed_start_alike_and_groups_differ(gpu_physx):
-    cfg = EnvConfig(name="ManiSkill/PickCube-v1", num_envs=8, sim_backend="gpu")
+    cfg = env_config(name="ManiSkill/PickCube-v1", num_envs=8, sim_backend="gpu")
     env = make_env(cfg, device="cuda")
     seeds = [101] * 3 + [202] * 3 + [303, 404]
     try:
@@ -65,11 +65,11 @@ def _cuda_learner():
     from m2flow.embodied.algorithms.ppo import PPOConfig
     from m2flow.embodied.learner_worker import LearnerWorker
     from m2flow.pipelines import RankResources, WorkerInfo
-    from m2flow.policies import PolicyConfig
+    from m2flow.policies import policy_config
     from tests.embodied.test_learner import SPEC
 
     info = WorkerInfo("learner", 0, 1, RankResources(0, 1.0, (0,)), "local")
-    return LearnerWorker(info, PolicyConfig(name="mlp", hidden_sizes=[16]),
+    return LearnerWorker(info, policy_config(name="mlp", hidden_sizes=[16]),
                          PPOConfig(learning_rate=1e-2, target_kl=None), SPEC, seed=0,
                          num_iterations=10)
 
@@ -99,12 +99,12 @@ def test_a_cuda_learner_checkpoints_to_host_memory_and_resumes_from_it(tmp_path)
 def test_bucketed_weight_sync_from_a_cuda_learner_to_a_cuda_rollout_copy():
     from m2flow.embodied.rollout_worker import RolloutWorker
     from m2flow.pipelines import RankResources, WorkerInfo
-    from m2flow.policies import PolicyConfig
+    from m2flow.policies import policy_config
     from tests.embodied.test_learner import SPEC, _OneItem, trajectory
 
     learner = _cuda_learner()
     rollout = RolloutWorker(WorkerInfo("rollout", 0, 1, RankResources(0, 1.0, (0,)), "local"),
-                            PolicyConfig(name="mlp", hidden_sizes=[16]), SPEC, seed=1)
+                            policy_config(name="mlp", hidden_sizes=[16]), SPEC, seed=1)
     for version, full in ((0, True), (1, False)):
         if version:
             learner.update(_OneItem(trajectory()), env_ranks=[0], iteration=0)
@@ -131,8 +131,8 @@ def test_action_chunks_on_a_maniskill_gpu_batch_combine_on_the_gpu(gpu_physx):
     for key, v in on_cpu.items(include_nested=True, leaves_only=True):
         assert on_gpu[key].device.type == "cuda" and torch.equal(on_gpu[key].cpu(), v), key
     # and a real GPU batch stepping (n, K, A) chunks
-    cfg = EnvConfig(name="ManiSkill/PushCube-v1", num_envs=8, sim_backend="gpu",
-                    max_episode_steps=6)
+    cfg = env_config(name="ManiSkill/PushCube-v1", num_envs=8, sim_backend="gpu",
+                     max_episode_steps=6)
     env = ChunkedEnv(make_env(cfg, device="cuda"))
     try:
         env.reset(seed=list(range(8)))

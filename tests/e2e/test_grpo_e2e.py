@@ -15,11 +15,11 @@ from m2flow.embodied.algorithms.grpo import GRPOConfig
 from m2flow.embodied.learner_worker import LearnerWorker
 from m2flow.envs import EnvSpec
 from m2flow.pipelines import Channel, Cluster, ClusterConfig, RankResources, WorkerGroup
-from m2flow.policies import PolicyConfig
+from m2flow.policies import policy_config
 
 SPEC = EnvSpec({"state": (4,)}, 2, (-1.0, -1.0), (1.0, 1.0), 8)
 
-SHORT = ["env.max_episode_steps=16", "runner.rollout_steps=2", "env.kwargs.settle_steps=1",
+SHORT = ["env.max_episode_steps=16", "runner.rollout_steps=2", "env.settle_steps=1",
          "runner.eval_episodes=2", "runner.eval_interval=0", "runner.progress_bar=false",
          "algorithm.filter_low=-1", "algorithm.filter_high=2"]
 # No episode succeeds in two policy calls, so with every group kept all advantages (and the
@@ -40,7 +40,7 @@ def test_libero_grpo_openvla_oft_tiny_trains_two_iterations_and_evaluates(tmp_pa
     assert out.count("WARNING: no learning signal for 2 iterations in a row: every reward") == 1
     run = next(tmp_path.glob("libero_spatial_grpo_openvla_oft_tiny/*"))
     ckpt = run / "checkpoints" / "last.pt"
-    rc = evaluate([f"checkpoint={ckpt}", "episodes_per_task=1", "env.kwargs.task_ids=[0,1]",
+    rc = evaluate([f"checkpoint={ckpt}", "episodes_per_task=1", "env.task_ids=[0,1]",
                    "videos_per_task=0", "cluster=inprocess", f"output_dir={tmp_path / 'eval'}"])
     assert rc == 0
     report = json.loads((tmp_path / "eval" / "results.json").read_text())
@@ -108,7 +108,7 @@ def test_a_grpo_update_where_some_episodes_succeed_trains_on_hand_computed_advan
     cluster = Cluster(ClusterConfig(backend="local", num_gpus=0))
     algo = GRPOConfig(group_size=GROUP, learning_rate=1e-2, update_epochs=1, num_minibatches=1)
     group = WorkerGroup(cluster, "learner", LearnerWorker, [RankResources(0, 1.0, ())],
-                        PolicyConfig(name="mlp", hidden_sizes=[16]), algo, SPEC, seed=0,
+                        policy_config(name="mlp", hidden_sizes=[16]), algo, SPEC, seed=0,
                         num_iterations=1)
     try:
         worker, ch = group.handles[0], Channel("trajectory", group, item_type=TensorDict)

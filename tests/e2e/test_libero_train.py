@@ -7,7 +7,7 @@ def test_libero_spatial_ppo_cnn_runs_one_iteration(tmp_path, capsys):
     rc = train([
         "--config-name", "libero_spatial_ppo_cnn", "cluster=inprocess",
         "runner.num_iterations=1", "runner.rollout_steps=6", "runner.eval_episodes=2",
-        "env.max_episode_steps=4", "env.image_size=64", "env.kwargs.settle_steps=1",
+        "env.max_episode_steps=4", "env.image_size=64", "env.settle_steps=1",
         "runner.progress_bar=false", f"runner.log_dir={tmp_path}",
     ])
     assert rc == 0

@@ -26,10 +26,10 @@ from m2flow.embodied.algorithms.ppo import PPO, PPOConfig
 from m2flow.embodied.learner_worker import LearnerWorker
 from m2flow.envs import EnvSpec
 from m2flow.pipelines import RankResources, WorkerInfo
-from m2flow.policies import PolicyConfig, make_policy
+from m2flow.policies import make_policy, policy_config
 
 SPEC = EnvSpec({"state": (3,)}, 2, (-1.0, -1.0), (1.0, 1.0), 8)
-POLICY = PolicyConfig(name="mlp", hidden_sizes=[8])
+POLICY = policy_config(name="mlp", hidden_sizes=[8])
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from m2flow.embodied.algorithms.base import flatten_valid
 from m2flow.embodied.learner_worker import LearnerWorker
 from m2flow.envs import EnvSpec
 from m2flow.pipelines import RankResources, WorkerInfo
-from m2flow.policies import PolicyConfig
+from m2flow.policies import policy_config
 
 SPEC = EnvSpec({"state": (3,)}, 2, (-1.0, -1.0), (1.0, 1.0), 8)
 
@@ -116,7 +116,7 @@ class _OneItem:
 def test_a_registered_toy_algorithm_runs_one_learner_update(registry):
     register_algorithm("test/toy", ToyAlgorithm)
     info = WorkerInfo("learner", 0, 1, RankResources(0, 1.0, ()), "local")
-    worker = LearnerWorker(info, PolicyConfig(name="mlp", hidden_sizes=[8]),
+    worker = LearnerWorker(info, policy_config(name="mlp", hidden_sizes=[8]),
                            ToyConfig(learning_rate=1e-2), SPEC, seed=0, num_iterations=1)
     g = torch.Generator().manual_seed(0)
     traj = TensorDict({"obs": {"state": torch.randn(2, 5, 3, generator=g)},

@@ -9,7 +9,7 @@ from m2flow.embodied.algorithms.bc import BCConfig
 from m2flow.embodied.learner_worker import LearnerWorker
 from m2flow.envs import EnvSpec
 from m2flow.pipelines import RankResources, WorkerInfo
-from m2flow.policies import PolicyConfig
+from m2flow.policies import policy_config
 
 SPEC = EnvSpec({"state": (4,)}, 2, (-5.0, -5.0), (5.0, 5.0), 8)
 W = torch.tensor([[1.0, -0.5, 0.0, 2.0], [0.5, 1.0, -1.5, 0.0]])  # the expert: a = W s + b
@@ -44,7 +44,7 @@ class _EnvTrajectories:
 
 def learner(**bc):
     info = WorkerInfo("learner", 0, 1, RankResources(0, 1.0, ()), "local")
-    return LearnerWorker(info, PolicyConfig(name="mlp", hidden_sizes=[64, 64]), BCConfig(**bc),
+    return LearnerWorker(info, policy_config(name="mlp", hidden_sizes=[64, 64]), BCConfig(**bc),
                          SPEC, seed=0, num_iterations=300)
 
 
@@ -160,7 +160,7 @@ def test_bc_mlp_reproduces_the_demonstrated_actions(demos_h5):
     path, spec, _ = demos_h5
     state_spec = EnvSpec({"state": spec.obs_shapes["state"]}, 4, spec.action_low,
                          spec.action_high, spec.max_episode_steps)
-    worker = demo_learner(path, state_spec, PolicyConfig(name="mlp", hidden_sizes=[64, 64]),
+    worker = demo_learner(path, state_spec, policy_config(name="mlp", hidden_sizes=[64, 64]),
                           loss="mse", batch_size=64, learning_rate=3e-3)
     data = worker.algorithm.expert.episodes[0]  # the training set (T,)
     traj = _DemoTrajectories(data["obs"])
@@ -192,7 +192,7 @@ def test_bc_openvla_oft_reproduces_the_demonstrated_tokens(demos_h5, one_thread)
     path, spec, _ = demos_h5
     kwargs = dict(image_size=16, chunk=2, hidden_size=64, intermediate_size=128, num_heads=2,
                   value_head=False, jpeg=False, center_crop=False, resize="bilinear")
-    worker = demo_learner(path, spec, PolicyConfig(name="openvla_oft", kwargs=kwargs),
+    worker = demo_learner(path, spec, policy_config(name="openvla_oft", **kwargs),
                           batch_size=64, learning_rate=3e-3)
     traj = _DemoTrajectories(worker.algorithm.expert.episodes[0]["obs"])
     losses = [worker.update(traj, env_ranks=[0], iteration=i)["loss/loss_bc"] for i in range(200)]
@@ -220,9 +220,9 @@ def test_target_noise_moves_each_target_by_a_gaussian_of_that_std(demos_h5, poli
     if policy == "mlp":
         spec = EnvSpec({"state": spec.obs_shapes["state"]}, 4, spec.action_low,
                        spec.action_high, spec.max_episode_steps)
-        cfg = PolicyConfig(name="mlp", hidden_sizes=[8])
+        cfg = policy_config(name="mlp", hidden_sizes=[8])
     else:
-        cfg = PolicyConfig(name="openvla_oft", kwargs=dict(
+        cfg = policy_config(name="openvla_oft", **dict(
             image_size=16, chunk=2, hidden_size=32, intermediate_size=64, num_heads=2,
             value_head=False, jpeg=False, center_crop=False, resize="bilinear"))
     sigma, diffs = 0.1, []

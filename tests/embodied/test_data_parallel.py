@@ -21,14 +21,14 @@ from m2flow.embodied.algorithms.ppo import PPO, PPOConfig, ppo_loss
 from m2flow.embodied.learner_worker import LearnerWorker, env_ranks_of, learner_rank
 from m2flow.envs import EnvSpec
 from m2flow.pipelines import RankResources, WorkerInfo, distributed
-from m2flow.policies import PolicyConfig, make_policy
+from m2flow.policies import make_policy, policy_config
 from m2flow.runs import checkpoint, seeding
 from m2flow.runs.learner import Trainer
 from tests.embodied.test_learner import trajectory
 
 ATOL, RTOL = 1e-5, 1e-5
 SPEC = EnvSpec({"state": (4,)}, 2, (-1.0, -1.0), (1.0, 1.0), 8)
-POLICY = PolicyConfig(name="mlp", hidden_sizes=[16])
+POLICY = policy_config(name="mlp", hidden_sizes=[16])
 SEED, ITERATION = 3, 2
 EPOCHS, MINIBATCHES, LR, MAX_GRAD_NORM = 3, 4, 1e-2, 0.5
 

@@ -10,14 +10,14 @@ from m2flow.embodied.algorithms import AlgorithmError
 from m2flow.embodied.algorithms.grpo import GRPO, GRPOConfig
 from m2flow.embodied.algorithms.ppo import PPO, PPOConfig, ppo_loss
 from m2flow.envs import EnvSpec
-from m2flow.policies import PolicyConfig, make_policy
+from m2flow.policies import make_policy, policy_config
 
 SPEC = EnvSpec({"state": (3,)}, 2, (-5.0, -5.0), (5.0, 5.0), 20)
 
 
 def linear_policy():
     """A Gaussian policy whose mean is (0.5, -0.5) whatever the state, std 1."""
-    pi = make_policy(PolicyConfig(name="mlp", hidden_sizes=[], normalize_obs=False), SPEC)
+    pi = make_policy(policy_config(name="mlp", hidden_sizes=[], normalize_obs=False), SPEC)
     with torch.no_grad():
         pi.actor_mean[0].weight.zero_()
         pi.actor_mean[0].bias.copy_(torch.tensor([0.5, -0.5]))

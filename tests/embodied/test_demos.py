@@ -85,7 +85,8 @@ def test_saved_observations_are_what_m2flows_env_gives(recorded):
 
 def test_bad_input_is_one_line(tmp_path):
     for overrides, fragment in (
-        (["env=gym_pendulum"], "m2flow-demos has motion-planning solutions for"),
+        (["env.name=ManiSkill/PullCube-v1"], "m2flow-demos has motion-planning solutions for"),
+        (["env=gym_pendulum"], "env.visual_mesh_fraction is not a field of GymEnvConfig"),
         (["env.control_mode=pd_ee_pose"], "env.control_mode='pd_ee_pose'"),
         (["demos.episodez=3"], "Did you mean demos.episodes?"),
         (["demos.episodes=0"], "demos.episodes and demos.max_tries must be >= 1"),

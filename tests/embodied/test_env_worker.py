@@ -5,13 +5,13 @@ import torch
 
 from m2flow.runs import seeding
 from m2flow.embodied.env_worker import EnvWorker
-from m2flow.envs import EnvConfig
+from m2flow.envs import env_config
 from m2flow.pipelines import RankResources, WorkerInfo
 
 
 def first_obs(seed, rank=0, iteration=0, stages=1):
     info = WorkerInfo("env", rank, 2, RankResources(0, 1.0, ()), "local")
-    worker = EnvWorker(info, EnvConfig(name="gym/Pendulum-v1", num_envs=3), seed=seed, groups=stages)
+    worker = EnvWorker(info, env_config(name="gym/Pendulum-v1", num_envs=3), seed=seed, groups=stages)
     try:
         return torch.cat([o["state"] for o in worker._reset(seeding.TRAIN, iteration)])
     finally:
@@ -36,8 +36,8 @@ def test_the_groups_of_a_worker_reset_at_the_same_time(tmp_path):
 
     fakes.register()
     info = WorkerInfo("env", 0, 1, RankResources(0, 1.0, ()), "local")
-    cfg = EnvConfig(name="test/Rendezvous", num_envs=4,
-                    kwargs={"folder": str(tmp_path), "parties": 4})
+    cfg = env_config(name="test/Rendezvous", num_envs=4,
+                     folder=str(tmp_path), parties=4)
     worker = EnvWorker(info, cfg, seed=0, groups=4)
     try:
         obs = worker._reset(seeding.TRAIN, 0)
@@ -60,8 +60,8 @@ def test_the_groups_of_a_stage_step_their_action_chunks_side_by_side(tmp_path):
 
     fakes.register()
     info = WorkerInfo("env", 0, 1, RankResources(0, 1.0, ()), "local")
-    cfg = EnvConfig(name="test/Rendezvous", num_envs=2,
-                    kwargs={"folder": str(tmp_path), "parties": 2, "steps": True})
+    cfg = env_config(name="test/Rendezvous", num_envs=2,
+                     folder=str(tmp_path), parties=2, steps=True)
     worker = EnvWorker(info, cfg, seed=0, groups=2)
     try:
         worker._reset(seeding.TRAIN, 0)

@@ -18,7 +18,7 @@ def test_libero_eval_writes_per_task_results_and_videos(tmp_path, capsys):
     out = tmp_path / "report"
     rc = evaluate([
         "env=libero_spatial", "policy=cnn", "episodes_per_task=1", "max_steps=4",
-        "env.kwargs.task_ids=[0,3,7]", "env.image_size=64", "videos_per_task=1",
+        "env.task_ids=[0,3,7]", "env.image_size=64", "videos_per_task=1",
         f"output_dir={out}", "runner.progress_interval_s=0", *QUIET,
     ])
     assert rc == 0
@@ -116,7 +116,7 @@ def test_eval_config_errors_name_the_fix():
 
 def test_videos_of_a_chunked_policy_have_every_env_step(tmp_path):
     rc = evaluate(["env=libero_spatial", "policy=openvla_oft_tiny", "episodes_per_task=1",
-                   "max_steps=16", "env.kwargs.task_ids=[0]", "env.image_size=64",
+                   "max_steps=16", "env.task_ids=[0]", "env.image_size=64",
                    "videos_per_task=1", f"output_dir={tmp_path}", *QUIET])
     assert rc == 0
     (video,) = (tmp_path / "videos").iterdir()

@@ -22,7 +22,7 @@ from m2flow.runs import seeding
 from m2flow.embodied.env_worker import EnvWorker
 from m2flow.embodied.learner_worker import LearnerWorker
 from m2flow.embodied.algorithms.ppo import PPOConfig
-from m2flow.envs import EnvConfig
+from m2flow.envs import env_config
 from m2flow.envs.procs import RESTART_SEED_STRIDE, SimulatorError
 from m2flow.envs.vector import GymVectorEnv
 from m2flow.pipelines import (
@@ -35,7 +35,7 @@ from m2flow.pipelines import (
     WorkerGroup,
     WorkerInfo,
 )
-from m2flow.policies import PolicyConfig
+from m2flow.policies import policy_config
 
 STEPS, FAULT_AT, VICTIM = 30, 10, 1
 MOVE = [[0.5, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0]] * 2  # push the end effector along x, gripper open
@@ -65,8 +65,8 @@ def rollout_with_fault(fault, iteration, step_timeout_s=300.0) -> Outcome:
     """A 30-step EnvWorker rollout over LIBERO/libero_spatial (2 env processes); this thread
     plays the policy and applies ``fault(pid)`` to env 1's process before it sends the actions
     of step 10. At ``iteration`` i envs 0 and 1 train on tasks 2i and 2i + 1."""
-    cfg = EnvConfig(name="LIBERO/libero_spatial", num_envs=2, obs_mode="state",
-                    step_timeout_s=step_timeout_s, kwargs={"settle_steps": 0})
+    cfg = env_config(name="LIBERO/libero_spatial", num_envs=2, obs_mode="state",
+                     step_timeout_s=step_timeout_s, settle_steps=0)
     cluster = Cluster(ClusterConfig(backend="local", num_gpus=0))
     sink = WorkerGroup(cluster, "rollout", Worker, [RankResources(0, 1.0, ())])
     info = WorkerInfo("env", 0, 1, RankResources(0, 1.0, ()), "local")
@@ -259,7 +259,7 @@ def updated_weights(traj):
     of samples its PPO epochs ran on."""
     cluster = Cluster(ClusterConfig(backend="local", num_gpus=0))
     group = WorkerGroup(cluster, "learner", LearnerWorker, [RankResources(0, 1.0, ())],
-                        PolicyConfig(name="mlp", hidden_sizes=[16]),
+                        policy_config(name="mlp", hidden_sizes=[16]),
                         PPOConfig(learning_rate=1e-2, num_minibatches=2, update_epochs=2), SPEC,
                         seed=0, num_iterations=10)
     try:

@@ -28,7 +28,7 @@ from m2flow.envs import EnvSpec
 from m2flow.pipelines import PlacementError, RankResources, WorkerInfo, distributed
 from m2flow.pipelines.fsdp import block_units
 from m2flow.pipelines.placement import ComponentPlacement, PlacementConfig, check_placement
-from m2flow.policies import PolicyConfig, make_policy
+from m2flow.policies import make_policy, policy_config
 from m2flow.runs.learner import Trainer
 from tests.embodied.test_data_parallel import (  # noqa: F401
     EPOCHS, ITERATION, LR, MAX_GRAD_NORM, MINIBATCHES, POLICY, SEED, SPEC, Trajectories,
@@ -185,7 +185,7 @@ VLA_CLIP = 100.0  # the norm over the shards is computed; no step is clipped (se
 
 def vla():
     torch.manual_seed(SEED)
-    return make_policy(PolicyConfig(name="openvla_oft", kwargs=VLA_KW), VLA_SPEC)
+    return make_policy(policy_config(name="openvla_oft", **VLA_KW), VLA_SPEC)
 
 
 def vla_batch() -> TensorDict:
@@ -259,7 +259,7 @@ def test_ppo_trains_with_sharded_learner_ranks_under_ray(tmp_path, ray_cluster):
     from m2flow.runs import checkpoint
 
     cfg = load_run_config("maniskill_pushcube_ppo_mlp", [
-        "env.name=gym/Pendulum-v1", "env.num_envs=2", "env.ignore_terminations=false",
+        "env=gym_pendulum", "env.num_envs=2",
         "cluster.placement.components.learner.workers=2",
         "cluster.placement.components.learner.shard=fsdp",
         "cluster.placement.components.env.workers=2", "cluster.weight_sync=dist",

@@ -5,7 +5,7 @@ import torch
 
 from m2flow.runs import seeding
 from m2flow.embodied.env_worker import EnvWorker
-from m2flow.envs import EnvConfig, make_env
+from m2flow.envs import EnvConfig, env_config, make_env
 from m2flow.envs.chunked import ChunkedEnv
 from m2flow.pipelines import RankResources, WorkerInfo
 
@@ -20,9 +20,9 @@ def group_reset(cfg: EnvConfig, group_size: int, iteration: int = 0):
 
 
 @pytest.mark.parametrize("cfg", [
-    EnvConfig(name="ManiSkill/PushCube-v1", num_envs=4, obs_mode="state"),
-    EnvConfig(name="LIBERO/libero_spatial", num_envs=4, obs_mode="rgb", image_size=32,
-              kwargs={"settle_steps": 0}),
+    env_config(name="ManiSkill/PushCube-v1", num_envs=4, obs_mode="state"),
+    env_config(name="LIBERO/libero_spatial", num_envs=4, obs_mode="rgb", image_size=32,
+               settle_steps=0),
 ], ids=["maniskill", "libero"])
 def test_envs_of_a_group_share_their_initial_state_and_groups_differ(cfg):
     obs = group_reset(cfg, group_size=2)
@@ -36,7 +36,7 @@ def test_envs_of_a_group_share_their_initial_state_and_groups_differ(cfg):
 
 def test_group_size_must_divide_the_envs():
     with pytest.raises(ValueError, match="algorithm.group_size=3"):
-        group_reset(EnvConfig(name="gym/Pendulum-v1", num_envs=4), group_size=3)
+        group_reset(env_config(name="gym/Pendulum-v1", num_envs=4), group_size=3)
 
 
 def test_a_chunk_is_k_steps_with_the_episode_boundary_kept():
@@ -45,7 +45,7 @@ def test_a_chunk_is_k_steps_with_the_episode_boundary_kept():
     )
 
     register()
-    env = ChunkedEnv(make_env(EnvConfig(name="test/Counter", num_envs=2)))
+    env = ChunkedEnv(make_env(env_config(name="test/Counter", num_envs=2)))
     env.reset(seed=[0, 1])
     first = env.step(torch.ones(2, 3, 1))  # steps 1-3
     assert first["next", "reward"].tolist() == [3.0, 3.0]

@@ -8,7 +8,7 @@ from m2flow.embodied.algorithms.ppo import PPOConfig
 from m2flow.embodied.learner_worker import LearnerWorker
 from m2flow.envs import EnvSpec
 from m2flow.pipelines import RankResources, WorkerInfo
-from m2flow.policies import PolicyConfig
+from m2flow.policies import policy_config
 from m2flow.runs.checkpoint import CheckpointError
 
 SPEC = EnvSpec({"state": (6,)}, 3, (-1.0,) * 3, (1.0,) * 3, 20)
@@ -16,7 +16,7 @@ SPEC = EnvSpec({"state": (6,)}, 3, (-1.0,) * 3, (1.0,) * 3, 20)
 
 def learner(algo, seed, hidden=(32, 32)):
     info = WorkerInfo("learner", 0, 1, RankResources(0, 1.0, ()), "local")
-    return LearnerWorker(info, PolicyConfig(name="mlp", hidden_sizes=list(hidden)), algo, SPEC,
+    return LearnerWorker(info, policy_config(name="mlp", hidden_sizes=list(hidden)), algo, SPEC,
                          seed=seed, num_iterations=10)
 
 

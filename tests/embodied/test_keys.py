@@ -9,7 +9,7 @@ from tensordict import TensorDict
 from m2flow import keys
 from m2flow.embodied.env_worker import EnvWorker
 from m2flow.embodied.rollout_worker import RolloutWorker
-from m2flow.envs import EnvConfig, make_env
+from m2flow.envs import env_config, make_env
 from m2flow.envs.chunked import ChunkedEnv
 from m2flow.pipelines import (
     Channel,
@@ -20,9 +20,9 @@ from m2flow.pipelines import (
     WorkerGroup,
     WorkerInfo,
 )
-from m2flow.policies import PolicyConfig, make_policy
+from m2flow.policies import make_policy, policy_config
 
-PENDULUM = EnvConfig(name="gym/Pendulum-v1", num_envs=2)
+PENDULUM = env_config(name="gym/Pendulum-v1", num_envs=2)
 K = 3  # env steps of an action chunk
 
 
@@ -70,7 +70,7 @@ def test_a_policys_act_and_evaluate_actions_write_only_listed_keys():
     try:
         batch = env.reset(seed=[0, 1])
         torch.manual_seed(0)
-        policy = make_policy(PolicyConfig(name="mlp", hidden_sizes=[8]), env.spec)
+        policy = make_policy(policy_config(name="mlp", hidden_sizes=[8]), env.spec)
         out = policy.act(batch)
         assert unknown(out) == set()
         batch.update(out)
@@ -99,7 +99,7 @@ def test_a_collected_trajectory_has_only_listed_keys():
                                for n in ("obs", "action", "trajectory"))
     info = lambda role: WorkerInfo(role, 0, 1, RankResources(0, 1.0, ()), "local")  # noqa: E731
     env = EnvWorker(info("env"), PENDULUM, seed=0, channel_timeout=60)
-    rollout = RolloutWorker(info("rollout"), PolicyConfig(name="mlp", hidden_sizes=[8]),
+    rollout = RolloutWorker(info("rollout"), policy_config(name="mlp", hidden_sizes=[8]),
                             env.spec(), seed=0, channel_timeout=60)
     try:
         result = {}

@@ -8,7 +8,7 @@ from m2flow.embodied.learner_worker import LearnerWorker
 from m2flow.embodied.algorithms.ppo import PPOConfig
 from m2flow.envs import EnvSpec
 from m2flow.pipelines import Channel, Cluster, ClusterConfig, RankResources, WorkerGroup
-from m2flow.policies import PolicyConfig
+from m2flow.policies import policy_config
 
 SPEC = EnvSpec({"state": (4,)}, 2, (-1.0, -1.0), (1.0, 1.0), 8)
 
@@ -30,7 +30,7 @@ def trajectory(n=3, t=8, seed=0):
 def learner():
     cluster = Cluster(ClusterConfig(backend="local", num_gpus=0))
     group = WorkerGroup(cluster, "learner", LearnerWorker, [RankResources(0, 1.0, ())],
-                        PolicyConfig(name="mlp", hidden_sizes=[16]),
+                        policy_config(name="mlp", hidden_sizes=[16]),
                         PPOConfig(anneal_lr=True, learning_rate=1e-3), SPEC, seed=0, num_iterations=10)
     yield group, Channel("trajectory", group, item_type=TensorDict)
     group.shutdown()
@@ -81,7 +81,7 @@ def _learner(**algo):
     from m2flow.pipelines import WorkerInfo
 
     info = WorkerInfo("learner", 0, 1, RankResources(0, 1.0, ()), "local")
-    return LearnerWorker(info, PolicyConfig(name="mlp", hidden_sizes=[16]),
+    return LearnerWorker(info, policy_config(name="mlp", hidden_sizes=[16]),
                          PPOConfig(**{"learning_rate": 1e-2, "target_kl": None, **algo}), SPEC,
                          seed=0,
                          num_iterations=10)
@@ -151,10 +151,10 @@ def test_a_rollout_copy_equals_the_learner_after_bucketed_syncs():
 
     cluster = Cluster(ClusterConfig(backend="local", num_gpus=0))
     res = [RankResources(0, 1.0, ())]
-    learner = WorkerGroup(cluster, "learner", LearnerWorker, res, PolicyConfig(name="mlp", hidden_sizes=[16]),
+    learner = WorkerGroup(cluster, "learner", LearnerWorker, res, policy_config(name="mlp", hidden_sizes=[16]),
                           PPOConfig(learning_rate=1e-2, target_kl=None), SPEC, seed=0, num_iterations=10)
     rollout = WorkerGroup(cluster, "rollout", RolloutWorker, res * 2,
-                          PolicyConfig(name="mlp", hidden_sizes=[16]), SPEC, seed=1)
+                          policy_config(name="mlp", hidden_sizes=[16]), SPEC, seed=1)
     # 1 KB buckets: the 16x16 weights (1 KB) and the rest travel in several
     runner = SimpleNamespace(learner=learner, rollout=rollout, weight_link=None,
                              cfg=SimpleNamespace(runner=SimpleNamespace(weight_sync_bucket_mb=2**-10)))

@@ -143,7 +143,7 @@ def test_more_stages_than_envs_is_a_config_error():
 
 def test_ray_workers_pipeline_two_env_ranks_into_one_rollout_rank(ray_cluster):
     cfg = load_run_config("maniskill_pushcube_ppo_mlp", [
-        "env.name=gym/Pendulum-v1", "env.num_envs=3", "env.ignore_terminations=false", "rollout.pipeline_stages=2",
+        "env=gym_pendulum", "env.num_envs=3", "rollout.pipeline_stages=2",
         "runner.rollout_steps=8", "runner.progress_bar=false",
         "cluster.placement.components.env.workers=2",
     ])

@@ -5,7 +5,7 @@ from tensordict import TensorDict
 from m2flow.embodied.algorithms import AlgorithmError
 from m2flow.embodied.algorithms.ppo import PPO, PPOConfig, ppo_loss
 from m2flow.envs import EnvSpec
-from m2flow.policies import PolicyConfig, make_policy
+from m2flow.policies import make_policy, policy_config
 
 SPEC = EnvSpec({"state": (5,)}, 2, (-1.0, -1.0), (1.0, 1.0), 50)
 LOSS_KW = dict(clip_coef=0.2, vf_coef=0.5, ent_coef=0.01)
@@ -24,7 +24,7 @@ def batch(policy, n=8, seed=0):
 
 def policy(seed=0):
     torch.manual_seed(seed)
-    return make_policy(PolicyConfig(name="mlp", hidden_sizes=[16]), SPEC)
+    return make_policy(policy_config(name="mlp", hidden_sizes=[16]), SPEC)
 
 
 def test_ratio_one_gives_no_clipping_and_zero_kl():

@@ -11,7 +11,7 @@ from tensordict import TensorDict
 from m2flow import keys
 from m2flow.embodied.buffer import TrajectoryBuffer
 from m2flow.embodied.replay import MixedSampler, ReplayBuffer, transitions
-from m2flow.envs import EnvConfig, make_env
+from m2flow.envs import env_config, make_env
 
 
 def rows(values) -> TensorDict:
@@ -41,7 +41,7 @@ def test_the_ring_keeps_what_a_bounded_deque_keeps():
 def test_transitions_are_true_s_a_r_s_prime_across_auto_resets():
     """Pendulum with 5-step episodes: every row's next obs is the step's real successor; where
     the episode ended (a time-out) it is the final obs, not the new episode's first."""
-    env = make_env(EnvConfig(name="gym/Pendulum-v1", num_envs=2, max_episode_steps=5))
+    env = make_env(env_config(name="gym/Pendulum-v1", num_envs=2, max_episode_steps=5))
     traj_buf, t_steps = TrajectoryBuffer(num_steps=12), 12
     batch = env.reset(seed=[0, 1])
     for t in range(t_steps):

@@ -104,9 +104,9 @@ def test_envs_given_one_seed_take_their_leaders_state_on_the_gpu_backend():
 @pytest.mark.slow  # three simulator processes: ~20-50 s here
 def test_on_the_cpu_backend_envs_given_one_seed_already_start_alike():
     """The meaning the GPU backend is made to keep: each CPU env is its own seeded process."""
-    from m2flow.envs import EnvConfig, make_env
+    from m2flow.envs import env_config, make_env
 
-    env = make_env(EnvConfig(name="ManiSkill/PushCube-v1", num_envs=3, sim_backend="cpu"))
+    env = make_env(env_config(name="ManiSkill/PushCube-v1", num_envs=3, sim_backend="cpu"))
     try:
         state = env.reset(seed=[11, 11, 12])["obs"]["state"]
     finally:

@@ -12,7 +12,7 @@ from torch.distributions.transforms import AffineTransform, TanhTransform
 from m2flow.embodied.algorithms import AlgorithmError
 from m2flow.embodied.algorithms.sac import SAC, SACConfig
 from m2flow.envs import EnvSpec
-from m2flow.policies import PolicyConfig, make_policy
+from m2flow.policies import make_policy, policy_config
 from m2flow.policies.sac import LOG_STD_MAX, LOG_STD_MIN
 from m2flow.runs import seeding
 from m2flow.runs.learner import Trainer
@@ -24,8 +24,8 @@ ADAM_EPS = 1e-5  # the learner's
 
 def policy(seed=0):
     torch.manual_seed(seed)
-    return make_policy(PolicyConfig(name="sac_mlp", hidden_sizes=[16, 16], activation="relu",
-                                    normalize_obs=False, kwargs={"init_alpha": 0.5}), SPEC)
+    return make_policy(policy_config(name="sac_mlp", hidden_sizes=[16, 16], activation="relu",
+                                     normalize_obs=False, init_alpha=0.5), SPEC)
 
 
 def traj(n=2, t=8, seed=0) -> TensorDict:
@@ -144,7 +144,7 @@ def test_validate_names_the_field_and_the_fix(field, value):
 
 
 def test_sac_refuses_a_policy_without_twin_critics():
-    pi = make_policy(PolicyConfig(name="mlp", hidden_sizes=[8]), SPEC)
+    pi = make_policy(policy_config(name="mlp", hidden_sizes=[8]), SPEC)
     with pytest.raises(ValueError, match="use policy=sac_mlp"):
         SAC(SACConfig(name="sac"), action_dim=ACT, seed=0).param_groups(pi, list(pi.parameters()))
 
@@ -195,8 +195,8 @@ def test_sac_cnn_trains_its_encoder_from_the_critics_loss_alone():
     the actor's loss (whose Q runs through the encoder) leaves it alone."""
     spec = EnvSpec({"rgb": (36, 36, 3), "state": (OBS,)}, ACT, (-1.0, -2.0), (1.0, 2.0), 50)
     torch.manual_seed(0)
-    pi = make_policy(PolicyConfig(name="sac_cnn", hidden_sizes=[16], activation="relu",
-                                  normalize_obs=False, kwargs={"feature_dim": 8}), spec)
+    pi = make_policy(policy_config(name="sac_cnn", hidden_sizes=[16], activation="relu",
+                                   normalize_obs=False, feature_dim=8), spec)
     cfg = SACConfig(name="sac", batch_size=B, learning_starts=16, utd=1 / 16,
                     learning_rate=1e-3, critic_learning_rate=1e-12)
     sac = SAC(cfg, action_dim=ACT, seed=0)

@@ -28,7 +28,7 @@ def run(transport: str, log_dir) -> list[dict]:
     from m2flow.embodied.runner import EmbodiedRunner
 
     cfg = load_run_config("maniskill_pushcube_ppo_mlp", [
-        "env.name=gym/Pendulum-v1", "env.num_envs=2", "env.ignore_terminations=false",
+        "env=gym_pendulum", "env.num_envs=2",
         f"cluster.placement.components.rollout.workers={ROLLOUT_WORKERS}",
         f"cluster.placement.components.env.workers={ENV_WORKERS}",
         f"cluster.weight_sync={transport}", "runner.rollout_steps=8",

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from m2flow.envs import (
-    EnvConfig,
     EnvError,
     env_class,
+    env_config,
     make_env,
     register_env,
     registered_envs,
@@ -24,7 +24,7 @@ def concrete_ids():
 
 @pytest.mark.parametrize("env_id", concrete_ids())
 def test_every_registered_env_steps_a_batch(env_id):
-    env = make_env(EnvConfig(name=env_id, num_envs=2))
+    env = make_env(env_config(name=env_id, num_envs=2))
     try:
         obs = env.reset(seed=[0, 1])["obs"]
         assert set(obs.keys()) == set(env.spec.obs_shapes)
@@ -43,7 +43,7 @@ def test_every_registered_env_steps_a_batch(env_id):
 
 
 def test_auto_reset_hands_back_final_and_first_observation():
-    env = make_env(EnvConfig(name="gym/Pendulum-v1", num_envs=2, max_episode_steps=3))
+    env = make_env(env_config(name="gym/Pendulum-v1", num_envs=2, max_episode_steps=3))
     env.reset(seed=[0, 1])
     outs = [env.step(torch.zeros(2, 1)) for _ in range(3)]
     last = outs[-1]
@@ -56,7 +56,7 @@ def test_auto_reset_hands_back_final_and_first_observation():
 
 def test_same_seeds_give_the_same_rollout():
     def run():
-        env = make_env(EnvConfig(name="gym/Pendulum-v1", num_envs=2))
+        env = make_env(env_config(name="gym/Pendulum-v1", num_envs=2))
         env.reset(seed=[3, 4])
         return env.step(torch.ones(2, 1))["next", "obs", "state"]
 
@@ -65,22 +65,22 @@ def test_same_seeds_give_the_same_rollout():
 
 def test_unknown_env_lists_registered_names():
     with pytest.raises(EnvError, match=r"Unknown env 'Nope/Task-v1'. Known: .*ManiSkill/\*"):
-        make_env(EnvConfig(name="Nope/Task-v1"))
+        make_env(env_config(name="Nope/Task-v1"))
 
 
 def test_unknown_maniskill_task_suggests_the_closest():
     with pytest.raises(EnvError, match="Did you mean 'PushCube-v1'"):
-        make_env(EnvConfig(name="ManiSkill/PushCub-v1"))
+        make_env(env_config(name="ManiSkill/PushCub-v1"))
 
 
 def test_maniskill_task_with_missing_assets_says_how_to_get_them():
     with pytest.raises(EnvError, match="download_asset"):
-        make_env(EnvConfig(name="ManiSkill/PickSingleYCB-v1"))
+        make_env(env_config(name="ManiSkill/PickSingleYCB-v1"))
 
 
 def test_obs_mode_the_adapter_cannot_render_is_rejected():
     with pytest.raises(EnvError, match="obs_mode='depth'"):
-        make_env(EnvConfig(name="ManiSkill/PushCube-v1", obs_mode="depth"))
+        make_env(env_config(name="ManiSkill/PushCube-v1", obs_mode="depth"))
 
 
 def test_register_twice_needs_override():
@@ -98,13 +98,13 @@ def test_decorator_registration_is_found_by_make_env():
             cfg.name = "gym/Pendulum-v1"
             super().__init__(cfg, device)
 
-    env = make_env(EnvConfig(name="Test/Pendulum-v1", num_envs=2))
+    env = make_env(env_config(name="Test/Pendulum-v1", num_envs=2))
     assert isinstance(env, Pendulum) and env.spec.action_dim == 1
 
 
 def test_maniskill_rgb_observations_render_on_this_machine():
-    env = make_env(EnvConfig(name="ManiSkill/PushCube-v1", num_envs=2, obs_mode="rgb",
-                             image_size=32))
+    env = make_env(env_config(name="ManiSkill/PushCube-v1", num_envs=2, obs_mode="rgb",
+                              image_size=32))
     try:
         obs = env.reset(seed=[0, 1])["obs"]
         assert obs["rgb"].shape == (2, 32, 32, 3) and obs["rgb"].dtype == torch.uint8
@@ -119,8 +119,8 @@ def test_maniskill_privileged_state_is_the_simulators_state_now():
     import gymnasium as gym
     import mani_skill.envs  # noqa: F401
 
-    cfg = EnvConfig(name="ManiSkill/PushCube-v1", num_envs=2, obs_mode="rgb", image_size=32,
-                    control_mode="pd_ee_delta_pos", privileged_state=True)
+    cfg = env_config(name="ManiSkill/PushCube-v1", num_envs=2, obs_mode="rgb", image_size=32,
+                     control_mode="pd_ee_delta_pos", privileged_state=True)
     env = make_env(cfg)
     ref = gym.make("PushCube-v1", num_envs=1, obs_mode="state", control_mode="pd_ee_delta_pos",
                    sim_backend="physx_cpu", render_backend="none")
@@ -180,8 +180,8 @@ def test_maniskill_success_flags_equal_maniskills_own_loop():
 
     steps, seeds, hold = 50, [3, 4], [False, True]
     kw = dict(control_mode="pd_ee_delta_pos", reward_mode="normalized_dense")
-    env = make_env(EnvConfig(name="ManiSkill/PushCube-v1", num_envs=2, ignore_terminations=True,
-                             max_episode_steps=steps, **kw))
+    env = make_env(env_config(name="ManiSkill/PushCube-v1", num_envs=2, ignore_terminations=True,
+                              max_episode_steps=steps, **kw))
     refs = [CPUGymWrapper(gym.make("PushCube-v1", num_envs=1, obs_mode="state",
                                    max_episode_steps=steps, sim_backend="physx_cpu",
                                    render_backend="none", **kw),
@@ -211,15 +211,16 @@ def test_maniskill_success_flags_equal_maniskills_own_loop():
             ref.close()
 
 
-@pytest.mark.parametrize("name,obs_mode,fix", [
-    ("ManiSkill/PushCube-v1", "state", "env.obs_mode=rgb"),
-    ("gym/Pendulum-v1", "state", "gym/\\* envs"),
-    ("LIBERO/libero_spatial", "rgb", "ManiSkill's does"),
-])
-def test_privileged_state_where_it_cannot_be_given_is_one_line(name, obs_mode, fix):
-    with pytest.raises(EnvError, match=f"env.privileged_state=true.*{fix}"):
-        env_class(name).check_config(EnvConfig(name=name, obs_mode=obs_mode,
-                                               privileged_state=True))
+def test_privileged_state_beside_state_obs_is_one_line():
+    cfg = env_config("ManiSkill/PushCube-v1", obs_mode="state", privileged_state=True)
+    with pytest.raises(EnvError, match="env.privileged_state=true.*env.obs_mode=rgb"):
+        env_class(cfg.name).check_config(cfg)
+
+
+@pytest.mark.parametrize("name", ["gym/Pendulum-v1", "LIBERO/libero_spatial"])
+def test_privileged_state_is_no_setting_of_an_env_that_cannot_give_it(name):
+    with pytest.raises(EnvError, match=f"env '{name}' has no setting 'privileged_state'"):
+        env_config(name, privileged_state=True)
 
 
 def test_importing_envs_imports_no_simulator():

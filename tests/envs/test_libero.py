@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from m2flow.envs import EnvConfig, EnvError, make_env
+from m2flow.envs import EnvError, env_config, make_env
 from m2flow.envs.libero import SUITE_MAX_STEPS, prepare, robosuite_on_new_mujoco
 
 SUITE_SIZES = {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10,
@@ -37,8 +37,8 @@ def libero_languages(suite: str) -> list[str]:
 def test_every_task_of_the_suite_builds_resets_and_steps(suite):
     """Two env processes walk the suite two tasks at a time, switching task in-process."""
     n = SUITE_SIZES[suite]
-    env = make_env(EnvConfig(name=f"LIBERO/{suite}", num_envs=2, obs_mode="state",
-                             kwargs={"settle_steps": 0}))
+    env = make_env(env_config(name=f"LIBERO/{suite}", num_envs=2, obs_mode="state",
+                              settle_steps=0))
     try:
         assert list(env.spec.tasks) == libero_languages(suite)
         assert len(env.spec.tasks) == n
@@ -69,8 +69,8 @@ def test_every_task_of_the_suite_builds_resets_and_steps(suite):
 # -- images -----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def rgb_env():
-    env = make_env(EnvConfig(name="LIBERO/libero_spatial", num_envs=2, obs_mode="rgb",
-                             image_size=SIZE, kwargs={"settle_steps": 0}))
+    env = make_env(env_config(name="LIBERO/libero_spatial", num_envs=2, obs_mode="rgb",
+                              image_size=SIZE, settle_steps=0))
     yield env
     env.close()
 
@@ -233,7 +233,7 @@ def test_a_trajectory_matches_the_one_recorded_under_mujoco_3_3_7():
 
 # -- config errors (raised before any simulator process starts) -------------------------
 def make(name="LIBERO/libero_spatial", **kw):
-    return make_env(EnvConfig(name=name, num_envs=1, **kw))
+    return make_env(env_config(name=name, num_envs=1, **kw))
 
 
 def test_unknown_suite_suggests_the_right_one():
@@ -243,11 +243,11 @@ def test_unknown_suite_suggests_the_right_one():
 
 
 @pytest.mark.parametrize("kw, field", [
-    ({"kwargs": {"foo": 1}}, r"env\.kwargs\.foo is not an option of LIBERO/libero_spatial"),
-    ({"kwargs": {"render_quality": "ultra"}}, r"env\.kwargs\.render_quality='ultra'"),
-    ({"kwargs": {"gl": "glfw"}}, r"env\.kwargs\.gl='glfw'"),
-    ({"kwargs": {"task_ids": [3, 10]}}, r"env\.kwargs\.task_ids=\[3, 10\]: .* tasks 0-9"),
-    ({"kwargs": {"task_ids": []}}, r"env\.kwargs\.task_ids=\[\]"),
+    ({"foo": 1}, r"env 'LIBERO/libero_spatial' has no setting 'foo'\..* task_ids, gl"),
+    ({"render_quality": "ultra"}, r"env\.render_quality='ultra'"),
+    ({"gl": "glfw"}, r"env\.gl='glfw'"),
+    ({"task_ids": [3, 10]}, r"env\.task_ids=\[3, 10\]: .* tasks 0-9"),
+    ({"task_ids": []}, r"env\.task_ids=\[\]"),
     ({"obs_mode": "depth"}, r"env\.obs_mode='depth'"),
     ({"reward_mode": "dense"}, r"env\.reward_mode='dense'"),
 ])
@@ -258,8 +258,8 @@ def test_bad_config_names_the_field(kw, field):
 
 def test_assets_path_without_scenes_is_an_env_error(tmp_path):
     (tmp_path / "textures").mkdir()
-    with pytest.raises(EnvError, match=r"env\.kwargs\.assets_path=.* has no scenes/ folder"):
-        make(kwargs={"assets_path": str(tmp_path)})
+    with pytest.raises(EnvError, match=r"env\.assets_path=.* has no scenes/ folder"):
+        make(assets_path=str(tmp_path))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from m2flow.envs import EnvConfig, make_env
+from m2flow.envs import env_config, make_env
 from m2flow.envs import meshes
 
 
@@ -98,9 +98,9 @@ def test_pushcube_renders_the_arm_lighter_and_looks_the_same():
 @pytest.mark.timeout(300)
 def test_make_env_passes_the_fraction_to_its_simulator_processes():
     def obs(fraction):
-        env = make_env(EnvConfig(name="ManiSkill/PushCube-v1", num_envs=2, obs_mode="rgb",
-                                 control_mode="pd_ee_delta_pos",
-                                 visual_mesh_fraction=fraction))
+        env = make_env(env_config(name="ManiSkill/PushCube-v1", num_envs=2, obs_mode="rgb",
+                                  control_mode="pd_ee_delta_pos",
+                                  visual_mesh_fraction=fraction))
         try:
             env.reset(seed=[5, 6])
             return env.step(torch.full((2, env.spec.action_dim), 0.3))["next", "obs", "rgb"]
@@ -117,7 +117,7 @@ def test_only_a_cpu_renderer_draws_lighter_meshes(caplog):
     steps/s for 16 envs at 128 px, so the fraction applies to CPU rendering alone."""
     from m2flow.envs.maniskill import _mesh_fraction
 
-    cfg = EnvConfig(name="ManiSkill/PushCube-v1", obs_mode="rgb", visual_mesh_fraction=0.05)
+    cfg = env_config(name="ManiSkill/PushCube-v1", obs_mode="rgb", visual_mesh_fraction=0.05)
     assert _mesh_fraction(cfg, "cpu") == 0.05
     assert _mesh_fraction(cfg, "none") == 1.0 and not caplog.records
     with caplog.at_level("WARNING"):

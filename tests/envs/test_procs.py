@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from m2flow.envs import EnvConfig, make_env
+from m2flow.envs import env_config, make_env
 from m2flow.envs import libero, maniskill
 from m2flow.envs.procs import RESTART_SEED_STRIDE, EnvRecipe, ProcessSlots
 
@@ -89,7 +89,7 @@ def test_every_preloaded_module_exists(preload):
 
 def fresh_rollout(seed: int, actions: list) -> list:
     """env.step observations of a never-restarted PushCube env from ``seed``."""
-    env = make_env(EnvConfig(name="ManiSkill/PushCube-v1", num_envs=1))
+    env = make_env(env_config(name="ManiSkill/PushCube-v1", num_envs=1))
     try:
         obs = [env.reset(seed=[seed])["obs", "state"][0]]
         obs += [env.step(a[1:])["obs", "state"][0] for a in actions]
@@ -100,7 +100,7 @@ def fresh_rollout(seed: int, actions: list) -> list:
 
 @pytest.mark.parametrize("kill_server", [False, True], ids=["process", "process+server"])
 def test_a_killed_simulator_is_replaced_and_steps_like_a_fresh_env(kill_server):
-    env = make_env(EnvConfig(name="ManiSkill/PushCube-v1", num_envs=2))
+    env = make_env(env_config(name="ManiSkill/PushCube-v1", num_envs=2))
     gen = torch.Generator().manual_seed(0)
     actions = [torch.rand(2, env.spec.action_dim, generator=gen) * 2 - 1 for _ in range(4)]
     try:

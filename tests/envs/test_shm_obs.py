@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from m2flow.envs import EnvConfig, make_env
+from m2flow.envs import env_config, make_env
 from m2flow.envs.shm import MIN_BYTES, layout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -54,8 +54,8 @@ def mapped(slots) -> list:
 def rollout(mode: str) -> dict:
     """PushCube rgb 64 px, 2 envs: steps across an episode's end, a reset, a kill -9 of env 1
     and steps after its restart; every observation the env returned, and its blocks."""
-    cfg = EnvConfig(name="ManiSkill/PushCube-v1", num_envs=2, obs_mode="rgb", image_size=64,
-                    max_episode_steps=EPISODE, shared_memory=mode)
+    cfg = env_config(name="ManiSkill/PushCube-v1", num_envs=2, obs_mode="rgb", image_size=64,
+                     max_episode_steps=EPISODE, shared_memory=mode)
     env = make_env(cfg)
     gen = torch.Generator().manual_seed(0)
     act = lambda: torch.rand(2, env.spec.action_dim, generator=gen) * 2 - 1  # noqa: E731

@@ -1,19 +1,19 @@
-"""``policy.kwargs.actor_hidden_state`` (mlp and cnn): dims of the state the actor never reads."""
+"""``policy.actor_hidden_state`` (mlp and cnn): dims of the state the actor never reads."""
 
 import pytest
 import torch
 from tensordict import TensorDict
 
 from m2flow.envs import EnvSpec
-from m2flow.policies import PolicyConfig, PolicyError, make_policy
+from m2flow.policies import PolicyError, make_policy, policy_config
 
 SPEC = EnvSpec({"state": (6,)}, 2, (-1.0, -1.0), (1.0, 1.0), 20)
 
 
 def policy(hidden):
     torch.manual_seed(0)
-    cfg = PolicyConfig(name="mlp", hidden_sizes=[16], normalize_obs=False,
-                       kwargs={"actor_hidden_state": hidden})
+    cfg = policy_config(name="mlp", hidden_sizes=[16], normalize_obs=False,
+                        actor_hidden_state=hidden)
     return make_policy(cfg, SPEC)
 
 
@@ -46,7 +46,7 @@ def test_a_bad_range_is_one_line_naming_the_option(bad):
     with pytest.raises(PolicyError) as e:
         policy(bad)
     text = str(e.value)
-    assert text.startswith(f"policy.kwargs.actor_hidden_state={bad}:") and "\n" not in text
+    assert text.startswith(f"policy.actor_hidden_state={bad}:") and "\n" not in text
 
 
 CNN_SPEC = EnvSpec({"rgb": (36, 36, 3), "state": (5,)}, 2, (-1.0, -1.0), (1.0, 1.0), 20)
@@ -54,8 +54,8 @@ CNN_SPEC = EnvSpec({"rgb": (36, 36, 3), "state": (5,)}, 2, (-1.0, -1.0), (1.0, 1
 
 def cnn(hidden):
     torch.manual_seed(0)
-    cfg = PolicyConfig(name="cnn", hidden_sizes=[16], normalize_obs=False,
-                       kwargs={"feature_dim": 8, "actor_hidden_state": hidden})
+    cfg = policy_config(name="cnn", hidden_sizes=[16], normalize_obs=False,
+                        feature_dim=8, actor_hidden_state=hidden)
     return make_policy(cfg, CNN_SPEC)
 
 
@@ -90,19 +90,19 @@ def test_the_cnn_actor_ignores_hidden_state_dims_but_not_the_image():
 def test_a_cnn_range_past_the_state_is_refused_in_one_line():
     with pytest.raises(PolicyError) as e:
         cnn([[3, 6]])
-    assert str(e.value).startswith("policy.kwargs.actor_hidden_state=[[3, 6]]:")
+    assert str(e.value).startswith("policy.actor_hidden_state=[[3, 6]]:")
 
 
 def test_the_vla_proprio_token_reads_zeros_in_its_hidden_dims():
-    """``policy.kwargs.proprio_hidden`` of openvla_oft: scored on fixed action tokens, a policy
+    """``policy.proprio_hidden`` of openvla_oft: scored on fixed action tokens, a policy
     hiding dims 2-4 is blind to them, sees dim 5, and equals the same weights without the
     option fed zeros there."""
     from tests.policies.test_oft import KW, obs, spec
 
     def vla(hidden):
         torch.manual_seed(0)
-        return make_policy(PolicyConfig(name="openvla_oft",
-                                        kwargs={**KW, "proprio_hidden": hidden}), spec())
+        return make_policy(policy_config(name="openvla_oft",
+                                         **{**KW, "proprio_hidden": hidden}), spec())
 
     def score(pi, o, tokens):
         with torch.no_grad():
@@ -123,5 +123,5 @@ def test_the_vla_proprio_token_reads_zeros_in_its_hidden_dims():
     zeroed = o.clone()
     zeroed["state"][:, 2:5] = 0.0
     torch.testing.assert_close(score(plain, zeroed, tokens), base, rtol=0, atol=0)
-    with pytest.raises(PolicyError, match=r"^policy.kwargs.proprio_hidden=\[\[2, 9\]\]: "):
+    with pytest.raises(PolicyError, match=r"^policy.proprio_hidden=\[\[2, 9\]\]: "):
         vla([[2, 9]])

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 
 from m2flow.envs.base import EnvSpec
-from m2flow.policies import PolicyConfig, PolicyError, make_policy
+from m2flow.policies import PolicyConfig, PolicyError, make_policy, policy_config
 from m2flow.policies import registry
 from m2flow.policies.vla import checkpoint
 from m2flow.policies.vla.oft import OpenVLAOFTPolicy
@@ -55,7 +55,7 @@ def oft_checkpoint_dir(tmp_path_factory):
     saved by DDP (keys prefixed ``module.``), as finetune.py writes it."""
     path = tmp_path_factory.mktemp("oft")
     torch.manual_seed(0)
-    base = make_policy(PolicyConfig(name="openvla_oft", kwargs={**KW, "use_proprio": False}),
+    base = make_policy(policy_config(name="openvla_oft", **{**KW, "use_proprio": False}),
                        spec())
     checkpoint.save(base.vlm, str(path), base.opts.vision, base.tokenizer, norm_stats=STATS)
     g = torch.Generator().manual_seed(3)
@@ -73,7 +73,7 @@ def loaded_policy(path, **kw):
     kwargs = {**KW, "checkpoint": str(path), "unnorm_key": KEY, "gripper": "libero",
               "prompt_suffix_ids": [SUFFIX], "dtype": "float32", "temperature": TEMPERATURE,
               **kw}
-    return make_policy(PolicyConfig(name="openvla_oft", kwargs=kwargs), spec())
+    return make_policy(policy_config(name="openvla_oft", **kwargs), spec())
 
 
 # -- a transcription of openvla-oft's predict_action (discrete tokens, no action head) -------
@@ -164,7 +164,7 @@ def test_forward_equals_openvla_ofts_predict_action_on_a_published_layout(oft_ch
 def test_continuous_and_film_oft_layouts_are_refused_at_start_up(tmp_path, file, what):
     (tmp_path / "config.json").write_text(json.dumps({"use_fused_vision_backbone": True}))
     (tmp_path / file).write_bytes(b"")
-    cfg = PolicyConfig(name="openvla_oft", kwargs={"checkpoint": str(tmp_path)})
+    cfg = policy_config(name="openvla_oft", checkpoint=str(tmp_path))
     with pytest.raises(PolicyError, match=rf"has {re.escape(file)}: .*{what}.*it loads OFT "
                                           r"checkpoints that decode discrete action tokens") as e:
         OpenVLAOFTPolicy.check_config(cfg, SimpleNamespace(obs_mode="rgb"))
@@ -176,17 +176,16 @@ def test_film_in_config_and_a_missing_proprio_projector_are_refused(tmp_path):
     env = SimpleNamespace(obs_mode="rgb")
     with pytest.raises(PolicyError, match="use_film: true"):
         OpenVLAOFTPolicy.check_config(
-            PolicyConfig(name="openvla_oft", kwargs={"checkpoint": str(tmp_path)}), env)
+            policy_config(name="openvla_oft", checkpoint=str(tmp_path)), env)
     (tmp_path / "config.json").write_text(json.dumps({}))
     with pytest.raises(PolicyError, match=r"use_proprio=true, .*no proprio_projector--\*\.pt"):
-        OpenVLAOFTPolicy.check_config(PolicyConfig(name="openvla_oft", kwargs={
-            "checkpoint": str(tmp_path), "use_proprio": True}), env)
+        OpenVLAOFTPolicy.check_config(policy_config(name="openvla_oft", checkpoint=str(tmp_path), use_proprio=True), env)
 
 
 # -- LoRA: what trains, in which dtype --------------------------------------------------------
 def tiny_policy(**kw):
     torch.manual_seed(0)
-    return make_policy(PolicyConfig(name="openvla_oft", kwargs={**KW, **kw}), spec())
+    return make_policy(policy_config(name="openvla_oft", **{**KW, **kw}), spec())
 
 
 def test_under_lora_only_adapters_and_named_heads_train_and_a_step_leaves_the_rest_untouched():
@@ -228,12 +227,12 @@ def test_privileged_critic_scores_the_simulator_state_trains_under_lora_and_need
     """``critic=privileged``: the value is an MLP of the normalised ("obs", "privileged")
     vector (computed here by hand), no value head exists, the actor's tokens do not depend on
     it, and under LoRA it is what trains during the critic warm-up."""
-    from m2flow.envs import EnvConfig
+    from m2flow.envs import env_config
 
     torch.manual_seed(0)
     priv_spec = EnvSpec({"rgb": (32, 32, 3), "state": (8,), "task": (), "privileged": (11,)}, 7,
                         (-1.0,) * 7, (1.0,) * 7, 10, tasks=TASKS)
-    cfg = PolicyConfig(name="openvla_oft", kwargs={**KW, "lora_rank": 4, "critic": "privileged"})
+    cfg = policy_config(name="openvla_oft", **{**KW, "lora_rank": 4, "critic": "privileged"})
     p = make_policy(cfg, priv_spec)
     assert p.value_head is None
     assert set(p.critic_parameter_names()) == {n for n, _ in p.named_parameters()
@@ -257,22 +256,22 @@ def test_privileged_critic_scores_the_simulator_state_trains_under_lora_and_need
     assert not torch.allclose(out2["value"], out["value"])
     with pytest.raises(PolicyError, match="env.privileged_state=true"):
         registry.policy_class("openvla_oft").check_config(
-            cfg, EnvConfig(name="ManiSkill/PushCube-v1", obs_mode="rgb"))
+            cfg, env_config(name="ManiSkill/PushCube-v1", obs_mode="rgb"))
     with pytest.raises(PolicyError, match="env.privileged_state=true"):
         make_policy(cfg, spec())
-    with pytest.raises(PolicyError, match="policy.kwargs.critic='value'"):
-        make_policy(PolicyConfig(name="openvla_oft", kwargs={**KW, "critic": "value"}), spec())
+    with pytest.raises(PolicyError, match="policy.critic='value'"):
+        make_policy(policy_config(name="openvla_oft", **{**KW, "critic": "value"}), spec())
 
 
 def test_trainable_names_are_checked():
-    with pytest.raises(PolicyError, match=r"policy.kwargs.trainable: 'projektor' .*projector"):
+    with pytest.raises(PolicyError, match=r"policy.trainable: 'projektor' .*projector"):
         tiny_policy(lora_rank=4, trainable=["projektor"])
 
 
 # -- dtype=auto and the device ------------------------------------------------------------------
 def test_auto_dtype_follows_the_device_the_policy_is_built_for_not_the_machine(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU machine
-    p = make_policy(PolicyConfig(name="openvla_oft", kwargs=KW), spec(), device="cpu")
+    p = make_policy(policy_config(name="openvla_oft", **KW), spec(), device="cpu")
     assert {t.dtype for t in p.parameters()} == {torch.float32}
 
 
@@ -291,7 +290,7 @@ def test_a_policy_class_without_a_device_argument_is_built_then_moved(monkeypatc
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_cuda_auto_is_bfloat16_lora_adapters_fp32_and_log_probs_agree():
     torch.manual_seed(0)
-    p = make_policy(PolicyConfig(name="openvla_oft", kwargs={**KW, "lora_rank": 4}), spec(),
+    p = make_policy(policy_config(name="openvla_oft", **{**KW, "lora_rank": 4}), spec(),
                     device="cuda")
     assert p.vlm.projector.fc1.weight.dtype == torch.bfloat16
     assert all(t.dtype == torch.float32 and t.is_cuda
@@ -307,12 +306,12 @@ def test_on_cuda_auto_is_bfloat16_lora_adapters_fp32_and_log_probs_agree():
 @pytest.mark.parametrize("name", ["openvla_oft", "openvla"])
 def test_gradient_checkpointing_recomputes_layers_and_gives_the_same_gradients(name):
     """On the H100 (bench/gpu.py) a 7B LoRA learner step kept ~23 GiB of activations per 8
-    samples; with policy.kwargs.gradient_checkpointing the LM layers run again in the backward
+    samples; with policy.gradient_checkpointing the LM layers run again in the backward
     pass instead (counted here) and the adapters' gradients are those of the plain backward."""
     kw = {**KW, "lora_rank": 4, "chunk": 1 if name == "openvla" else KW["chunk"]}
     torch.manual_seed(0)
-    plain = make_policy(PolicyConfig(name=name, kwargs=kw), spec())
-    ckpt = make_policy(PolicyConfig(name=name, kwargs={**kw, "gradient_checkpointing": True}),
+    plain = make_policy(policy_config(name=name, **kw), spec())
+    ckpt = make_policy(policy_config(name=name, **{**kw, "gradient_checkpointing": True}),
                        spec())
     ckpt.load_state_dict(plain.state_dict())
     o = obs(4)

@@ -5,7 +5,7 @@ import torch
 from tensordict import TensorDict
 
 from m2flow.envs import EnvSpec
-from m2flow.policies import PolicyConfig, PolicyError, make_policy, registered_policies
+from m2flow.policies import PolicyError, make_policy, policy_config, registered_policies
 from m2flow.policies.registry import policy_class
 
 STATE_SPEC = EnvSpec({"state": (7,)}, 3, (-1.0,) * 3, (1.0,) * 3, 50)
@@ -29,7 +29,7 @@ def random_obs(spec, n):
 def test_every_policy_acts_and_evaluates_consistently(name, n):
     assert name in SPECS, f"add an EnvSpec for policy {name!r} to SPECS"
     torch.manual_seed(0)
-    pi = make_policy(PolicyConfig(name=name), SPECS[name])
+    pi = make_policy(policy_config(name=name), SPECS[name])
     b = random_obs(SPECS[name], n)
     with torch.no_grad():
         out = pi.act(b)
@@ -48,12 +48,12 @@ def test_every_policy_acts_and_evaluates_consistently(name, n):
 def test_every_policy_is_built_on_the_device_make_policy_is_given(name):
     """``make_policy(..., device=)``: built there (policies whose ``__init__`` takes a device)
     or moved there (the others); ``meta`` stands in for a GPU and allocates nothing."""
-    pi = make_policy(PolicyConfig(name=name), SPECS[name], device="meta")
+    pi = make_policy(policy_config(name=name), SPECS[name], device="meta")
     assert {t.device.type for t in [*pi.parameters(), *pi.buffers()]} == {"meta"}
 
 
 def test_deterministic_action_is_the_mean_and_repeatable():
-    pi = make_policy(PolicyConfig(name="mlp"), STATE_SPEC)
+    pi = make_policy(policy_config(name="mlp"), STATE_SPEC)
     b = TensorDict({"obs": {"state": torch.randn(4, 7)}}, batch_size=[4])
     a1, a2 = (pi.act(b, deterministic=True)["action"] for _ in range(2))
     torch.testing.assert_close(a1, a2)
@@ -61,13 +61,13 @@ def test_deterministic_action_is_the_mean_and_repeatable():
 
 def test_unknown_policy_lists_known_names():
     with pytest.raises(PolicyError, match=r"Unknown policy 'mpl'. Known: .*mlp.*Did you mean 'mlp'"):
-        make_policy(PolicyConfig(name="mpl"), STATE_SPEC)
+        make_policy(policy_config(name="mpl"), STATE_SPEC)
 
 
 def test_mlp_refuses_image_only_observations():
     spec = EnvSpec({"rgb": (64, 64, 3)}, 3, (-1.0,) * 3, (1.0,) * 3, 50)
     with pytest.raises(PolicyError, match="obs_mode=state"):
-        make_policy(PolicyConfig(name="mlp"), spec)
+        make_policy(policy_config(name="mlp"), spec)
 
 
 def test_running_norm_over_batches_equals_statistics_of_all_data():
@@ -84,9 +84,9 @@ def test_running_norm_over_batches_equals_statistics_of_all_data():
 
 
 def test_normalizer_travels_in_the_state_dict():
-    pi = make_policy(PolicyConfig(name="mlp"), STATE_SPEC)
+    pi = make_policy(policy_config(name="mlp"), STATE_SPEC)
     pi.observe(TensorDict({"obs": {"state": torch.randn(5, 7) + 3}}, batch_size=[5]))
-    twin = make_policy(PolicyConfig(name="mlp"), STATE_SPEC)
+    twin = make_policy(policy_config(name="mlp"), STATE_SPEC)
     twin.load_state_dict(pi.state_dict())
     b = TensorDict({"obs": {"state": torch.randn(4, 7)}}, batch_size=[4])
     torch.testing.assert_close(twin.value(b["obs"]), pi.value(b["obs"]))
@@ -98,7 +98,7 @@ def test_cnn_reads_any_image_size_with_or_without_state(size, state):
     torch.manual_seed(0)
     shapes = {"rgb": (size, size, 3), **({"state": (5,)} if state else {})}
     spec = EnvSpec(shapes, 3, (-1.0,) * 3, (1.0,) * 3, 50)
-    pi = make_policy(PolicyConfig(name="cnn", hidden_sizes=[16]), spec)
+    pi = make_policy(policy_config(name="cnn", hidden_sizes=[16]), spec)
     b = random_obs(spec, 2)
     with torch.no_grad():
         out = pi.act(b)
@@ -108,7 +108,7 @@ def test_cnn_reads_any_image_size_with_or_without_state(size, state):
 
 def test_cnn_gradients_reach_the_conv_weights_through_evaluate():
     torch.manual_seed(0)
-    pi = make_policy(PolicyConfig(name="cnn", hidden_sizes=[16]), RGB_SPEC)
+    pi = make_policy(policy_config(name="cnn", hidden_sizes=[16]), RGB_SPEC)
     b = random_obs(RGB_SPEC, 4)
     b["action"] = torch.randn(4, 3)
     ev = pi.evaluate_actions(b)
@@ -123,8 +123,8 @@ PRIV_SPEC = EnvSpec({"rgb": (36, 36, 3), "state": (5,), "privileged": (9,)}, 3, 
 
 def test_cnn_privileged_critic_reads_only_the_simulator_state_and_the_actor_never_does():
     torch.manual_seed(0)
-    pi = make_policy(PolicyConfig(name="cnn", hidden_sizes=[16],
-                                  kwargs={"critic": "privileged"}), PRIV_SPEC)
+    pi = make_policy(policy_config(name="cnn", hidden_sizes=[16],
+                                   critic="privileged"), PRIV_SPEC)
     b = random_obs(PRIV_SPEC, 4)
     pi.observe(b)  # the privileged vector is normalised by what the policy has seen
     other_image = b.clone()
@@ -148,28 +148,28 @@ def test_cnn_privileged_critic_reads_only_the_simulator_state_and_the_actor_neve
 
 
 def test_cnn_privileged_critic_needs_the_envs_privileged_state():
-    from m2flow.envs import EnvConfig
+    from m2flow.envs import env_config
 
-    cfg = PolicyConfig(name="cnn", kwargs={"critic": "privileged"})
-    env_cfg = EnvConfig(name="ManiSkill/PushCube-v1", obs_mode="rgb")
+    cfg = policy_config(name="cnn", critic="privileged")
+    env_cfg = env_config(name="ManiSkill/PushCube-v1", obs_mode="rgb")
     with pytest.raises(PolicyError, match="env.privileged_state=true"):
         policy_class("cnn").check_config(cfg, env_cfg)
     with pytest.raises(PolicyError, match="env.privileged_state=true"):
         make_policy(cfg, RGB_SPEC)
-    with pytest.raises(PolicyError, match="policy.kwargs.critic='actor'"):
-        make_policy(PolicyConfig(name="cnn", kwargs={"critic": "actor"}), PRIV_SPEC)
+    with pytest.raises(PolicyError, match="policy.critic='actor'"):
+        make_policy(policy_config(name="cnn", critic="actor"), PRIV_SPEC)
 
 
 STATE_PRIV_SPEC = EnvSpec({"state": (5,), "privileged": (9,)}, 3, (-1.0,) * 3, (1.0,) * 3, 50)
 
 
 def test_mlp_privileged_critic_reads_only_the_privileged_vector_and_the_actor_the_state():
-    """``policy=mlp policy.kwargs.critic=privileged`` (an mjlab task's critic group): the value
+    """``policy=mlp policy.critic=privileged`` (an mjlab task's critic group): the value
     is the critic MLP of the normalised privileged vector (by hand), the actor's mean does not
     see it, and the ELU activation is ELU."""
     torch.manual_seed(0)
-    pi = make_policy(PolicyConfig(name="mlp", hidden_sizes=[16], activation="elu",
-                                  kwargs={"critic": "privileged"}), STATE_PRIV_SPEC)
+    pi = make_policy(policy_config(name="mlp", hidden_sizes=[16], activation="elu",
+                                   critic="privileged"), STATE_PRIV_SPEC)
     b = random_obs(STATE_PRIV_SPEC, 6)
     b["obs", "privileged"] = torch.randn(6, 9) * 3 + 1
     pi.observe(b)
@@ -189,30 +189,30 @@ def test_mlp_privileged_critic_reads_only_the_privileged_vector_and_the_actor_th
 
 
 def test_mlp_privileged_critic_needs_the_envs_privileged_state():
-    from m2flow.envs import EnvConfig
+    from m2flow.envs import env_config
 
-    cfg = PolicyConfig(name="mlp", kwargs={"critic": "privileged"})
+    cfg = policy_config(name="mlp", critic="privileged")
     with pytest.raises(PolicyError, match="env.privileged_state=true"):
-        policy_class("mlp").check_config(cfg, EnvConfig(name="mjlab/Mjlab-Lift-Cube-Yam"))
+        policy_class("mlp").check_config(cfg, env_config(name="mjlab/Mjlab-Lift-Cube-Yam"))
     with pytest.raises(PolicyError, match="env.privileged_state=true"):
         make_policy(cfg, EnvSpec({"state": (5,)}, 3, (-1.0,) * 3, (1.0,) * 3, 50))
-    with pytest.raises(PolicyError, match=r"policy.kwargs.feature_dim is not an option"):
-        make_policy(PolicyConfig(name="mlp", kwargs={"feature_dim": 8}), STATE_PRIV_SPEC)
+    with pytest.raises(PolicyError, match=r"policy 'mlp' has no setting 'feature_dim'"):
+        make_policy(policy_config(name="mlp", feature_dim=8), STATE_PRIV_SPEC)
 
 
 def test_cnn_state_aux_predicts_the_normalised_simulator_state_from_the_actors_features():
-    """policy.kwargs.state_aux: a linear head on the actor's features regresses the
+    """policy.state_aux: a linear head on the actor's features regresses the
     normalised privileged vector; its loss (by hand) reaches PPO's and BC's terms and trains the
     encoder, and the actor's outputs are what they are without it."""
     from m2flow.embodied.algorithms.bc import BC
     from m2flow.embodied.algorithms.ppo import ppo_loss
 
     torch.manual_seed(0)
-    pi = make_policy(PolicyConfig(name="cnn", hidden_sizes=[16],
-                                  kwargs={"critic": "privileged", "state_aux": 0.5}), PRIV_SPEC)
+    pi = make_policy(policy_config(name="cnn", hidden_sizes=[16],
+                                   critic="privileged", state_aux=0.5), PRIV_SPEC)
     torch.manual_seed(0)
-    plain = make_policy(PolicyConfig(name="cnn", hidden_sizes=[16],
-                                     kwargs={"critic": "privileged"}), PRIV_SPEC)
+    plain = make_policy(policy_config(name="cnn", hidden_sizes=[16],
+                                      critic="privileged"), PRIV_SPEC)
     b = random_obs(PRIV_SPEC, 4)
     pi.observe(b)
     plain.observe(b)
@@ -245,24 +245,25 @@ def test_cnn_state_aux_predicts_the_normalised_simulator_state_from_the_actors_f
 
 
 def test_cnn_state_aux_is_refused_without_the_envs_privileged_state_or_below_zero():
-    from m2flow.envs import EnvConfig
+    from m2flow.envs import env_config
 
-    env_cfg = EnvConfig(name="ManiSkill/PushCube-v1", obs_mode="rgb")
+    env_cfg = env_config(name="ManiSkill/PushCube-v1", obs_mode="rgb")
     with pytest.raises(PolicyError, match="state_aux=1.0 reads.*env.privileged_state=true"):
-        policy_class("cnn").check_config(PolicyConfig(name="cnn", kwargs={"state_aux": 1.0}),
+        policy_class("cnn").check_config(policy_config(name="cnn", state_aux=1.0),
                                          env_cfg)
-    with pytest.raises(PolicyError, match="policy.kwargs.state_aux=-1.0: must be >= 0"):
-        make_policy(PolicyConfig(name="cnn", kwargs={"state_aux": -1.0}), PRIV_SPEC)
+    with pytest.raises(PolicyError, match="policy.state_aux=-1.0: must be >= 0"):
+        make_policy(policy_config(name="cnn", state_aux=-1.0), PRIV_SPEC)
 
 
 def test_cnn_refuses_state_only_observations():
     with pytest.raises(PolicyError, match="env.obs_mode=rgb"):
-        make_policy(PolicyConfig(name="cnn"), STATE_SPEC)
+        make_policy(policy_config(name="cnn"), STATE_SPEC)
 
 
-def test_cnn_refuses_unknown_kwargs():
-    with pytest.raises(PolicyError, match="policy.kwargs.feature_dims .*feature_dim"):
-        make_policy(PolicyConfig(name="cnn", kwargs={"feature_dims": 64}), RGB_SPEC)
+def test_cnn_refuses_unknown_settings():
+    with pytest.raises(PolicyError, match="policy 'cnn' has no setting 'feature_dims'. "
+                                          "Did you mean 'feature_dim'"):
+        make_policy(policy_config(name="cnn", feature_dims=64), RGB_SPEC)
 
 
 TIMM_KWARGS = {"encoder": "timm/resnet18", "feature_dim": 32}
@@ -270,7 +271,7 @@ TIMM_KWARGS = {"encoder": "timm/resnet18", "feature_dim": 32}
 
 def test_cnn_timm_encoder_acts_and_evaluates_consistently():
     torch.manual_seed(0)
-    pi = make_policy(PolicyConfig(name="cnn", hidden_sizes=[16], kwargs=TIMM_KWARGS), RGB_SPEC)
+    pi = make_policy(policy_config(name="cnn", hidden_sizes=[16], **TIMM_KWARGS), RGB_SPEC)
     b = random_obs(RGB_SPEC, 4)
     with torch.no_grad():
         out = pi.act(b)
@@ -287,12 +288,12 @@ def test_cnn_timm_encoder_acts_and_evaluates_consistently():
 
 def test_cnn_timm_encoder_weights_round_trip(tmp_path):
     torch.manual_seed(0)
-    a = make_policy(PolicyConfig(name="cnn", hidden_sizes=[16], kwargs=TIMM_KWARGS), RGB_SPEC)
+    a = make_policy(policy_config(name="cnn", hidden_sizes=[16], **TIMM_KWARGS), RGB_SPEC)
     path = tmp_path / "resnet18.pt"
     torch.save(a.encoder.backbone.state_dict(), path)
     torch.manual_seed(1)
     kwargs = {**TIMM_KWARGS, "encoder_weights": str(path)}
-    b = make_policy(PolicyConfig(name="cnn", hidden_sizes=[16], kwargs=kwargs), RGB_SPEC)
+    b = make_policy(policy_config(name="cnn", hidden_sizes=[16], **kwargs), RGB_SPEC)
     a_state, b_state = a.encoder.backbone.state_dict(), b.encoder.backbone.state_dict()
     assert a_state.keys() == b_state.keys()
     for key in a_state:
@@ -301,14 +302,14 @@ def test_cnn_timm_encoder_weights_round_trip(tmp_path):
 
 def test_cnn_timm_encoder_refuses_missing_weights_file(tmp_path):
     kwargs = {**TIMM_KWARGS, "encoder_weights": str(tmp_path / "nope.pt")}
-    with pytest.raises(PolicyError, match="policy.kwargs.encoder_weights"):
-        make_policy(PolicyConfig(name="cnn", kwargs=kwargs), RGB_SPEC)
+    with pytest.raises(PolicyError, match="policy.encoder_weights"):
+        make_policy(policy_config(name="cnn", **kwargs), RGB_SPEC)
 
 
 @pytest.mark.parametrize("encoder", ["timm/resnet81", "resnet18"])
 def test_cnn_refuses_unknown_encoders_and_suggests_timm_resnet18(encoder):
-    with pytest.raises(PolicyError, match=r"policy.kwargs.encoder=.*timm/resnet18"):
-        make_policy(PolicyConfig(name="cnn", kwargs={"encoder": encoder}), RGB_SPEC)
+    with pytest.raises(PolicyError, match=r"policy.encoder=.*timm/resnet18"):
+        make_policy(policy_config(name="cnn", encoder=encoder), RGB_SPEC)
 
 
 def test_timm_encoder_log_probs_do_not_depend_on_train_mode():
@@ -316,7 +317,7 @@ def test_timm_encoder_log_probs_do_not_depend_on_train_mode():
     the rollout worker (eval mode) chose them: PPO's first ratio is exactly 1."""
     torch.manual_seed(0)
     spec = EnvSpec({"rgb": (64, 64, 3)}, 2, (-1.0,) * 2, (1.0,) * 2, 50)
-    cfg = PolicyConfig(name="cnn", hidden_sizes=[16], kwargs={"encoder": "timm/resnet10t"})
+    cfg = policy_config(name="cnn", hidden_sizes=[16], encoder="timm/resnet10t")
     pi = make_policy(cfg, spec)
     b = TensorDict({"obs": {"rgb": torch.randint(0, 255, (4, 64, 64, 3), dtype=torch.uint8)}},
                    batch_size=[4])
@@ -328,10 +329,10 @@ def test_timm_encoder_log_probs_do_not_depend_on_train_mode():
 
 @pytest.mark.parametrize("std", ["log", "scalar"])
 def test_mlp_std_is_the_learned_parameter_or_its_exp(std):
-    """``policy.kwargs.std``: the Gaussian's spread is exp(log-std) or the parameter itself
+    """``policy.std``: the Gaussian's spread is exp(log-std) or the parameter itself
     (rsl-rl's scalar std, clamped at 1e-6); checked against torch's Normal built by hand."""
-    pi = make_policy(PolicyConfig(name="mlp", hidden_sizes=[8], init_log_std=-0.3,
-                                  kwargs={"std": std}), STATE_SPEC)
+    pi = make_policy(policy_config(name="mlp", hidden_sizes=[8], init_log_std=-0.3,
+                                   std=std), STATE_SPEC)
     param = pi.actor_std if std == "scalar" else pi.actor_log_std
     with torch.no_grad():
         param.copy_(torch.tensor([0.5, -2.0, 1e-9]) if std == "scalar" else
@@ -347,5 +348,5 @@ def test_mlp_std_is_the_learned_parameter_or_its_exp(std):
 
 
 def test_mlp_refuses_an_unknown_std():
-    with pytest.raises(PolicyError, match=r"policy.kwargs.std='exp'"):
-        make_policy(PolicyConfig(name="mlp", kwargs={"std": "exp"}), STATE_SPEC)
+    with pytest.raises(PolicyError, match=r"policy.std='exp'"):
+        make_policy(policy_config(name="mlp", std="exp"), STATE_SPEC)

@@ -8,7 +8,7 @@ import torch
 from tensordict import TensorDict
 
 from m2flow.envs.base import EnvSpec
-from m2flow.policies import PolicyConfig, PolicyError, make_policy
+from m2flow.policies import PolicyError, make_policy, policy_config
 
 TASKS = ("pick up the bowl", "open the top drawer of the cabinet and put the black bowl inside")
 KW = {"image_size": 32, "vision": ["timm/vit_tiny_patch16_224"], "chunk": 2, "hidden_size": 64,
@@ -22,7 +22,7 @@ def spec(tasks=TASKS):
 
 def policy(tasks=TASKS, seed=0, **kw):
     torch.manual_seed(seed)
-    return make_policy(PolicyConfig(name="openvla_oft", kwargs={**KW, **kw}), spec(tasks))
+    return make_policy(policy_config(name="openvla_oft", **{**KW, **kw}), spec(tasks))
 
 
 def obs(b=3, task=None, seed=1):
@@ -86,16 +86,16 @@ def test_top_k_one_is_greedy():
 def test_state_only_env_is_refused_with_the_fix():
     s = EnvSpec({"state": (8,)}, 7, (-1.0,) * 7, (1.0,) * 7, 10)
     with pytest.raises(PolicyError, match="env.obs_mode=rgb"):
-        make_policy(PolicyConfig(name="openvla_oft", kwargs=KW), s)
-    with pytest.raises(PolicyError, match="policy.kwargs.chunks"):
-        make_policy(PolicyConfig(name="openvla_oft", kwargs={"chunks": 8}), spec())
+        make_policy(policy_config(name="openvla_oft", **KW), s)
+    with pytest.raises(PolicyError, match="policy 'openvla_oft' has no setting 'chunks'"):
+        make_policy(policy_config(name="openvla_oft", chunks=8), spec())
 
 
 def ar_policy(**kw):
     torch.manual_seed(0)
     kwargs = {**KW, **kw}
     kwargs.pop("chunk")
-    return make_policy(PolicyConfig(name="openvla", kwargs=kwargs), spec())
+    return make_policy(policy_config(name="openvla", **kwargs), spec())
 
 
 PROMPT = "In: What action should the robot take to {}?\nOut:"  # OpenVLA's, written out
@@ -174,7 +174,7 @@ def test_openvla_tokens_depend_on_earlier_ones_only():
 
 def test_openvla_refuses_chunks():
     with pytest.raises(PolicyError, match="openvla_oft"):
-        make_policy(PolicyConfig(name="openvla", kwargs={**KW, "chunk": 4}), spec())
+        make_policy(policy_config(name="openvla", **{**KW, "chunk": 4}), spec())
 
 
 def test_lora_trains_adapters_only_and_starts_as_the_base_model():

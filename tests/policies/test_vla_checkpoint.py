@@ -8,7 +8,7 @@ import torch
 from safetensors import safe_open
 from tensordict import TensorDict
 
-from m2flow.policies import PolicyConfig, PolicyError, make_policy
+from m2flow.policies import PolicyError, make_policy, policy_config
 from m2flow.policies.vla import checkpoint
 from tests.policies.test_vla import KW, obs, spec
 
@@ -20,7 +20,7 @@ def tiny(seed=0, **kw):
     torch.manual_seed(seed)
     # OpenVLA has no proprio input: with it off, every parameter comes from the checkpoint
     kwargs = {k: v for k, v in {**KW, "use_proprio": False, **kw}.items() if k != "chunk"}
-    return make_policy(PolicyConfig(name="openvla", kwargs=kwargs), spec())
+    return make_policy(policy_config(name="openvla", **kwargs), spec())
 
 
 def test_published_layout_loads_and_the_logits_equal_the_originals(tmp_path):

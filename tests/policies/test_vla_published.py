@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from tensordict import TensorDict
 
 from m2flow.envs.base import EnvSpec
-from m2flow.policies import PolicyConfig, PolicyError, make_policy
+from m2flow.policies import PolicyError, make_policy, policy_config
 from m2flow.policies.vla import checkpoint
 from m2flow.policies.vla.text import tiny_tokenizer
 
@@ -246,7 +246,7 @@ def test_the_openvla_policy_on_a_published_checkpoint_decodes_llamas_greedy_toke
               "image_keys": ["rgb"], "value_head": False}
     env = EnvSpec({"rgb": (TINY["img"], TINY["img"], 3), "task": ()}, 7, (-1.0,) * 7, (1.0,) * 7,
                   10, tasks=("pick up the bowl",))
-    p = make_policy(PolicyConfig(name="openvla", kwargs=kwargs), env)
+    p = make_policy(policy_config(name="openvla", **kwargs), env)
     o = TensorDict({"rgb": images(), "task": torch.zeros(2, dtype=torch.long)}, batch_size=[2])
     out = p.act(TensorDict({"obs": o}, batch_size=[2]), deterministic=True)
     seen = p._images(o)[:, 0]  # after OpenVLA's evaluation preprocessing (tested on its own)
@@ -321,7 +321,7 @@ def test_unnorm_key_must_be_in_the_checkpoints_statistics(tmp_path):
     with pytest.raises(PolicyError) as e:
         checkpoint.check_unnorm_key(str(tmp_path), "libero_spatial_no_noops")
     assert str(e.value) == (
-        "policy.kwargs.unnorm_key='libero_spatial_no_noops' is not in the checkpoint's "
+        "policy.unnorm_key='libero_spatial_no_noops' is not in the checkpoint's "
         f"statistics at {tmp_path}; it has ['bridge_orig', 'fractal20220817_data'].")
     # a fine-tune's key may live in dataset_statistics.json only
     libero = {"libero_spatial_no_noops": {"action": {"q01": [0.0] * 7, "q99": [1.0] * 7}}}

@@ -10,7 +10,7 @@ from torch import nn
 
 from m2flow.embodied.algorithms.ppo import PPO, PPOConfig
 from m2flow.envs import EnvSpec
-from m2flow.policies import PolicyConfig, make_policy
+from m2flow.policies import make_policy, policy_config
 from m2flow.runs import seeding
 from m2flow.runs.learner import Trainer, total_loss
 
@@ -20,7 +20,7 @@ SPEC = EnvSpec({"state": (5,)}, 2, (-1.0, -1.0), (1.0, 1.0), 50)
 def ppo_setup(n=40, seed=0):
     """An MLP policy and a flat PPO batch whose ratios and advantages are not trivial."""
     torch.manual_seed(seed)
-    policy = make_policy(PolicyConfig(name="mlp", hidden_sizes=[16], normalize_obs=False), SPEC)
+    policy = make_policy(policy_config(name="mlp", hidden_sizes=[16], normalize_obs=False), SPEC)
     g = torch.Generator().manual_seed(seed + 1)
     obs = TensorDict({"state": torch.randn(n, 5, generator=g)}, batch_size=[n])
     b = TensorDict({"obs": obs}, batch_size=[n])

@@ -49,12 +49,7 @@ def register_schemas(cs) -> None:
     """Stores each registered algorithm's config dataclass in Hydra's ConfigStore as
     ``algorithm/<name>_schema``; ``configs/algorithm/<name>.yaml`` extends it with
     ``defaults: [<name>_schema, _self_]``, so ``algorithm=<name>`` is checked against it."""
-    for name in registered_algorithms():
-        try:
-            cls = algorithm_class(name)
-        except AlgorithmError:  # a plugin that does not import: fails when it is chosen
-            continue
-        cs.store(group="algorithm", name=f"{name}_schema", node=cls.config_class)
+    ALGORITHMS.store_schemas(cs, "algorithm")  # a plugin that does not import: skipped
 
 
 __all__ = [

@@ -258,8 +258,8 @@ def action_bins(policy, action: torch.Tensor,
     """
     if getattr(policy, "gripper", None) is not None:
         raise AlgorithmError(
-            "algorithm=bc: the policy converts its decoded gripper action (policy.kwargs."
-            "gripper), which cannot be inverted to tokens; use gripper: as_is.")
+            "algorithm=bc: the policy converts its decoded gripper action (policy.gripper), "
+            "which cannot be inverted to tokens; use policy.gripper=as_is.")
     tok = policy.actions
     a = action.reshape(action.shape[0], -1, action.shape[-1])  # (M, K, A)
     if getattr(policy, "stats", None) is not None:

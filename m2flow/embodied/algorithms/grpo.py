@@ -156,7 +156,7 @@ def grpo_loss(policy, mb: TensorDict, *, clip_coef: float, ent_coef: float,
         },
         batch_size=[],
     )
-    if keys.AUX_LOSS in out.keys():  # the policy's own (e.g. policy.kwargs.state_aux)
+    if keys.AUX_LOSS in out.keys():  # the policy's own (e.g. policy.state_aux)
         terms["loss_aux"] = out[keys.AUX_LOSS].mean()
     return terms
 

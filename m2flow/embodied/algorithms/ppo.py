@@ -322,7 +322,7 @@ def ppo_loss(policy, mb: TensorDict, *, clip_coef: float, vf_coef: float, ent_co
         },
         batch_size=[],
     )
-    if keys.AUX_LOSS in out.keys():  # the policy's own (e.g. policy.kwargs.state_aux)
+    if keys.AUX_LOSS in out.keys():  # the policy's own (e.g. policy.state_aux)
         terms["loss_aux"] = out[keys.AUX_LOSS].mean()
     return terms
 

@@ -137,7 +137,7 @@ def _read_json(path: Path, what: str) -> dict:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise PolicyError(f"policy.kwargs.checkpoint={str(path.parent)!r}: cannot read {what} "
+        raise PolicyError(f"policy.checkpoint={str(path.parent)!r}: cannot read {what} "
                           f"{path.name} ({e}).") from None
 
 
@@ -145,7 +145,7 @@ def _raw_config(path: str) -> dict:
     root = Path(path).expanduser()
     if not (root / "config.json").is_file():
         raise PolicyError(
-            f"policy.kwargs.checkpoint={path!r}: no config.json there; give a local directory "
+            f"policy.checkpoint={path!r}: no config.json there; give a local directory "
             "in OpenVLA's Hugging Face layout (config.json, *.safetensors, tokenizer files)."
         )
     return _read_json(root / "config.json", "its config")
@@ -176,11 +176,11 @@ def check_unnorm_key(path: str, key: Optional[str]) -> None:
         return
     stats = norm_stats(path)
     if key not in stats:
-        raise PolicyError(f"policy.kwargs.unnorm_key={key!r} is not in the checkpoint's "
+        raise PolicyError(f"policy.unnorm_key={key!r} is not in the checkpoint's "
                           f"statistics at {path}; it has {sorted(stats)}.")
     action = stats[key].get("action") if isinstance(stats[key], dict) else None
     if not isinstance(action, dict) or not {"q01", "q99"} <= set(action):
-        raise PolicyError(f"policy.kwargs.unnorm_key={key!r}: the checkpoint's statistics at "
+        raise PolicyError(f"policy.unnorm_key={key!r}: the checkpoint's statistics at "
                           f"{path} have no action q01/q99 for it; pick another key of "
                           f"{sorted(stats)}.")
 
@@ -189,7 +189,7 @@ def read_config(path: str) -> dict:
     """``config.json`` checked against OpenVLA's ``configuration_prismatic.py``, with
     ``norm_stats`` completed from ``dataset_statistics.json``; one PolicyError per problem."""
     config = _raw_config(path)
-    where = f"policy.kwargs.checkpoint={path!r}: config.json"
+    where = f"policy.checkpoint={path!r}: config.json"
     missing = [k for k in ("timm_model_ids", "image_sizes", "text_config") if k not in config]
     if missing:
         raise PolicyError(f"{where} lacks {missing}; is this an OpenVLA checkpoint?")
@@ -258,7 +258,7 @@ def _shard_files(root: Path, path: str) -> list[str]:
         return sorted(set(_read_json(root / INDEX, "its index")["weight_map"].values()))
     if (root / SINGLE).is_file():
         return [SINGLE]
-    raise PolicyError(f"policy.kwargs.checkpoint={path!r}: no {INDEX} or {SINGLE}.")
+    raise PolicyError(f"policy.checkpoint={path!r}: no {INDEX} or {SINGLE}.")
 
 
 def _check_headers(root: Path, path: str, files: list[str], expected: dict) -> None:
@@ -277,14 +277,14 @@ def _check_headers(root: Path, path: str, files: list[str], expected: dict) -> N
     missing = sorted(set(expected) - set(found))
     if missing or unexpected:
         raise PolicyError(
-            f"policy.kwargs.checkpoint={path!r}: parameters do not match the published layout "
+            f"policy.checkpoint={path!r}: parameters do not match the published layout "
             f"(missing {missing[:5]}{'...' if len(missing) > 5 else ''}, unexpected "
             f"{unexpected[:5]}); config.json does not describe these weights."
         )
     wrong = [f"{k} {found[k]} (config.json gives {expected[k]})" for k in expected
              if found[k] != expected[k]]
     if wrong:
-        raise PolicyError(f"policy.kwargs.checkpoint={path!r}: tensor shapes differ from what "
+        raise PolicyError(f"policy.checkpoint={path!r}: tensor shapes differ from what "
                           f"config.json describes: {wrong[:3]}; config.json does not describe "
                           "these weights.")
 
@@ -325,7 +325,7 @@ def load(path: str, dtype: torch.dtype = torch.float32,
     vlm.reset_buffers(device)
     left = [n for n, t in [*vlm.named_parameters(), *vlm.named_buffers()] if t.is_meta]
     if left:  # the header check makes this unreachable unless the model changes
-        raise PolicyError(f"policy.kwargs.checkpoint={path!r}: no values for {left[:5]}.")
+        raise PolicyError(f"policy.checkpoint={path!r}: no values for {left[:5]}.")
     return vlm, config
 
 
@@ -336,6 +336,6 @@ def load_tokenizer(path: str):
     if os.path.isfile(os.path.join(path, "tokenizer.json")):
         return PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
     if not any(os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer.model")):
-        raise PolicyError(f"policy.kwargs.checkpoint={path!r}: no tokenizer.json or "
+        raise PolicyError(f"policy.checkpoint={path!r}: no tokenizer.json or "
                           "tokenizer.model in that directory.")
     return AutoTokenizer.from_pretrained(path, local_files_only=True)

@@ -33,9 +33,9 @@ Outputs of ``act``: ``action`` (B, chunk, action_dim) float, in the env's units;
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -54,28 +54,29 @@ from m2flow.policies.vla.prismatic import Prismatic
 from m2flow.policies.vla.text import prompt, tiny_tokenizer
 
 TRAINABLE = ("proprio", "value_head", "queries", "projector", "vision")
-"""Parts that may train beside the LoRA adapters (``policy.kwargs.trainable``)."""
+"""Parts that may train beside the LoRA adapters (``policy.trainable``)."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 CRITICS = ("head", critics.PRIVILEGED)
 PRIVILEGED_HIDDEN = [256, 256]
-PROPRIO_HIDDEN = "policy.kwargs.proprio_hidden"
+PROPRIO_HIDDEN = "policy.proprio_hidden"
 
 
 @dataclass
-class OFTOptions:
-    """``policy.kwargs`` of ``policy.name=openvla_oft``."""
+class OFTPolicyConfig(PolicyConfig):
+    """``policy.name=openvla_oft``: the model (tiny and random, or a checkpoint's), its
+    decoding, the image steps, and what trains."""
 
-    vision: list = field(default_factory=lambda: ["timm/vit_tiny_patch16_224"])
+    vision: List[str] = field(default_factory=lambda: ["timm/vit_tiny_patch16_224"])
     """One timm ViT, or two fused per patch (OpenVLA: DINOv2 + SigLIP)."""
     image_size: int = 64
     """Backbone resolution (env images are resized to it)."""
-    image_keys: list = field(default_factory=lambda: ["rgb", "wrist_rgb"])
+    image_keys: List[str] = field(default_factory=lambda: ["rgb", "wrist_rgb"])
     """Image observations to read, in this order (those the env has): openvla-oft's
     ``num_images_in_input`` images (the published LIBERO RL checkpoints read one: [rgb])."""
     use_proprio: Optional[bool] = None
     """Add one token projected from ``("obs", "state")``. None: with a checkpoint, whether it
     has a ``proprio_projector--*.pt``; without one, True."""
-    proprio_hidden: list = field(default_factory=list)
+    proprio_hidden: List[List[int]] = field(default_factory=list)
     """[start, end) ranges of ``("obs", "state")``'s dims fed to the proprio projector as 0
     (after normalisation): the whole policy, its value head included, is blind to them (a
     privileged critic still reads the simulator state). [[9, 18]] hides ManiSkill Panda's
@@ -85,19 +86,24 @@ class OFTOptions:
     """Actions decoded per forward pass (openvla-oft's ``NUM_ACTIONS_CHUNK``: 8 for LIBERO;
     must be the checkpoint's)."""
     hidden_size: int = 128
+    """The tiny Llama's width (without a checkpoint)."""
     num_layers: int = 2
+    """The tiny Llama's decoder layers."""
     num_heads: int = 4
+    """The tiny Llama's attention heads (they divide ``hidden_size``)."""
     intermediate_size: int = 256
+    """The tiny Llama's MLP width."""
     text_vocab: int = 512
     """Size of the locally built byte-level BPE (the LM vocabulary adds the 256 bins)."""
     temperature: float = 1.0
+    """Sampling temperature of the bins (log-probs are scored at it too)."""
     top_k: int = 0
     """Sample among the k likeliest bins (0: all)."""
     value_head: bool = True
     """A critic on the last prompt token's state (PPO); GRPO does not need it."""
     critic: str = "head"
     """'privileged': an MLP over the simulator state instead (:mod:`m2flow.policies.critics`)."""
-    unnorm: Optional[dict] = None
+    unnorm: Optional[Dict[str, Any]] = None
     """{q01, q99, mask}: un-normalise actions into env units (None: actions are in [-1, 1])."""
     checkpoint: Optional[str] = None
     """A local directory in OpenVLA's Hugging Face layout (an OFT one: see
@@ -107,7 +113,7 @@ class OFTOptions:
     unnorm_key: Optional[str] = None
     """With a checkpoint: the dataset whose statistics (``norm_stats``) un-normalise actions
     and normalise the proprio state."""
-    prompt_suffix_ids: list = field(default_factory=list)
+    prompt_suffix_ids: List[int] = field(default_factory=list)
     """Token ids appended to every prompt; OpenVLA with Llama-2's tokenizer ends prompts with
     the empty token 29871 (its ``predict_action`` adds it)."""
     stop_token: bool = True
@@ -128,44 +134,36 @@ class OFTOptions:
     """> 0: train LoRA adapters (``peft``, fp32) of this rank on the LM's linear layers and
     the parts in ``trainable``; everything else is frozen in ``dtype``. 0: train everything."""
     lora_alpha: int = 16
-    trainable: list = field(default_factory=lambda: ["proprio", "value_head"])
+    """LoRA's scale numerator (the adapters' output is scaled by lora_alpha / lora_rank)."""
+    trainable: List[str] = field(default_factory=lambda: ["proprio", "value_head"])
     """Under LoRA, the parts that train beside the adapters: any of proprio, value_head,
     queries, projector, vision."""
     dtype: str = "auto"
     """'float32', 'bfloat16', or 'auto' (bfloat16 when the policy is built for a CUDA device)."""
     gradient_checkpointing: bool = False
     """Recompute each LM layer's activations in the backward pass instead of keeping them (in
-    training mode only; rollout is unaffected). Measured on an H100 without it (7B, 224 px,
-    LoRA 32, bench/gpu.py): ~23 GiB of activations per 8 samples, so learner minibatches of 32
-    did not fit in 80 GB."""
+    training mode only; rollout is unaffected): far less memory for the learner's minibatches
+    of a large model, at the cost of a second forward."""
 
 
-def _options(kwargs) -> OFTOptions:
-    known = [f.name for f in fields(OFTOptions)]
-    unknown = sorted(set(kwargs) - set(known))
-    if unknown:
-        raise PolicyError(f"policy.kwargs.{unknown[0]} is not an option of policy.name="
-                          f"'openvla_oft'; use one of {known}.")
-    opts = OFTOptions(**kwargs)
-    if opts.chunk < 1 or opts.temperature <= 0 or opts.top_k < 0:
-        raise PolicyError("policy.kwargs: chunk >= 1, temperature > 0 and top_k >= 0 are needed "
-                          f"(got chunk={opts.chunk}, temperature={opts.temperature}, "
-                          f"top_k={opts.top_k}).")
+def _check(o: OFTPolicyConfig) -> None:
+    """PolicyError for a setting out of range (files and sizes are checked by the callers)."""
+    if o.chunk < 1 or o.temperature <= 0 or o.top_k < 0:
+        raise PolicyError("policy: chunk >= 1, temperature > 0 and top_k >= 0 are needed "
+                          f"(got chunk={o.chunk}, temperature={o.temperature}, top_k={o.top_k}).")
     choices = {"dtype": ("auto", *DTYPES), "resize": preprocess.RESIZES,
                "gripper": tuple(preprocess.GRIPPERS)}
     for name, allowed in choices.items():
-        if getattr(opts, name) not in allowed:
-            raise PolicyError(f"policy.kwargs.{name}={getattr(opts, name)!r}: use one of "
-                              f"{list(allowed)}.")
-    if opts.critic not in CRITICS:
-        raise PolicyError(f"policy.kwargs.critic={opts.critic!r}: use one of {list(CRITICS)} "
+        if getattr(o, name) not in allowed:
+            raise PolicyError(f"policy.{name}={getattr(o, name)!r}: use one of {list(allowed)}.")
+    if o.critic not in CRITICS:
+        raise PolicyError(f"policy.critic={o.critic!r}: use one of {list(CRITICS)} "
                           "('head': a value head on the LM; 'privileged': the simulator state).")
-    hidden_state.ranges(opts.proprio_hidden, None, PROPRIO_HIDDEN)
-    bad = [t for t in opts.trainable if t not in TRAINABLE]
+    hidden_state.ranges(o.proprio_hidden, None, PROPRIO_HIDDEN)
+    bad = [t for t in o.trainable if t not in TRAINABLE]
     if bad:
-        raise PolicyError(f"policy.kwargs.trainable: {bad[0]!r} is not a part of the policy; "
+        raise PolicyError(f"policy.trainable: {bad[0]!r} is not a part of the policy; "
                           f"use any of {list(TRAINABLE)}.")
-    return opts
 
 
 class ProprioProjector(nn.Module):
@@ -181,45 +179,47 @@ class ProprioProjector(nn.Module):
 
 
 class OpenVLAOFTPolicy(Policy):
+    config_class = OFTPolicyConfig
+
     @staticmethod
-    def check_config(policy_cfg: PolicyConfig, env_cfg) -> None:
-        """Raises PolicyError for a state-only env, bad ``policy.kwargs``, or a checkpoint
-        directory that is not one or holds a layout that does not load; loads no weights."""
-        name = policy_cfg.name
+    def check_config(policy_cfg: OFTPolicyConfig, env_cfg) -> None:
+        """Raises PolicyError for a state-only env, a bad setting, or a checkpoint directory
+        that is not one or holds a layout that does not load; loads no weights."""
+        o = policy_cfg
         if env_cfg.obs_mode == "state":
             raise PolicyError(
-                f"policy={name} reads camera images, but env.obs_mode=state renders none; "
+                f"policy={o.name} reads camera images, but env.obs_mode=state renders none; "
                 "use env.obs_mode=rgb."
             )
-        o = _options(dict(policy_cfg.kwargs))
+        _check(o)
         sizes = {"image_size": o.image_size, "hidden_size": o.hidden_size,
                  "num_layers": o.num_layers, "num_heads": o.num_heads,
                  "intermediate_size": o.intermediate_size, "text_vocab": o.text_vocab}
         for key, value in (sizes.items() if o.checkpoint is None else ()):  # else: its own
             if value < 1:
-                raise PolicyError(f"policy.kwargs.{key}={value}: must be >= 1.")
+                raise PolicyError(f"policy.{key}={value}: must be >= 1.")
         if o.checkpoint is None and o.hidden_size % o.num_heads:
             raise PolicyError(
-                f"policy.kwargs.hidden_size={o.hidden_size}: must be a multiple of "
-                f"policy.kwargs.num_heads={o.num_heads}."
+                f"policy.hidden_size={o.hidden_size}: must be a multiple of "
+                f"policy.num_heads={o.num_heads}."
             )
         if o.lora_rank < 0:
-            raise PolicyError(f"policy.kwargs.lora_rank={o.lora_rank}: must be >= 0 (0: no LoRA).")
+            raise PolicyError(f"policy.lora_rank={o.lora_rank}: must be >= 0 (0: no LoRA).")
         if o.critic == critics.PRIVILEGED:
-            critics.check_env(env_cfg, "policy.kwargs.critic=privileged",
-                              "use another policy.kwargs.critic")
+            critics.check_env(env_cfg, "policy.critic=privileged", "use policy.critic=head")
         if o.checkpoint is not None:
             oft_checkpoint.check_options(o)
 
-    def __init__(self, cfg: PolicyConfig, env_spec, device: str = "cpu"):
+    def __init__(self, cfg: OFTPolicyConfig, env_spec, device: str = "cpu"):
         super().__init__()
-        o = self.opts = _options(dict(cfg.kwargs))
+        _check(cfg)
+        o = self.opts = cfg
         shapes = env_spec.obs_shapes
         self.image_keys = [k for k in o.image_keys if k in shapes]
         if not self.image_keys:
             raise PolicyError(
                 f"policy.name=openvla_oft reads images {list(o.image_keys)}, but the env "
-                f"observes {sorted(shapes)}; set env.obs_mode=rgb (or policy.kwargs.image_keys)."
+                f"observes {sorted(shapes)}; set env.obs_mode=rgb (or policy.image_keys)."
             )
         self.action_dim = env_spec.action_dim
         self.chunk = o.chunk  # env steps per call (the env worker runs the chunk)
@@ -255,7 +255,7 @@ class OpenVLAOFTPolicy(Policy):
             privileged = o.critic == critics.PRIVILEGED
             self.value_head = nn.Linear(h, 1) if o.value_head and not privileged else None
             self.critic = (critics.PrivilegedCritic(
-                critics.privileged_dim(shapes, "policy.kwargs.critic=privileged"), PRIVILEGED_HIDDEN)
+                critics.privileged_dim(shapes, "policy.critic=privileged"), PRIVILEGED_HIDDEN)
                 if privileged else None)
         if self.proprio is not None and proprio_file is not None:
             self.proprio.load_state_dict(oft_checkpoint.load_proprio(proprio_file))
@@ -263,8 +263,8 @@ class OpenVLAOFTPolicy(Policy):
                                      shapes["state"][0] if self.use_proprio else None,
                                      PROPRIO_HIDDEN)
         if ranges and not self.use_proprio:
-            raise PolicyError("policy.kwargs.proprio_hidden hides dims of the proprio token, but "
-                              "this policy reads no state; drop the option.")
+            raise PolicyError("policy.proprio_hidden hides dims of the proprio token, but "
+                              "this policy reads no state; drop the setting.")
         self.register_buffer(  # a constant of the config: not saved
             "proprio_sees", hidden_state.sees(ranges, shapes["state"][0] if ranges else 0,
                                               device=device), persistent=False)
@@ -275,7 +275,7 @@ class OpenVLAOFTPolicy(Policy):
             self.vlm.checkpoint_layers()
         self._set_prompts(env_spec, o, device)
 
-    def _load_checkpoint(self, o: OFTOptions, dtype: torch.dtype, device) -> Optional[Path]:
+    def _load_checkpoint(self, o: OFTPolicyConfig, dtype: torch.dtype, device) -> Optional[Path]:
         """The VLM (in ``dtype`` on ``device``), tokenizer and statistics of
         ``o.checkpoint``; returns its proprio projector file (or None)."""
         proprio_file = oft_checkpoint.check_options(o)
@@ -286,7 +286,7 @@ class OpenVLAOFTPolicy(Policy):
             self.stats = ActionStats.from_openvla(self.norm_stats, o.unnorm_key)
         return proprio_file
 
-    def _set_prompts(self, env_spec, o: OFTOptions, device) -> None:
+    def _set_prompts(self, env_spec, o: OFTPolicyConfig, device) -> None:
         """``prompt_ids`` (n_tasks, P) right-padded and ``prompt_valid`` (n_tasks, P)."""
         tasks = list(env_spec.tasks) or [""]
         ids = [self.tokenizer(prompt(t), add_special_tokens=False)["input_ids"]
@@ -300,7 +300,7 @@ class OpenVLAOFTPolicy(Policy):
             persistent=False)
 
     def trainable_parts(self, names) -> dict[str, nn.Module]:
-        """The modules (or parameters) ``policy.kwargs.trainable`` names, those this policy has."""
+        """The modules (or parameters) ``policy.trainable`` names, those this policy has."""
         value = self.value_head if self.critic is None else self.critic
         parts = {"proprio": self.proprio, "value_head": value,
                  "queries": self.queries, "projector": self.vlm.projector,
@@ -496,5 +496,5 @@ def _dtype(name: str, device="cpu") -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     if name not in DTYPES:
-        raise PolicyError(f"policy.kwargs.dtype={name!r}: use 'auto', 'float32' or 'bfloat16'.")
+        raise PolicyError(f"policy.dtype={name!r}: use 'auto', 'float32' or 'bfloat16'.")
     return DTYPES[name]

@@ -52,17 +52,17 @@ def check_layout(path: str) -> Optional[Path]:
         found = _component_files(root, prefix)
         if found:
             raise PolicyError(
-                f"policy.kwargs.checkpoint={path!r} has {found[0].name}: {what}, which "
+                f"policy.checkpoint={path!r} has {found[0].name}: {what}, which "
                 f"m2flow does not load; it loads {LOADS}."
             )
     config = json.loads((root / "config.json").read_text())
     if config.get("use_film"):
-        raise PolicyError(f"policy.kwargs.checkpoint={path!r}: config.json has use_film: true "
+        raise PolicyError(f"policy.checkpoint={path!r}: config.json has use_film: true "
                           f"(FiLM), which m2flow does not load; it loads {LOADS}.")
     proprio = _component_files(root, PROPRIO)
     if len(proprio) > 1:
         raise PolicyError(
-            f"policy.kwargs.checkpoint={path!r} has {len(proprio)} proprio projectors "
+            f"policy.checkpoint={path!r} has {len(proprio)} proprio projectors "
             f"({', '.join(p.name for p in proprio)}); keep the one the policy was trained with."
         )
     return proprio[0] if proprio else None
@@ -80,33 +80,33 @@ def proprio_bounds(stats: dict, key: str, path: str) -> dict:
     entry = stats.get(key, {}).get("proprio")
     if entry is None or "q01" not in entry or "q99" not in entry:
         raise PolicyError(
-            f"policy.kwargs.checkpoint={path!r}: the statistics of unnorm_key={key!r} have no "
-            "proprio q01/q99, which its proprio projector needs; set policy.kwargs.use_proprio: "
-            "false or use the checkpoint's own dataset_statistics.json."
+            f"policy.checkpoint={path!r}: the statistics of unnorm_key={key!r} have no "
+            "proprio q01/q99, which its proprio projector needs; set policy.use_proprio=false "
+            "or use the checkpoint's own dataset_statistics.json."
         )
     return entry
 
 
 def check_options(o) -> Optional[Path]:
-    """Start-up checks of ``policy.kwargs.checkpoint`` against the other options ``o``
-    (``OFTOptions``; file names and config.json only): its proprio projector file or None."""
+    """Start-up checks of ``policy.checkpoint`` against the other settings ``o``
+    (``OFTPolicyConfig``; file names and config.json only): its proprio projector file or None."""
     ckpt = o.checkpoint
     if not (Path(ckpt).expanduser() / "config.json").is_file():
         raise PolicyError(
-            f"policy.kwargs.checkpoint={ckpt!r}: no config.json there; give a local "
+            f"policy.checkpoint={ckpt!r}: no config.json there; give a local "
             "directory in OpenVLA's Hugging Face layout, or null for the tiny model."
         )
     proprio = check_layout(ckpt)
     if o.use_proprio and proprio is None:
         raise PolicyError(
-            f"policy.kwargs.use_proprio=true, but {ckpt!r} has no proprio_projector--*.pt; "
-            "set policy.kwargs.use_proprio: false (or null: follow the checkpoint)."
+            f"policy.use_proprio=true, but {ckpt!r} has no proprio_projector--*.pt; "
+            "set policy.use_proprio=false (or null: follow the checkpoint)."
         )
     if o.unnorm_key is not None:
         vla_checkpoint.check_unnorm_key(ckpt, o.unnorm_key)
     elif proprio is not None and o.use_proprio is not False:
         raise PolicyError(
-            f"policy.kwargs.unnorm_key is needed: {ckpt!r} has a proprio projector, and the state "
+            f"policy.unnorm_key is needed: {ckpt!r} has a proprio projector, and the state "
             "is normalised with a dataset's statistics; set unnorm_key (e.g. "
             "libero_spatial_no_noops) or use_proprio: false."
         )

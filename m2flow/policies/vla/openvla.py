@@ -12,7 +12,7 @@ log-probs it reports come from the same teacher-forced pass the learner runs.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -21,30 +21,28 @@ from tensordict import TensorDict
 from m2flow import keys
 from m2flow.policies.action_tokenizer import N_BINS
 from m2flow.policies.base import PolicyError
-from m2flow.policies.config import PolicyConfig
-from m2flow.policies.vla.oft import OpenVLAOFTPolicy
+from m2flow.policies.vla.oft import OFTPolicyConfig, OpenVLAOFTPolicy
+
+
+@dataclass
+class OpenVLAPolicyConfig(OFTPolicyConfig):
+    """``policy.name=openvla``: openvla_oft's settings, one action per call."""
+
+    chunk: int = 1
+    """Actions decoded per call: OpenVLA decodes one (1 is the only value)."""
 
 
 class OpenVLAPolicy(OpenVLAOFTPolicy):
-    @staticmethod
-    def check_config(policy_cfg: PolicyConfig, env_cfg) -> None:
-        chunk = dict(policy_cfg.kwargs).get("chunk", 1)
-        if chunk != 1:
-            raise PolicyError(
-                f"policy.kwargs.chunk={chunk}: policy.name=openvla decodes one action per "
-                "call; use policy.name=openvla_oft for action chunks."
-            )
-        OpenVLAOFTPolicy.check_config(replace(policy_cfg, kwargs={**policy_cfg.kwargs,
-                                                                   "chunk": 1}), env_cfg)
+    config_class = OpenVLAPolicyConfig
 
-    def __init__(self, cfg: PolicyConfig, env_spec, device: str = "cpu"):
-        kwargs = dict(cfg.kwargs)
-        if kwargs.get("chunk", 1) != 1:
-            raise PolicyError(
-                f"policy.kwargs.chunk={kwargs['chunk']}: policy.name=openvla decodes one action "
-                "per call; use policy.name=openvla_oft for action chunks."
-            )
-        super().__init__(replace(cfg, kwargs={**kwargs, "chunk": 1}), env_spec, device=device)
+    @staticmethod
+    def check_config(policy_cfg: OpenVLAPolicyConfig, env_cfg) -> None:
+        _check_chunk(policy_cfg.chunk)
+        OpenVLAOFTPolicy.check_config(policy_cfg, env_cfg)
+
+    def __init__(self, cfg: OpenVLAPolicyConfig, env_spec, device: str = "cpu"):
+        _check_chunk(cfg.chunk)
+        super().__init__(cfg, env_spec, device=device)
         del self.queries  # no placeholders: the tail is the action tokens themselves
 
     def _step(self, obs: TensorDict, bins: torch.Tensor, keep: int):
@@ -109,3 +107,9 @@ class OpenVLAPolicy(OpenVLAOFTPolicy):
             keys.ENTROPY: -(logp.exp() * logp).sum(-1).mean(-1),
             keys.VALUE: value if value is not None else torch.zeros(b, device=bins.device),
         }, batch_size=[b])
+
+
+def _check_chunk(chunk: int) -> None:
+    if chunk != 1:
+        raise PolicyError(f"policy.chunk={chunk}: policy.name=openvla decodes one action per "
+                          "call; use policy.name=openvla_oft for action chunks.")

@@ -191,5 +191,5 @@ def libero_gripper(action: torch.Tensor) -> torch.Tensor:
 
 
 GRIPPERS = {"as_is": None, "libero": libero_gripper}
-"""``policy.kwargs.gripper``: how the decoded action's last dimension reaches the env."""
+"""``policy.gripper``: how the decoded action's last dimension reaches the env."""
 

@@ -34,7 +34,7 @@ def vision_backbone(name: str, image_size: int, **overrides) -> nn.Module:
     model = name.removeprefix("timm/")
     if model.split(".")[0] not in timm.list_models():
         raise PolicyError(
-            f"policy.kwargs.vision={name!r}: timm has no model {model!r}; use a ViT name from "
+            f"policy.vision={name!r}: timm has no model {model!r}; use a ViT name from "
             "timm.list_models(), e.g. 'timm/vit_tiny_patch16_224'."
         )
     try:
@@ -42,7 +42,7 @@ def vision_backbone(name: str, image_size: int, **overrides) -> nn.Module:
                                  **overrides)
     except TypeError:
         raise PolicyError(
-            f"policy.kwargs.vision={name!r} is not a ViT (it takes no img_size) or does not take "
+            f"policy.vision={name!r} is not a ViT (it takes no img_size) or does not take "
             f"{sorted(overrides)}; the VLA policies need patch tokens from a ViT."
         ) from None
 
@@ -93,7 +93,7 @@ class Prismatic(nn.Module):
                                        for n, k in zip(vision, self.vision_kwargs))
         grids = {b.patch_embed.num_patches for b in self.backbones}
         if len(grids) != 1:
-            raise PolicyError(f"policy.kwargs.vision={vision}: fused backbones must give the same "
+            raise PolicyError(f"policy.vision={vision}: fused backbones must give the same "
                               f"number of patches at {image_size} px, got {sorted(grids)}.")
         self.num_patches = grids.pop()
         self.image_size = image_size
