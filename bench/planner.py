@@ -69,7 +69,7 @@ def measure_embodied(config, overrides, group, iterations, out):
     try:
         for pred in sorted(group, key=lambda p: p.plan.overlap):
             runner.drain()
-            runner.set_stages(pred.plan.lanes)
+            runner.set_stages(pred.plan.stages)
             runner.cfg.runner.overlap_learner = pred.plan.overlap
             times = []
             for k in range(iterations + 1):
@@ -232,7 +232,7 @@ def report(preds, measured, chosen, graph, args, prof, keep: bool = True,
           f"{len(rows)} plans run, {args.iterations} iterations each (mean, after a warm-up)")
     for run in prof.facts.get("calibration", {}).get("runs", []):
         times = ", ".join(f"{t:.3f}" for t in run.get("times", [run["seconds"]]))
-        print(f"calibration: the config's own plan at S={run['lanes']}"
+        print(f"calibration: the config's own plan at S={run['stages']}"
               f"{' with overlap' if run['overlap'] else ''}: {run['seconds']:.3f} s "
               f"(mean of {times})")
     print(f"{'measured':>9}  {'predicted':>9}  {'error':>6}  plan")

@@ -40,7 +40,8 @@ def record(iterations: int, overrides: list[str], out: Path) -> int:
     entry = ("import sys\ntry:\n    from m2flow.cli.train import main as train\n"
              "except ImportError:  # before m2flow.cli became a package\n"
              "    from m2flow.cli import train\nsys.exit(train(sys.argv[1:]))")
-    cmd = [sys.executable, "-c", entry, *overrides,
+    # -P: no current directory first on sys.path, so PYTHONPATH picks the checkout that runs
+    cmd = [sys.executable, "-P", "-c", entry, *overrides,
            f"runner.log_dir={log_dir}", "runner.progress_bar=false",
            "runner.checkpoint_interval=0"]
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}

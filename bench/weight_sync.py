@@ -16,7 +16,7 @@ against two ceilings of the same bytes, in the same run:
 
 Each is the median of ``--repeats`` after a warm-up sync. GB/s is the model's bytes over the
 seconds of one sync (every receiver gets all of them: the bytes moved are M times that).
-Both sync paths run the code the runner runs (``runs.weights``: plan, buckets, receiver name
+Both sync paths run the code the runner runs (``runs.weights``: manifest, buckets, receiver name
 checks and loads; ``pipelines.link``); the receivers check the sum of their weights against
 the sender's after each timed path.
 
@@ -68,8 +68,8 @@ class Sender(Worker):
         self.model = Blob(mb, self.device, seed=0)
         self.weights, self.flat = WeightSender(self.model), None
 
-    def plan_weight_sync(self, *, full: bool, bucket_mb: float):
-        return self.weights.plan(full=full, cap_bytes=int(bucket_mb * 2**20))
+    def prepare_weight_sync(self, *, full: bool, bucket_mb: float):
+        return self.weights.prepare(full=full, cap_bytes=int(bucket_mb * 2**20))
 
     def weight_bucket(self, *, index: int):
         return self.weights.bucket(index)
@@ -91,14 +91,14 @@ class Receiver(Worker):
         self.model = Blob(mb, self.device, seed=1 + self.rank)  # other weights until synced
         self.receiver, self.flat = WeightReceiver(self.model), None
 
-    def begin_weight_sync(self, plan, *, version: int) -> None:
-        self.receiver.begin(plan.keys, full=plan.full, stage=not plan.full)
+    def begin_weight_sync(self, manifest, *, version: int) -> None:
+        self.receiver.begin(manifest.keys, full=manifest.full, stage=not manifest.full)
 
     def receive_weight_bucket(self, bucket) -> None:
         self.receiver.receive(bucket)
 
-    def receive_weight_broadcast(self, plan, *, link: str) -> None:
-        self.receiver.receive_broadcast(self.link(link), plan)
+    def receive_weight_broadcast(self, manifest, *, link: str) -> None:
+        self.receiver.receive_broadcast(self.link(link), manifest)
 
     def finish_weight_sync(self) -> None:
         self.receiver.finish()

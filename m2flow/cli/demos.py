@@ -6,7 +6,7 @@ the observations m2flow's env gives a policy, in ManiSkill's own trajectory form
     m2flow-demos env=maniskill_pickcube env.obs_mode=state demos.episodes=20 demos.output=demos/x
     m2flow-demos --cfg                       # print the composed config and exit
 
-How they are made and stored (the rest of ``--help``): :mod:`m2flow.embodied.demos`.
+How they are made and stored (the rest of ``--help``): :mod:`m2flow.embodied.demos.maniskill`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import sys
 from typing import Optional
 
 from m2flow.cli.common import EXIT_CONFIG, print_config
-from m2flow.embodied import demos as library
-from m2flow.embodied.demos import (
+from m2flow.embodied.demos import maniskill as library
+from m2flow.embodied.demos.maniskill import (
     CONFIG_DIR, DEFAULT_CONFIG, generate, load_demos_config, output_stem, save)
 
 HELP = f"{__doc__}\n{library.__doc__.split(chr(10), 3)[3]}"  # this, then the library's account
@@ -47,7 +47,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     demos, tally, spec = generate(cfg, log=lambda line: print(line, flush=True))
     h5_path, _ = save(stem, demos, cfg.env, spec)
     steps = sum(len(d.actions) for d in demos)
-    print(f"m2flow-demos: {tally.tried} episodes tried, planner solved {tally.planned}, "
+    print(f"m2flow-demos: {tally.tried} episodes tried, motion planner solved {tally.planned}, "
           f"{tally.converted} succeed after conversion, kept {tally.kept} ({steps} steps) in "
           f"{tally.seconds:.0f} s; wrote {h5_path} and its .json", flush=True)
     return 0 if tally.kept >= cfg.demos.episodes else 1

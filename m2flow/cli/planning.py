@@ -19,7 +19,7 @@ from typing import Callable, Optional, Sequence
 
 from m2flow.cli.workloads import planner, run_config
 from m2flow.pipelines.planner.planfile import (
-    PlanFileError, cluster_group, read_plan, write_plan)
+    PlanFileError, cluster_group, read_plan_file, write_plan_file)
 from m2flow.pipelines.planner.profiles import Profile
 from m2flow.pipelines.planner.calibration import calibration, models_for
 from m2flow.pipelines.planner.search import PlanError, Prediction, search, table
@@ -103,10 +103,10 @@ def make_plan(cfg, config_name: str, overrides: Sequence[str], *, output: Path,
     best = preds[0]
     runner_up = next((p for p in preds[1:] if p.feasible), None)
     command = shlex.join(["m2flow-plan", "--config-name", config_name, *overrides])
-    write_plan(output, best, config_name=config_name, workload=graph.workload, node=prof.node,
-               knob_overrides=graph.knob_overrides(best.plan, elastic=elastic),
-               label=best.plan.label(graph), runner_up=runner_up, command=command,
-               auto=elastic)
+    write_plan_file(output, best, config_name=config_name, workload=graph.workload,
+                    node=prof.node, knob_overrides=graph.knob_overrides(best.plan, elastic=elastic),
+                    label=best.plan.label(graph), runner_up=runner_up, command=command,
+                    auto=elastic)
     return preds, graph
 
 
@@ -128,30 +128,30 @@ def with_plan(config_name: str, overrides: Sequence[str], composed):
                       top=5)
         except PlanError as e:
             raise ConfigError(f"config error: cluster.plan=auto: {e}") from None
-        plan = read_plan(out)
-        print(f"plan: cluster.plan=auto chose {plan.label}; written to {out}", flush=True)
-        final = without_plan(overrides) + plan.overrides + [f"cluster.plan={out}"]
-        return merge_cluster(load_config(config_name, final), plan.cluster)
+        plan_file = read_plan_file(out)
+        print(f"plan: cluster.plan=auto chose {plan_file.label}; written to {out}", flush=True)
+        final = without_plan(overrides) + plan_file.overrides + [f"cluster.plan={out}"]
+        return merge_cluster(load_config(config_name, final), plan_file.cluster)
     try:
-        plan = read_plan(value)
+        plan_file = read_plan_file(value)
     except PlanFileError as e:
         raise ConfigError(f"config error: {e}") from None
-    if plan.workload and plan.workload != composed.workload:
+    if plan_file.workload and plan_file.workload != composed.workload:
         raise ConfigError(
-            f"config error: cluster.plan={value} is a plan for the {plan.workload} workload, "
-            f"but {config_name} is {composed.workload}; make one with m2flow-plan "
+            f"config error: cluster.plan={value} is a plan for the {plan_file.workload} "
+            f"workload, but {config_name} is {composed.workload}; make one with m2flow-plan "
             f"--config-name {config_name}.")
-    if plan.config_name and plan.config_name != config_name:
-        print(f"plan: note: {value} was made for {plan.config_name}, used here for "
+    if plan_file.config_name and plan_file.config_name != config_name:
+        print(f"plan: note: {value} was made for {plan_file.config_name}, used here for "
               f"{config_name}", file=sys.stderr, flush=True)
-    return merge_cluster(load_config(config_name, plan.overrides + list(overrides)),
-                         plan.cluster)
+    return merge_cluster(load_config(config_name, plan_file.overrides + list(overrides)),
+                         plan_file.cluster)
 
 
 def config_of(config_name: str, overrides: Sequence[str], plan, graph, elastic: bool = False):
     """The run config of ``config_name`` with ``overrides`` and ``plan`` (a search plan)
     applied: its workload keys after the overrides, its placement merged on (``elastic``:
-    built to change its lanes at run time)."""
+    built to change its stages at run time)."""
     from m2flow.configs import load_config
 
     knobs = graph.knob_overrides(plan, elastic=elastic)

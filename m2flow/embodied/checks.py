@@ -76,13 +76,13 @@ def check_train_config(cfg: TrainConfig) -> None:
     check_runner_base(cfg)
     cfg.algorithm.validate()
     placement = check_cluster_config(cfg.cluster, COMPONENTS)
-    plan = None
+    offloads = None
     if placement is not None:
-        from m2flow.pipelines import switch_plan
+        from m2flow.pipelines import offloads_for
 
-        plan = switch_plan(placement.shares_device, ["rollout", "learner"],
-                           cfg.cluster.context_switch)
-    check_config(cfg, plan)
+        offloads = offloads_for(placement.shares_device, ["rollout", "learner"],
+                                cfg.cluster.context_switch)
+    check_config(cfg, offloads)
     check_paths(cfg)
     check_names(cfg)  # last: a simulator's registry can take seconds to import
 
@@ -122,9 +122,9 @@ def check_names(cfg: TrainConfig) -> None:
         raise ConfigError(f"config error: {e}") from None
 
 
-def check_config(cfg: TrainConfig, plan: Optional[dict[str, list[str]]] = None) -> None:
-    """Config errors that only show in combination, before any worker starts. ``plan``: the
-    run's ``switch_plan`` (who offloads for whom), when it has a learner."""
+def check_config(cfg: TrainConfig, offloads: Optional[dict[str, list[str]]] = None) -> None:
+    """Config errors that only show in combination, before any worker starts. ``offloads``:
+    who offloads for whom in the run (``offloads_for``), when it has a learner."""
     n = cfg.env.num_envs
     stages, groups = cfg.rollout.pipeline_stages, cfg.rollout.env_groups
     if stages > n:
@@ -157,7 +157,7 @@ def check_config(cfg: TrainConfig, plan: Optional[dict[str, list[str]]] = None) 
             f"runner.overlap_learner=true needs runner.max_staleness >= 1 (got "
             f"{r.max_staleness}): overlapped collection uses weights one update old."
         )
-    if r.overlap_learner and plan and any(plan.values()):
+    if r.overlap_learner and offloads and any(offloads.values()):
         raise ValueError(
             f"runner.overlap_learner=true trains while the rollout serves, but with "
             f"cluster.context_switch={cfg.cluster.context_switch!r} rollout and learner take "
@@ -270,7 +270,7 @@ def _check_reset_groups(cfg: TrainConfig) -> None:
             f"whole groups that reset to one initial state; use env.num_envs={fit}.")
     groups = cfg.rollout.env_groups
     if size > 1 and groups and groups > 1 and _gpu_batched(cfg):
-        from m2flow.embodied.stages import stage_sizes
+        from m2flow.embodied.workers.stages import stage_sizes
 
         sizes = stage_sizes(n, groups)
         if any(s % size for s in sizes):
@@ -314,20 +314,20 @@ def _check_learner_ranks(cfg: TrainConfig) -> None:
 
 
 def _check_rollout_ranks(cfg: TrainConfig) -> None:
-    """M rollout workers serve the E x S lanes (env worker, stage) of E env workers, equally
+    """M rollout workers serve the E x S stages (env worker, stage) of E env workers, equally
     many each (``stages.rollout_rank``: round-robin), so M must divide E x S: none idle, none
     the bottleneck."""
     comps = cfg.cluster.placement.components
     m = comps["rollout"].workers if "rollout" in comps else 1
     e = comps["env"].workers if "env" in comps else 1
-    lanes = e * cfg.rollout.pipeline_stages
-    if lanes % m == 0:
+    stages = e * cfg.rollout.pipeline_stages
+    if stages % m == 0:
         return
     field = "cluster.placement.components.rollout.workers"
-    fits = [n for n in range(1, lanes + 1) if lanes % n == 0]
+    fits = [n for n in range(1, stages + 1) if stages % n == 0]
     raise field_error(
         field, m,
-        f"must divide the {lanes} lanes (cluster.placement.components.env.workers={e} x "
+        f"must divide the {stages} stages (cluster.placement.components.env.workers={e} x "
         f"rollout.pipeline_stages={cfg.rollout.pipeline_stages}) it serves, equally many per "
         f"rollout worker; use {field} in {fits}, or more env workers or stages.")
 

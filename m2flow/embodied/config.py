@@ -18,12 +18,13 @@ class RolloutConfig:
     """How env and rollout workers exchange observations and actions."""
 
     pipeline_stages: int = 1
-    """S: each env worker splits its envs into S stage groups. While the simulator steps stage
+    """S: each env worker runs its envs as S pipeline stages. While the simulator steps stage
     k, the rollout worker infers actions for stage k+1 (1: plain sequential). Trajectories
     have the same layout for every S."""
     env_groups: Optional[int] = None
-    """Env groups each env worker builds (None: pipeline_stages). A stage is a run of groups,
-    so the stage count can change at run time up to this without restarting a simulator."""
+    """Env groups (batched envs) each env worker builds (None: pipeline_stages). A stage is a
+    contiguous run of env groups, so the stage count can change at run time up to this
+    without restarting a simulator."""
 
 
 @dataclass
@@ -48,8 +49,8 @@ class RunnerConfig(RunnerBaseConfig):
     (mjlab)."""
     exact_resets: bool = False
     """Also rebuild the simulator at those resets (ManiSkill: the scene), so an iteration depends
-    on its seed alone and a resumed run equals the uninterrupted one bit for bit; costs about
-    0.5 s per reset of 16 ManiSkill envs here. Evaluation always rebuilds."""
+    on its seed alone and a resumed run equals the uninterrupted one bit for bit; costs a scene
+    rebuild per reset (docs/results.md#engine-and-tests). Evaluation always rebuilds."""
     eval_interval: int = 5
     """Evaluate every N iterations (and after the last); 0: only after the last."""
     eval_episodes: int = 16

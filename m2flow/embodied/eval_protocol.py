@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Optional
 
 from m2flow.runs import seeding
-from m2flow.embodied.env_eval import EvalRound
-from m2flow.embodied.episodes import EvalEpisode
+from m2flow.embodied.workers.env_eval import EvalRound
+from m2flow.embodied.workers.episodes import EvalEpisode
 
 VIDEO_FPS = 20  # LIBERO and ManiSkill control at 20 Hz
 MULTI_TASK_EPISODES = 50  # the LIBERO protocol: 50 episodes per task
@@ -74,15 +74,16 @@ class TaskResult:
         }
 
 
-def plan(num_tasks: int, per_task: int, ranks: int, envs_per_rank: int, base_seed: int,
-         videos_per_task: int, one_task_env: bool = False) -> list[list[list[Slot]]]:
+def episode_rounds(num_tasks: int, per_task: int, ranks: int, envs_per_rank: int,
+                   base_seed: int, videos_per_task: int,
+                   one_task_env: bool = False) -> list[list[list[Slot]]]:
     """Rounds -> env worker ranks -> slots. Episodes are laid out task by task. Episode e
     starts from seed e, or, for a one-task env, from ``seeding.eval_seeds(base_seed, .)[e]``
     (training-time evaluation's seeds): either way an episode's seed never depends on the
     layout (``env.num_envs``, env workers).
 
-    >>> rounds = plan(num_tasks=3, per_task=2, ranks=1, envs_per_rank=4, base_seed=0,
-    ...               videos_per_task=1)
+    >>> rounds = episode_rounds(num_tasks=3, per_task=2, ranks=1, envs_per_rank=4, base_seed=0,
+    ...                         videos_per_task=1)
     >>> [[(s.task, s.episode, s.video) for s in r[0]] for r in rounds]
     [[(0, 0, True), (0, 1, False), (1, 0, True), (1, 1, False)], [(2, 0, True), (2, 1, False), (0, None, False), (0, None, False)]]
     """
@@ -129,8 +130,8 @@ def run_protocol(runner, cfg, progress: bool = True) -> dict:
     max_steps = ev.max_steps or spec.max_episode_steps
     if not max_steps:
         raise ValueError(f"env {cfg.env.name!r} has no time limit; set eval.max_steps.")
-    rounds = plan(len(names), per_task, runner.env.world_size, cfg.env.num_envs, cfg.seed,
-                  ev.videos_per_task, one_task_env=not multi)
+    rounds = episode_rounds(len(names), per_task, runner.env.world_size, cfg.env.num_envs,
+                            cfg.seed, ev.videos_per_task, one_task_env=not multi)
     results = [TaskResult(j, n) for j, n in enumerate(names)]
     videos: list[tuple[Slot, EvalEpisode]] = []
     per_episode: list[dict] = []

@@ -16,7 +16,7 @@ In this one process, one component at a time, each after warm-up calls:
   size (recorded steps, tiled to ``runner.rollout_steps``), on all cores and on one; then a
   weight sync from it to the rollout worker (``runs.weights.sync_groups``, in this process).
 
-``profile(cfg)`` returns the profile and its graph (:mod:`m2flow.embodied.plan`).
+``profile(cfg)`` returns the profile and its graph (:mod:`m2flow.embodied.graph`).
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ import torch
 from tensordict import TensorDict
 
 from m2flow import keys
-from m2flow.embodied import plan as embodied_plan
-from m2flow.embodied import resets
 from m2flow.embodied.algorithms import algorithm_class
-from m2flow.embodied.buffer import TrajectoryBuffer
 from m2flow.embodied.config import TrainConfig
-from m2flow.embodied.learner_worker import LearnerWorker
-from m2flow.embodied.rollout_worker import RolloutWorker
+from m2flow.embodied import graph as embodied_graph
+from m2flow.embodied.workers import resets
+from m2flow.embodied.workers.buffer import TrajectoryBuffer
+from m2flow.embodied.workers.learner_worker import LearnerWorker
+from m2flow.embodied.workers.rollout_worker import RolloutWorker
 from m2flow.envs import make_env
 from m2flow.envs.chunked import ChunkedEnv, step_wait_all
 from m2flow.pipelines import Cluster, ClusterConfig, RankResources, WorkerGroup
@@ -149,13 +149,13 @@ def profile(cfg: TrainConfig, *, say: Callable[[str], None] = print,
         if node.gpus:
             say("profile: policy and learner on GPU 0")
             _on_gpu(prof, cfg, spec, sizes, steps, traj)
-        prof.facts = embodied_plan.facts(cfg, chunk, param_mb)
+        prof.facts = embodied_graph.facts(cfg, chunk, param_mb)
     finally:
         for group in (learner, rollout):
             if group is not None:
                 group.shutdown()
         envs.close()
-    return prof, embodied_plan.graph(prof.facts)
+    return prof, embodied_graph.graph(prof.facts)
 
 
 def _on_gpu(prof: Profile, cfg: TrainConfig, spec, sizes: list[int], steps: list,
@@ -297,7 +297,7 @@ class _Envs:
 
 
 def _hand_off(step: TensorDict) -> None:
-    """What a lane's step costs besides simulating and inferring: obs out and actions back
+    """What a stage's step costs besides simulating and inferring: obs out and actions back
     through a channel (pickled), and the step recorded into the trajectory."""
     obs = TensorDict({keys.OBS: step[keys.OBS]}, batch_size=step.batch_size)
     pickle.loads(pickle.dumps(obs, protocol=5))
@@ -331,8 +331,8 @@ def _signal(traj: TensorDict) -> TensorDict:
 def _every_epoch(algorithm) -> None:
     """Times the whole update, every epoch and every parameter, as a run's update mostly is:
     the same batch again and again is soon stale to the moved policy, and PPO's target_kl
-    would end the timed updates after their first epoch (measured for the tiny VLA: 0.69 s
-    alone against 3.0 s inside the run); a critic warm-up would train the critic alone."""
+    would end the timed updates after their first epoch, far shorter than a run's; a critic
+    warm-up would train the critic alone."""
     algorithm.stop_early = lambda terms: False
     algorithm.critic_only = lambda iteration: False
 
@@ -343,7 +343,7 @@ def _param_mb(module: torch.nn.Module) -> float:
 
 def graph_of(facts: dict) -> Graph:
     """The graph of a saved profile's facts (``m2flow-plan --profile FILE``)."""
-    return embodied_plan.graph(facts)
+    return embodied_graph.graph(facts)
 
 
 def measure_iterations(cfg: TrainConfig, iterations: int, warm: int = 1) -> list[float]:
@@ -388,7 +388,7 @@ def calibrate(cfg: TrainConfig, iterations: int, warm: int = 1) -> list[tuple]:
                                if k.startswith("time/") and not k.startswith("time/driver")})
                 it += 1
             # the mean, not the median: with overlap an iteration's boundary moves work to the
-            # next (measured 0.89, 5.95, 0.28 s for a CNN plan), so only the total is its rate
+            # next, so single iterations swing widely and only the total is its rate
             timed = phases[warm:]
             out.append((cfg.rollout.pipeline_stages, overlap, statistics.fmean(times[warm:]),
                         times[warm:], {k: statistics.fmean(p.get(k, 0.0) for p in timed)

@@ -22,15 +22,15 @@ from tensordict import TensorDict
 from m2flow.embodied.algorithms import algorithm_class
 from m2flow.embodied.checks import check_config, memory_hint
 from m2flow.embodied.config import TrainConfig
-from m2flow.embodied.env_eval import EvalRound
-from m2flow.embodied.env_worker import EnvWorker
-from m2flow.embodied.episodes import EpisodeStats
 from m2flow.embodied import eval_protocol
-from m2flow.embodied.learner_worker import LearnerWorker, learner_rank
+from m2flow.embodied.graph import monitor as plan_monitor
 from m2flow.embodied.no_signal import NoSignalWatch
-from m2flow.embodied.plan import monitor as plan_monitor
-from m2flow.embodied.rollout_worker import RolloutWorker
-from m2flow.embodied.stages import rollout_rank
+from m2flow.embodied.workers.env_eval import EvalRound
+from m2flow.embodied.workers.env_worker import EnvWorker
+from m2flow.embodied.workers.episodes import EpisodeStats
+from m2flow.embodied.workers.learner_worker import LearnerWorker, learner_rank
+from m2flow.embodied.workers.rollout_worker import RolloutWorker
+from m2flow.embodied.workers.stages import rollout_rank
 from m2flow.pipelines import Channel
 from m2flow.pipelines.futures import Futures, gather
 from m2flow.runs import checkpoint
@@ -99,8 +99,8 @@ class EmbodiedRunner(RunLoop):
         r = cfg.runner
         self.cluster, self.placement = self.session.cluster, self.session.placement
         # who steps aside for whom on a shared device (without a learner: only checks the mode)
-        plan = self.session.switch_plan(["rollout", "learner"] if train else [])
-        check_config(cfg, plan)
+        offloads = self.session.offloads_for(["rollout", "learner"] if train else [])
+        check_config(cfg, offloads)
         groups = cfg.rollout.env_groups or cfg.rollout.pipeline_stages
         group_size = algorithm_class(cfg.algorithm.name).reset_group_size(cfg.algorithm)
         self.env = self.session.group("env", EnvWorker, cfg.env, seed=cfg.seed, groups=groups,
@@ -110,7 +110,7 @@ class EmbodiedRunner(RunLoop):
                                    channel_timeout=r.channel_timeout_s)
         self.chunk = self.rollout.call(RolloutWorker.chunk, ranks=[0]).wait()[0]  # env steps per call
         self.env_ranks = list(range(self.env.world_size))
-        # lane (env rank e, stage k) goes to rollout rank (k * E + e) mod M: E env workers ->
+        # stage (env rank e, stage k) goes to rollout rank (k * E + e) mod M: E env workers ->
         # M rollout workers, no relay (the start-up checks give each rank equally many)
         self.obs_ch = Channel(
             "obs", self.rollout, item_type=TensorDict,
@@ -133,7 +133,7 @@ class EmbodiedRunner(RunLoop):
                 num_iterations=r.num_iterations, channel_timeout=r.channel_timeout_s,
             )
             self.switcher = self.session.take_turns(
-                {"rollout": self.rollout, "learner": self.learner}, plan)
+                {"rollout": self.rollout, "learner": self.learner}, offloads)
             self.traj_ch = Channel("trajectory", self.learner, item_type=TensorDict, routes={
                 e: learner_rank(e, len(self.env_ranks), self.learner.world_size)
                 for e in self.env_ranks})
@@ -150,8 +150,8 @@ class EmbodiedRunner(RunLoop):
         if not 1 <= stages <= groups:
             raise ValueError(f"pipeline stages={stages}: use 1 to rollout.env_groups={groups}.")
         self.stages = stages
-        # lanes in the order env workers send them: stage by stage
-        self.lanes = [(e, k) for k in range(stages) for e in self.env_ranks]
+        # the stages' channel keys in the order env workers send them: stage by stage
+        self.stage_keys = [(e, k) for k in range(stages) for e in self.env_ranks]
 
     # -- one iteration, step by step ---------------------------------------------------------
     def collect(self, iteration: int) -> EpisodeStats:
@@ -200,8 +200,8 @@ class EmbodiedRunner(RunLoop):
         ``eval/success_at_end`` and friends.
 
         Episode e starts from seed ``seeding.eval_seeds(seed, .)[e]`` whatever env it runs on
-        (``eval_protocol.plan``: the seeds ``m2flow-eval`` gives a one-task env), and exactly
-        ``episodes`` are counted: the envs of a last round with fewer episodes left run
+        (``eval_protocol.episode_rounds``: the seeds ``m2flow-eval`` gives a one-task env), and
+        exactly ``episodes`` are counted: the envs of a last round with fewer episodes left run
         fillers, not counted. After each round the progress (episodes done, success so far)
         goes to the bar or the log (``RunSession.progress``). With ``reach``, the evaluation
         ends after the first round from which its success rate (``runner.success_metric``) can
@@ -212,8 +212,9 @@ class EmbodiedRunner(RunLoop):
         episodes = episodes or self.cfg.runner.eval_episodes
         metric = self.cfg.runner.success_metric
         self.switcher.activate("rollout")  # its cost is part of time/eval
-        rounds = eval_protocol.plan(1, episodes, len(self.env_ranks), self.cfg.env.num_envs,
-                                    self.cfg.seed, videos_per_task=0, one_task_env=True)
+        rounds = eval_protocol.episode_rounds(1, episodes, len(self.env_ranks),
+                                              self.cfg.env.num_envs, self.cfg.seed,
+                                              videos_per_task=0, one_task_env=True)
         per_rank = [EpisodeStats() for _ in self.env_ranks]
         progress = self.session.progress(f"eval {self.cfg.env.name}", episodes)
         done = 0
@@ -259,8 +260,8 @@ class EmbodiedRunner(RunLoop):
 
     def _serve(self, steps: int, iteration: int, deterministic: bool):
         return self.rollout.call(
-            RolloutWorker.serve, self.obs_ch, self.act_ch, lanes=self.lanes, num_steps=steps,
-            iteration=iteration, deterministic=deterministic,
+            RolloutWorker.serve, self.obs_ch, self.act_ch, stage_keys=self.stage_keys,
+            num_steps=steps, iteration=iteration, deterministic=deterministic,
             one_env_at_a_time=deterministic and self.cfg.runner.eval_batch_invariant,
         )
 

@@ -51,4 +51,4 @@ class ProcessEnvConfig(EnvConfig):
     shared_memory: str = "auto"
     """Which observation arrays come back through shared memory instead of a pickled message:
     'auto' those of 16 KiB or more (images; state vectors stay messages), 'on' every array,
-    'off' none (bench/obs_transfer.py measures both)."""
+    'off' none (see bench/README.md#obs_transferpy)."""

@@ -1,12 +1,11 @@
 """Lighter visual meshes for CPU rendering (``env.visual_mesh_fraction``).
 
 On a CPU, SAPIEN renders through Mesa's software Vulkan (lavapipe), whose cost is the
-triangles it draws, not the pixels: ManiSkill's Panda arm has 135,548 visual triangles
-(its published ``franka_description`` meshes), and a 64 px PushCube camera frame takes
-~25 ms with them against 0.7 ms with the arm hidden. Keeping 5 % of the arm's triangles
-(quadric decimation, ``fast_simplification``) renders the frame in ~5 ms and changes the
-64 px image by ~1/255 on average (``bench/render_detail.py`` measures both; bench/README.md shows
-the two images side by side).
+triangles it draws, not the pixels, and ManiSkill's Panda arm (its published
+``franka_description`` meshes) is most of a PushCube camera frame's triangles. Keeping a
+fraction of the arm's triangles (quadric decimation, ``fast_simplification``) renders a frame
+several times faster and changes the image by a level or two of 255 on average: see
+bench/README.md#render_detailpy for the times and the images side by side.
 
 What is simplified: every untextured triangle-mesh part of every body's visual shape with
 more than :data:`MIN_TRIANGLES` triangles (the robot's links; boxes, planes and textured

@@ -10,7 +10,7 @@ from m2flow.pipelines.context_switch import (
     ContextSwitcher,
     DeviceContext,
     SwitchStats,
-    switch_plan,
+    offloads_for,
 )
 from m2flow.pipelines.errors import OutOfMemory, PlacementError, WorkerDied, WorkerError
 from m2flow.pipelines.placement import (
@@ -45,5 +45,5 @@ __all__ = [
     "WorkerError",
     "WorkerGroup",
     "WorkerInfo",
-    "switch_plan",
+    "offloads_for",
 ]

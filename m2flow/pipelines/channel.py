@@ -2,15 +2,16 @@
 
 The queue of a channel lives in the process of the worker that reads it; there is no relay.
 ``put`` from the same process is a plain queue put; from another process on the same machine
-it is one frame on a Unix socket into that worker (:mod:`m2flow.pipelines.transport`,
-~40 us); from another machine it is one Ray call. An item that leaves its process, either way,
+it is one frame on a Unix socket into that worker (:mod:`m2flow.pipelines.transport`; a
+fraction of a Ray call's cost, docs/results.md#engine-and-tests); from another machine it is
+one Ray call. An item that leaves its process, either way,
 has its tensors copied to host memory first (``transport.to_host``: GPU data crosses as CPU
 tensors, and the receiver moves them to its device); a same-process put hands it over as is.
-A remote Ray put returns once sent; the next put on the same lane first waits for the
-previous one to land, so each producer keeps at most one item in flight per lane: order is
-kept, a full lane still blocks the producer (one item later), and errors surface at the next
-put or at ``flush()``. Keys are lanes (e.g. pipeline stages): each key has its own FIFO and
-is read by one rank, ``rank_of(key)``.
+A remote Ray put returns once sent; the next put on the same key first waits for the
+previous one to land, so each producer keeps at most one item in flight per key: order is
+kept, a key's full queue still blocks the producer (one item later), and errors surface at the
+next put or at ``flush()``. Each key (e.g. a pipeline stage, (env rank, stage)) has its own
+FIFO and is read by one rank, ``rank_of(key)``.
 
 >>> from m2flow.pipelines import Cluster, ClusterConfig, WorkerGroup, RankResources, Worker
 >>> g = WorkerGroup(Cluster(ClusterConfig(backend="local")), "sink", Worker,
@@ -34,17 +35,17 @@ from m2flow.pipelines.errors import WorkerError
 
 _ENDPOINTS: dict[tuple[str, int], "_Endpoint"] = {}
 _LOCK = threading.Lock()
-CLOSED_CHECK_S = 0.2  # a get or put waiting on a lane notices this soon that it was closed
+CLOSED_CHECK_S = 0.2  # a get or put waiting on a key notices this soon that it was closed
 
 
 class ChannelTimeout(TimeoutError):
-    """A put found the lane full, or a get found it empty, for longer than the timeout."""
+    """A put found a key's queue full, or a get found it empty, for longer than the timeout."""
 
 
 class _Endpoint:
     def __init__(self, uid: str, capacity: int, rank: int, listen: bool):
         self.uid, self.capacity = uid, capacity
-        self._lanes: dict[Hashable, queue.Queue] = {}
+        self._fifos: dict[Hashable, queue.Queue] = {}
         self._lock = threading.Lock()
         self.closed = False
         self.listener = (
@@ -52,43 +53,43 @@ class _Endpoint:
         )
 
     def _deliver(self, key: Hashable, item: Any, timeout: Optional[float]) -> bool:
-        """An item from the socket: waits while its lane is full; False if it stayed full."""
-        lane = self.lane(key)
+        """An item from the socket: waits while its key's queue is full; False if it stayed full."""
+        fifo = self.fifo(key)
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self.closed:
             wait = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
             try:
-                lane.put(item, timeout=max(0.0, wait))
+                fifo.put(item, timeout=max(0.0, wait))
                 return True
             except queue.Full:
                 if deadline is not None and time.monotonic() >= deadline:
                     return False
         return False
 
-    def lane(self, key: Hashable) -> queue.Queue:
+    def fifo(self, key: Hashable) -> queue.Queue:
         with self._lock:
-            if key not in self._lanes:
-                self._lanes[key] = queue.Queue(maxsize=self.capacity)
-            return self._lanes[key]
+            if key not in self._fifos:
+                self._fifos[key] = queue.Queue(maxsize=self.capacity)
+            return self._fifos[key]
 
     def put(self, key: Hashable, item: Any, timeout: Optional[float]) -> None:
-        lane = self.lane(key)
+        fifo = self.fifo(key)
         for wait in self._slices(key, timeout):
             try:
-                return lane.put(item, timeout=wait)
+                return fifo.put(item, timeout=wait)
             except queue.Full:
                 pass
         raise ChannelTimeout(
-            f"channel {self.uid.split('#')[0]!r} lane {key!r} stayed full "
+            f"channel {self.uid.split('#')[0]!r} key {key!r} stayed full "
             f"({self.capacity} items) for {timeout:g} s: its reader is not reading."
         )
 
     def get(self, key: Hashable, timeout: Optional[float]):
-        """The lane's oldest item; ``queue.Empty`` after ``timeout`` seconds."""
-        lane = self.lane(key)
+        """The key's oldest item; ``queue.Empty`` after ``timeout`` seconds."""
+        fifo = self.fifo(key)
         for wait in self._slices(key, timeout):
             try:
-                return lane.get(timeout=wait)
+                return fifo.get(timeout=wait)
             except queue.Empty:
                 pass
         raise queue.Empty
@@ -101,14 +102,14 @@ class _Endpoint:
             left = None if deadline is None else deadline - time.monotonic()
             yield CLOSED_CHECK_S if left is None else max(0.0, min(CLOSED_CHECK_S, left))
             if self.closed:
-                raise RuntimeError(f"channel {self.uid.split('#')[0]!r} lane {key!r} was "
+                raise RuntimeError(f"channel {self.uid.split('#')[0]!r} key {key!r} was "
                                    "closed while waited on (its worker group was shut down).")
             if left is not None and left <= CLOSED_CHECK_S:
                 return
 
 
 def open_endpoint(uid: str, rank: int, capacity: int, listen: bool = False):
-    """Hosts lane queues of ``uid`` for ``rank`` here; ``listen``: also accept socket puts.
+    """Hosts the key queues of ``uid`` for ``rank`` here; ``listen``: also accept socket puts.
 
     Returns ``(hostname, socket address)`` (address None without ``listen``).
     """
@@ -138,7 +139,7 @@ class Channel:
     Args:
         name: what errors call it.
         receiver: the worker group whose ranks read from it.
-        capacity: items per lane before ``put`` blocks (back-pressure). Default 2.
+        capacity: items per key before ``put`` blocks (back-pressure). Default 2.
         item_type: every item must be an instance of it. Default ``object``.
         routes: optional ``{key: rank}``; otherwise an int key (or a tuple's first int)
             modulo the receiver's world size picks the rank.
@@ -169,7 +170,7 @@ class Channel:
             )
         self.backend = receiver.backend
         self._handles = list(receiver.handles) if receiver.backend == "ray" else None
-        self._in_flight: dict = {}  # lane -> ObjectRef of this producer's last remote put
+        self._in_flight: dict = {}  # key -> ObjectRef of this producer's last remote put
         # per rank: (hostname, Unix socket address) of its endpoint, for same-machine puts
         # (the receiver's worker class: this module knows workers only through their group)
         self._addresses = receiver.call(receiver.worker_cls._m2flow_open_channel, self.uid,
@@ -197,7 +198,7 @@ class Channel:
         return head % self.world_size
 
     def put(self, item: Any, key: Hashable = 0, timeout: Optional[float] = None) -> None:
-        """Enqueues ``item`` on lane ``key``; blocks while that lane is full. Tensors that
+        """Enqueues ``item`` under ``key``; blocks while that key's queue is full. Tensors that
         leave this process go as CPU copies (see the module docstring)."""
         if not isinstance(item, self.item_type):
             raise TypeError(
@@ -225,7 +226,7 @@ class Channel:
         )
 
     def _put_socket(self, address: str, rank: int, key, item, timeout) -> None:
-        with self._socket_errors(f"lane {key!r}", timeout):
+        with self._socket_errors(f"key {key!r}", timeout):
             transport.send(address, (self.uid, rank, key), key, item, timeout)
 
     def _settle_sockets(self) -> None:
@@ -233,16 +234,16 @@ class Channel:
             transport.settle(self.uid)
 
     @contextlib.contextmanager
-    def _socket_errors(self, lane: Optional[str], timeout: Optional[float]):
+    def _socket_errors(self, where: Optional[str], timeout: Optional[float]):
         try:
             yield
         except TimeoutError as e:
-            if lane is None:  # from flush(): the lane and timeout come with the error
+            if where is None:  # from flush(): the key and timeout come with the error
                 key, timeout = e.args
-                lane = f"lane {key!r}"
+                where = f"key {key!r}"
             after = f" for {timeout:g} s" if timeout is not None else ""
             raise ChannelTimeout(
-                f"channel {self.name!r} {lane} stayed full ({self.capacity} items){after}: its "
+                f"channel {self.name!r} {where} stayed full ({self.capacity} items){after}: its "
                 "reader is not reading."
             ) from None
         except ConnectionError as e:
@@ -261,28 +262,28 @@ class Channel:
             ray.get(refs)
 
     def get(self, key: Hashable = 0, timeout: Optional[float] = None) -> Any:
-        """Dequeues the oldest item of lane ``key``; must run in the process of its rank."""
+        """Dequeues the oldest item of ``key``; must run in the process of its rank."""
         rank = self.rank_of(key)
         endpoint = local_endpoint(self.uid, rank)
         if endpoint is None:
             raise RuntimeError(
-                f"channel {self.name!r}: lane {key!r} is read by rank {rank} of its receiver; "
+                f"channel {self.name!r}: key {key!r} is read by rank {rank} of its receiver; "
                 "get() was called from a process that does not host that rank."
             )
         try:
             return endpoint.get(key, timeout)
         except queue.Empty:
             raise ChannelTimeout(
-                f"channel {self.name!r} lane {key!r} got nothing for {timeout:g} s: its "
+                f"channel {self.name!r} key {key!r} got nothing for {timeout:g} s: its "
                 "producer is slow, stuck or dead."
             ) from None
 
     def qsize(self, key: Hashable = 0) -> int:
-        """Items waiting in lane ``key``; only in the process that hosts its rank."""
+        """Items waiting under ``key``; only in the process that hosts its rank."""
         endpoint = local_endpoint(self.uid, self.rank_of(key))
         if endpoint is None:
-            raise RuntimeError(f"channel {self.name!r}: lane {key!r} is not hosted here.")
-        return endpoint.lane(key).qsize()
+            raise RuntimeError(f"channel {self.name!r}: key {key!r} is not hosted here.")
+        return endpoint.fifo(key).qsize()
 
     def close(self) -> None:
         transport.close_connections(self.uid)

@@ -80,8 +80,8 @@ class Cluster:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         os.environ.setdefault("RAY_DEDUP_LOGS", "0")
         # Ray starts its workers at nice 15, so a simulator or policy worker loses its core to
-        # any ordinary process (Ray's own daemons, a driver loop): 6% of the rgb benchmark's
-        # steps here. A local Ray started by m2flow runs them at normal priority.
+        # any ordinary process (Ray's own daemons, a driver loop). A local Ray started by
+        # m2flow runs them at normal priority.
         os.environ.setdefault("RAY_worker_niceness", "0")
         # the worker lines Ray forwards to the driver carry colour codes; a log file gets them
         # as escape sequences (Ray reads this variable as it prints each line)
@@ -185,7 +185,7 @@ def check_cluster(cfg: ClusterConfig) -> None:
         )
 
 
-def planned_nodes(cfg: ClusterConfig) -> Optional[list[NodeInfo]]:
+def expected_nodes(cfg: ClusterConfig) -> Optional[list[NodeInfo]]:
     """The nodes a cluster built from ``cfg`` will have, known before it starts: this machine
     (counted as the cluster counts it) for ``backend=local`` or a local Ray (``address``
     None); None when joining a Ray cluster, whose nodes are only known once connected."""

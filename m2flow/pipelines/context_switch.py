@@ -7,7 +7,7 @@ copies them back. ``torch.nn.Parameter`` objects keep their identity (only ``.da
 an optimiser's references stay valid and its next step continues exactly. Caches (a generation
 KV cache, say) are dropped on offload: they are rebuilt on the next use.
 
-Who switches is decided from the placement, not by the components: :func:`switch_plan` lists,
+Who switches is decided from the placement, not by the components: :func:`offloads_for` lists,
 for components that share a device, which ones must step aside while another runs. On a CPU
 the device *is* host memory, so a context offloads nothing (no-op mode) unless
 ``cluster.context_switch=always`` asks it to copy anyway (tests, CPU dry runs).
@@ -189,44 +189,45 @@ def _copy(t: torch.Tensor, device: torch.device, pin: bool) -> torch.Tensor:
     return out
 
 
-def switch_plan(shares_device: Callable[[str, str], bool], components: list[str],
-                mode: str = "auto") -> dict[str, list[str]]:
+def offloads_for(shares_device: Callable[[str, str], bool], components: list[str],
+                 mode: str = "auto") -> dict[str, list[str]]:
     """For each component, the components that must offload while it runs.
 
     ``auto``: those placed on a common GPU (collocated); disaggregated components never
     switch. ``always``: every pair (CPU dry runs and tests). ``never``: none.
 
-    >>> switch_plan(lambda a, b: True, ["rollout", "learner"])
+    >>> offloads_for(lambda a, b: True, ["rollout", "learner"])
     {'rollout': ['learner'], 'learner': ['rollout']}
-    >>> switch_plan(lambda a, b: False, ["rollout", "learner"])
+    >>> offloads_for(lambda a, b: False, ["rollout", "learner"])
     {'rollout': [], 'learner': []}
     """
     if mode not in SWITCH_MODES:
         raise ValueError(
             f"cluster.context_switch={mode!r} is not a mode; use one of {list(SWITCH_MODES)}."
         )
-    plan: dict[str, list[str]] = {c: [] for c in components}
+    offloads: dict[str, list[str]] = {c: [] for c in components}
     if mode == "never":
-        return plan
+        return offloads
     for a in components:
         for b in components:
             if a != b and (mode == "always" or shares_device(a, b)):
-                plan[a].append(b)
-    return plan
+                offloads[a].append(b)
+    return offloads
 
 
 class ContextSwitcher:
-    """Runs a :func:`switch_plan` over worker groups: ``activate(name)`` offloads the groups
-    that must step aside for ``name`` and onloads ``name``; it returns what moved.
+    """Runs the turns :func:`offloads_for` lists over worker groups: ``activate(name)``
+    offloads the groups that must step aside for ``name`` and onloads ``name``; it returns
+    what moved.
 
     Both runners (embodied and reasoning) drive their turns through this one class.
     """
 
-    def __init__(self, groups: Mapping[str, object], plan: Mapping[str, list[str]],
+    def __init__(self, groups: Mapping[str, object], offloads: Mapping[str, list[str]],
                  force: bool = False):
         self.groups = dict(groups)
-        self.plan = {k: list(v) for k, v in plan.items() if k in self.groups}
-        self.enabled = any(self.plan.values())
+        self.offloads = {k: list(v) for k, v in offloads.items() if k in self.groups}
+        self.enabled = any(self.offloads.values())
         self._on = set(self.groups)  # every component starts with its state on its device
         if self.enabled and force:
             for g in self.groups.values():
@@ -237,7 +238,7 @@ class ContextSwitcher:
         out = {"time/switch_offload": 0.0, "time/switch_onload": 0.0, "switch/bytes": 0.0}
         if not self.enabled:
             return out
-        for other in self.plan.get(name, []):
+        for other in self.offloads.get(name, []):
             if other in self._on:
                 t0 = time.perf_counter()
                 stats = self.groups[other].call(self.groups[other].worker_cls.offload).wait()

@@ -1,14 +1,15 @@
 """Same-machine transport of channel items: Unix sockets between processes.
 
-A Ray actor call costs ~0.5-1 ms here; a channel carries one item per env step and stage, so
-that would be most of a ManiSkill step. Between processes on one machine a channel instead
-sends length-prefixed frames over a Unix socket (~40 us round trip): the receiving worker
-listens on one socket per channel, and each (producer process, lane) pair holds one
-connection, so items of a lane arrive in order and a full lane never blocks another lane.
+A channel carries one item per env step and stage, and a Ray actor call per item would cost a
+large part of a ManiSkill step. Between processes on one machine a channel instead sends
+length-prefixed frames over a Unix socket, a small fraction of a Ray call's round trip
+(docs/results.md#engine-and-tests): the receiving worker
+listens on one socket per channel, and each (producer process, key) pair holds one
+connection, so items of a key arrive in order and a key's full queue never blocks another key.
 
 Flow control matches the Ray path: the receiver answers each frame with one byte once the
-item is in its lane (or once the lane stayed full for the put's timeout), and a producer
-sends the next frame of a lane only after the previous answer: at most one item in flight.
+item is in its key's queue (or once that stayed full for the put's timeout), and a producer
+sends the next frame of a key only after the previous answer: at most one item in flight.
 
 Items are pickled (protocol 5); a TensorDict travels as its flat leaves (numpy arrays) plus
 batch size, which is several times cheaper than pickling the TensorDict object.
@@ -162,7 +163,7 @@ _NUMPY_DTYPES = {torch.float32, torch.float64, torch.float16, torch.int64, torch
 class Listener:
     """Accepts producer connections; hands each item to ``deliver(key, item, timeout)``.
 
-    ``deliver`` blocks while the lane is full and returns False if it stayed full for the
+    ``deliver`` blocks while the key's queue is full and returns False if it stayed full for the
     put's timeout (the item is dropped and the producer told so).
     """
 
@@ -272,12 +273,14 @@ _CONNECTIONS: dict[tuple, _Connection] = {}
 _CONNECTIONS_LOCK = threading.Lock()
 
 
-def send(address: str, lane: tuple, key: Hashable, item: Any, timeout: Optional[float]) -> None:
-    """Sends one item to the listener at ``address`` on this process's connection for ``lane``
-    once the lane's previous item has landed. Raises ``TimeoutError`` if a put found its lane
-    full for its timeout, ``ConnectionError`` if the receiver is gone."""
+def send(address: str, conn_id: tuple, key: Hashable, item: Any,
+         timeout: Optional[float]) -> None:
+    """Sends one item to the listener at ``address`` on this process's connection ``conn_id``
+    ((channel, rank, key)) once the key's previous item has landed. Raises ``TimeoutError`` if
+    a put found its key's queue full for its timeout, ``ConnectionError`` if the receiver is
+    gone."""
     frame = encode(key, item, timeout)
-    conn = _connection(address, lane)
+    conn = _connection(address, conn_id)
     with conn.lock:
         try:
             conn.settle()
@@ -287,47 +290,47 @@ def send(address: str, lane: tuple, key: Hashable, item: Any, timeout: Optional[
         except TimeoutError:
             raise
         except OSError as e:  # ConnectionError is one
-            _drop(lane)
+            _drop(conn_id)
             raise ConnectionError(str(e)) from None
 
 
 def settle(uid: str) -> None:
     """Waits until every item this process sent on channel ``uid`` has landed."""
     with _CONNECTIONS_LOCK:
-        conns = [(lane, c) for lane, c in _CONNECTIONS.items() if lane[0] == uid]
-    for lane, conn in conns:
+        conns = [(conn_id, c) for conn_id, c in _CONNECTIONS.items() if conn_id[0] == uid]
+    for conn_id, conn in conns:
         with conn.lock:
             conn_timeout = conn.pending
             try:
                 conn.settle()
             except TimeoutError:
-                raise TimeoutError(lane[2], conn_timeout) from None
+                raise TimeoutError(conn_id[2], conn_timeout) from None
             except OSError as e:
-                _drop(lane)
+                _drop(conn_id)
                 raise ConnectionError(str(e)) from None
 
 
-def _connection(address: str, lane: tuple) -> _Connection:
+def _connection(address: str, conn_id: tuple) -> _Connection:
     with _CONNECTIONS_LOCK:
-        conn = _CONNECTIONS.get(lane)
+        conn = _CONNECTIONS.get(conn_id)
         if conn is None:
-            conn = _CONNECTIONS[lane] = _Connection(address)
+            conn = _CONNECTIONS[conn_id] = _Connection(address)
         return conn
 
 
-def _drop(lane: tuple) -> None:
+def _drop(conn_id: tuple) -> None:
     with _CONNECTIONS_LOCK:
-        conn = _CONNECTIONS.pop(lane, None)
+        conn = _CONNECTIONS.pop(conn_id, None)
     if conn is not None:
         conn.sock.close()
 
 
 def close_connections(uid: str) -> None:
-    """Closes this process's connections of channel ``uid`` (lane tuples start with it)."""
+    """Closes this process's connections of channel ``uid`` (the connection ids start with it)."""
     with _CONNECTIONS_LOCK:
-        lanes = [lane for lane in _CONNECTIONS if lane[0] == uid]
-    for lane in lanes:
-        _drop(lane)
+        conn_ids = [conn_id for conn_id in _CONNECTIONS if conn_id[0] == uid]
+    for conn_id in conn_ids:
+        _drop(conn_id)
 
 
 def hostname() -> str:

@@ -409,7 +409,8 @@ def _launch_ray_actor(cluster: Cluster, worker_cls: type, info: WorkerInfo, args
         "MKL_NUM_THREADS": threads,
         # An actor runs its calls on a pool of threads, and glibc gives each thread its own
         # malloc arena that keeps freed memory: a learner whose micro-batches change shape
-        # grew to 10 GB this way. Two arenas keep a worker near its working set.
+        # grows far past its working set this way; two arenas keep it near it
+        # (bench/README.md#reasoning_memorysh).
         "MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX", "2"),
     }
     actor_cls = ray.remote(worker_cls)

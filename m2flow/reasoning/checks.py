@@ -147,7 +147,7 @@ def check_paths(cfg: ReasoningConfig) -> None:
 def check_placement(cfg: ReasoningConfig) -> None:
     """Placement on this machine; one worker per component; pipelined modes (anything but
     collocated) need rollout and learner on different devices."""
-    from m2flow.pipelines import switch_plan
+    from m2flow.pipelines import offloads_for
 
     for name in COMPONENTS:
         comp = cfg.cluster.placement.components.get(name)
@@ -161,8 +161,9 @@ def check_placement(cfg: ReasoningConfig) -> None:
                           "objects; set cluster.weight_sync=auto (or ray).")
     if placement is None or placement.mode == "collocated":
         return
-    plan = switch_plan(placement.shares_device, ["rollout", "learner"], cfg.cluster.context_switch)
-    if any(plan.values()):
+    offloads = offloads_for(placement.shares_device, ["rollout", "learner"],
+                            cfg.cluster.context_switch)
+    if any(offloads.values()):
         raise ConfigError(
             f"config error: cluster.placement.mode={placement.mode} runs rollout and learner at "
             "the same time, but they share a GPU (or cluster.context_switch=always asks them to "

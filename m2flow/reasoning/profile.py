@@ -9,7 +9,7 @@ In this one process, one at a time, each after a warm-up call, on one core and o
   (rewards set to alternate within each group: the update's cost depends on the batch's
   shape, and a constant group would be skipped), then a weight sync to the rollout.
 
-``profile(cfg)`` returns the profile and its graph (:mod:`m2flow.reasoning.plan`).
+``profile(cfg)`` returns the profile and its graph (:mod:`m2flow.reasoning.graph`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from m2flow.pipelines import Cluster, ClusterConfig, RankResources, WorkerGroup
 from m2flow.pipelines.planner import measure
 from m2flow.pipelines.planner.graph import Graph
 from m2flow.pipelines.planner.profiles import Node, Profile
-from m2flow.reasoning import plan as reasoning_plan
+from m2flow.reasoning import graph as reasoning_graph
 from m2flow.reasoning.config import ReasoningConfig
 from m2flow.reasoning.learner_worker import ReasoningLearner
 from m2flow.reasoning.reward_worker import RewardWorker
@@ -119,12 +119,12 @@ def profile(cfg: ReasoningConfig, *, say: Callable[[str], None] = print,
         if node.gpus:
             say("profile: generation and learner on GPU 0")
             _on_gpu(prof, cfg, prompts, calls, scored)
-        prof.facts = reasoning_plan.facts(cfg, param_mb)
+        prof.facts = reasoning_graph.facts(cfg, param_mb)
     finally:
         for group in (learner, reward, rollout):
             if group is not None:
                 group.shutdown()
-    return prof, reasoning_plan.graph(prof.facts)
+    return prof, reasoning_graph.graph(prof.facts)
 
 
 def _on_gpu(prof: Profile, cfg: ReasoningConfig, prompts: list, calls: list[int],
@@ -168,7 +168,7 @@ def _on_gpu(prof: Profile, cfg: ReasoningConfig, prompts: list, calls: list[int]
 
 def graph_of(facts: dict) -> Graph:
     """The graph of a saved profile's facts (``m2flow-plan --profile FILE``)."""
-    return reasoning_plan.graph(facts)
+    return reasoning_graph.graph(facts)
 
 
 def measure_iterations(cfg: ReasoningConfig, iterations: int, warm: int = 1) -> list[float]:

@@ -16,7 +16,7 @@ from m2flow.reasoning.data import make_datasets
 from m2flow.reasoning.engine import make_engine
 from m2flow.reasoning.model import load_model
 from m2flow.reasoning.reward import reward_fn
-from m2flow.runs.weights import SyncPlan, WeightBucket
+from m2flow.runs.weights import SyncManifest, WeightBucket
 
 
 class ReasoningRollout(Worker):
@@ -36,13 +36,13 @@ class ReasoningRollout(Worker):
                               caches={"kv_cache": self.engine.release_cache})
 
     # -- weights, bucket by bucket (m2flow.runs.weights) ---------------------------------------
-    def begin_weight_sync(self, plan: SyncPlan, *, version: int) -> None:
-        """Announces a sync of ``plan.keys`` (an unknown name, or a full sync missing one of
+    def begin_weight_sync(self, manifest: SyncManifest, *, version: int) -> None:
+        """Announces a sync of ``manifest.keys`` (an unknown name, or a full sync missing one of
         the model's, is an error here). Nothing generates while weights arrive (the runner
         syncs between steps), so each bucket is loaded as it arrives and host memory holds
         one bucket at a time; the groups generated next carry ``version``."""
         with self.timer("weight_sync"):
-            self.engine.weight_receiver().begin(plan.keys, full=plan.full, stage=False)
+            self.engine.weight_receiver().begin(manifest.keys, full=manifest.full, stage=False)
             self._next_version = version
 
     def receive_weight_bucket(self, bucket: WeightBucket) -> None:

@@ -126,8 +126,8 @@ class ReasoningRunner(RunLoop):
                     "rank per component; set it to 1."
                 )
         self.mode = "collocated" if self.placement.mode == "collocated" else "pipelined"
-        plan = self.session.switch_plan(["rollout", "learner"])
-        if self.mode == "pipelined" and any(plan.values()):
+        offloads = self.session.offloads_for(["rollout", "learner"])
+        if self.mode == "pipelined" and any(offloads.values()):
             raise PlacementError(
                 f"placement.mode={self.placement.mode} runs rollout and learner at the same time, "
                 "but they share a GPU (or cluster.context_switch=always asks them to take "
@@ -143,7 +143,7 @@ class ReasoningRunner(RunLoop):
             self.gen_ch = Channel("generated", self.reward, capacity=p, item_type=TensorDict)
             self.scored_ch = Channel("scored", self.learner, capacity=p, item_type=TensorDict)
             self.switcher = self.session.take_turns(
-                {"rollout": self.rollout, "learner": self.learner}, plan)
+                {"rollout": self.rollout, "learner": self.learner}, offloads)
             if cfg.resume:
                 self.load(cfg.resume)
 

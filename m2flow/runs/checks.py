@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from m2flow.pipelines import Placement, PlacementError
-from m2flow.pipelines.cluster import check_cluster, planned_nodes
+from m2flow.pipelines.cluster import check_cluster, expected_nodes
 from m2flow.pipelines.placement import check_placement
 
 
@@ -134,7 +134,7 @@ def check_cluster_config(cluster: Any, components: Sequence[str],
     known = tuple(components) + tuple(unused)
     try:
         check_cluster(cluster)
-        nodes = planned_nodes(cluster)
+        nodes = expected_nodes(cluster)
         if nodes is None:
             check_placement(cluster.placement, known)
             return None

@@ -40,7 +40,7 @@ from m2flow.pipelines import (
     ContextSwitcher,
     Placement,
     WorkerGroup,
-    switch_plan,
+    offloads_for,
 )
 from m2flow.pipelines.link import LinkGroup, form_link, weight_sync_transport
 from m2flow.pipelines.errors import OutOfMemory, failure_cause
@@ -95,14 +95,15 @@ class RunSession:
         self.links.append(form_link(self.cluster, "weights", learner, rollout))
         return self.links[-1].name
 
-    def switch_plan(self, components: Sequence[str]) -> dict[str, list[str]]:
+    def offloads_for(self, components: Sequence[str]) -> dict[str, list[str]]:
         """Who steps aside for whom among ``components`` on a shared device."""
-        return switch_plan(self.placement.shares_device, list(components),
-                           self.cfg.cluster.context_switch)
+        return offloads_for(self.placement.shares_device, list(components),
+                            self.cfg.cluster.context_switch)
 
-    def take_turns(self, groups: dict[str, WorkerGroup], plan: dict[str, list[str]]) -> ContextSwitcher:
+    def take_turns(self, groups: dict[str, WorkerGroup],
+                   offloads: dict[str, list[str]]) -> ContextSwitcher:
         """The switcher that hands the shared device to one component at a time."""
-        self.switcher = ContextSwitcher(groups, plan,
+        self.switcher = ContextSwitcher(groups, offloads,
                                         force=self.cfg.cluster.context_switch == "always")
         return self.switcher
 

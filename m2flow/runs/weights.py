@@ -18,8 +18,8 @@ goes alone), so no bucket exceeds the cap except such a row. A bucket travels on
 - as one object (one Ray object between processes; :func:`sync_groups` without a link), so
   the object store holds about one bucket at a time;
 - as one flat byte buffer broadcast from learner rank 0 over a link, a torch.distributed
-  group of it and the rollout ranks (:func:`sync_groups` with a link): the plan says each
-  piece's dtype and shape (``SyncPlan.specs``), so both ends lay the bucket out alike
+  group of it and the rollout ranks (:func:`sync_groups` with a link): the manifest says each
+  piece's dtype and shape (``SyncManifest.specs``), so both ends lay the bucket out alike
   (:func:`bucket_layout`), every piece at a multiple of ``ALIGN`` bytes, and the receiver
   reads its pieces as views of the buffer (:func:`unpack_bucket`) that go through the same
   ``WeightReceiver.receive`` as an object does (:meth:`WeightSender.broadcast`,
@@ -33,12 +33,12 @@ Imports torch (the driver's side also ``pipelines``): both workloads use it.
 
 >>> sender = torch.nn.Linear(2, 2)
 >>> receiver = torch.nn.Linear(2, 2)
->>> plan = plan_sync(sender, full=True, cap_bytes=16)  # weight 16 B, bias 8 B
->>> [[p.key for p in b] for b in plan.buckets]
+>>> manifest = sync_manifest(sender, full=True, cap_bytes=16)  # weight 16 B, bias 8 B
+>>> [[p.key for p in b] for b in manifest.buckets]
 [['weight'], ['bias']]
 >>> sink = WeightReceiver(receiver)
->>> sink.begin(plan.keys, full=True)
->>> for b in plan.buckets:
+>>> sink.begin(manifest.keys, full=True)
+>>> for b in manifest.buckets:
 ...     sink.receive(make_bucket(sender.state_dict(), b))
 >>> sink.finish()
 >>> torch.equal(receiver.weight, sender.weight)
@@ -68,7 +68,7 @@ class Piece:
 
 
 @dataclass
-class SyncPlan:
+class SyncManifest:
     """What one sync ships: the names (``keys``) and the pieces of each bucket."""
 
     keys: list[str]
@@ -166,8 +166,8 @@ def _pieces(tensors: Mapping[str, torch.Tensor], keys: list[str], cap_bytes: int
             yield Piece(k, (stop - start) * row_bytes, (start, stop))
 
 
-def plan_sync(module: nn.Module, *, full: bool, cap_bytes: int,
-              snapshot: Optional[Mapping[str, torch.Tensor]] = None) -> SyncPlan:
+def sync_manifest(module: nn.Module, *, full: bool, cap_bytes: int,
+                  snapshot: Optional[Mapping[str, torch.Tensor]] = None) -> SyncManifest:
     """The sync of ``module``: every state-dict tensor (``full``), or its trainable parameters
     plus the buffers that differ from ``snapshot`` (None: every buffer)."""
     state = module.state_dict()
@@ -178,12 +178,12 @@ def plan_sync(module: nn.Module, *, full: bool, cap_bytes: int,
                       else buffer_snapshot(module))
         trainable = set(trainable_keys(module))
         keys = [k for k in state if k in trainable or k in changed]  # state-dict order
-    return SyncPlan(keys, cut_buckets(state, keys, cap_bytes), full, tensor_specs(state, keys))
+    return SyncManifest(keys, cut_buckets(state, keys, cap_bytes), full, tensor_specs(state, keys))
 
 
 def tensor_specs(tensors: Mapping[str, torch.Tensor],
                  keys: list[str]) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
-    """Dtype and shape of each of ``keys``, for :attr:`SyncPlan.specs`."""
+    """Dtype and shape of each of ``keys``, for :attr:`SyncManifest.specs`."""
     return {k: (tensors[k].dtype, tuple(tensors[k].shape)) for k in keys}
 
 
@@ -213,7 +213,7 @@ class Slot:
 def bucket_layout(pieces: list[Piece], specs: Mapping[str, tuple[torch.dtype, tuple[int, ...]]]
                   ) -> tuple[list[Slot], int]:
     """The slots of ``pieces`` in one flat buffer, in order, each at a multiple of ``ALIGN``
-    bytes; and the buffer's bytes. Both ends compute it from the plan alone.
+    bytes; and the buffer's bytes. Both ends compute it from the manifest alone.
 
     >>> specs = {"w": (torch.float32, (3, 2)), "b": (torch.float64, (3,))}
     >>> slots, size = bucket_layout([Piece("w", 16, (1, 3)), Piece("b", 24)], specs)
@@ -300,48 +300,48 @@ class Scratch:
 
 
 class WeightSender:
-    """The sending side, kept by the worker that trains ``module``: plans syncs and hands out
+    """The sending side, kept by the worker that trains ``module``: prepares syncs and hands out
     their buckets; remembers the buffers as last shipped, so a delta sync finds the changed
     ones.
 
-    The first sync it plans is a full one whatever is asked (nothing was shipped before), and
+    The first sync it prepares is a full one whatever is asked (nothing was shipped before), and
     so is the first after ``reset()`` (call it when the weights were replaced, e.g. loaded).
     """
 
     def __init__(self, module: nn.Module):
         self.module = module
         self._snapshot: Optional[dict[str, torch.Tensor]] = None
-        self._plan: Optional[SyncPlan] = None
+        self._manifest: Optional[SyncManifest] = None
         self._scratch = Scratch()  # the flat buffer each bucket is packed into
 
     def reset(self) -> None:
         """Forgets what was shipped: the next sync is a full one."""
-        self._snapshot, self._plan = None, None
+        self._snapshot, self._manifest = None, None
 
-    def plan(self, *, full: bool, cap_bytes: int) -> SyncPlan:
-        """Plans the next sync (full: every tensor) in buckets of at most ``cap_bytes`` (see
+    def prepare(self, *, full: bool, cap_bytes: int) -> SyncManifest:
+        """Prepares the next sync (full: every tensor) in buckets of at most ``cap_bytes`` (see
         :func:`cut_buckets`); its buckets come from ``bucket(i)``."""
-        self._plan = plan_sync(self.module, full=full or self._snapshot is None,
-                               cap_bytes=cap_bytes, snapshot=self._snapshot)
+        self._manifest = sync_manifest(self.module, full=full or self._snapshot is None,
+                                       cap_bytes=cap_bytes, snapshot=self._snapshot)
         self._snapshot = buffer_snapshot(self.module)
-        return self._plan
+        return self._manifest
 
     def bucket(self, index: int) -> WeightBucket:
-        if self._plan is None or not 0 <= index < len(self._plan.buckets):
-            raise IndexError(f"weight sync bucket {index}: plan a sync first, then ask for "
-                             "buckets 0 to len(plan.buckets) - 1.")
-        return make_bucket(self.module.state_dict(), self._plan.buckets[index])
+        if self._manifest is None or not 0 <= index < len(self._manifest.buckets):
+            raise IndexError(f"weight sync bucket {index}: prepare a sync first, then ask for "
+                             "buckets 0 to len(manifest.buckets) - 1.")
+        return make_bucket(self.module.state_dict(), self._manifest.buckets[index])
 
     def broadcast(self, link: Broadcaster) -> int:
-        """Broadcasts every bucket of the planned sync over ``link`` (as member 0), each
+        """Broadcasts every bucket of the prepared sync over ``link`` (as member 0), each
         packed into one flat buffer (:func:`pack_bucket`); the receivers call
         :meth:`WeightReceiver.receive_broadcast`. Returns the bytes sent."""
-        if self._plan is None:
-            raise RuntimeError("weight sync broadcast: plan a sync first.")
+        if self._manifest is None:
+            raise RuntimeError("weight sync broadcast: prepare a sync first.")
         state, sent = self.module.state_dict(), 0
-        for pieces in self._plan.buckets:
-            size = bucket_layout(pieces, self._plan.specs)[1]
-            flat = pack_bucket(state, pieces, self._plan.specs,
+        for pieces in self._manifest.buckets:
+            size = bucket_layout(pieces, self._manifest.specs)[1]
+            flat = pack_bucket(state, pieces, self._manifest.specs,
                                out=self._scratch.get(size, link.device))
             link.broadcast(flat, src=0)
             sent += size
@@ -395,17 +395,17 @@ class WeightReceiver:
         else:
             self._load(bucket)
 
-    def receive_broadcast(self, link: Broadcaster, plan: SyncPlan,
+    def receive_broadcast(self, link: Broadcaster, manifest: SyncManifest,
                           lock: Optional[AbstractContextManager] = None) -> None:
-        """Receives every bucket of ``plan`` over ``link`` (broadcast by member 0,
+        """Receives every bucket of ``manifest`` over ``link`` (broadcast by member 0,
         :meth:`WeightSender.broadcast`) and passes each to :meth:`receive`, holding ``lock``
         (if any) only while it does. A staged bucket arrives in a buffer of its own (it is
         held until ``finish``); otherwise every bucket arrives in one reused buffer."""
-        for pieces in plan.buckets:
-            size = bucket_layout(pieces, plan.specs)[1]
+        for pieces in manifest.buckets:
+            size = bucket_layout(pieces, manifest.specs)[1]
             flat = (torch.empty(size, dtype=torch.uint8, device=link.device) if self._stage
                     else self._scratch.get(size, link.device))
-            bucket = unpack_bucket(link.broadcast(flat, src=0), pieces, plan.specs)
+            bucket = unpack_bucket(link.broadcast(flat, src=0), pieces, manifest.specs)
             with lock or nullcontext():
                 self.receive(bucket)
         self._scratch.release()
@@ -418,7 +418,7 @@ class WeightReceiver:
         if short:
             raise WeightSyncError(
                 f"weight sync: {len(short)} announced tensor(s) did not arrive whole, e.g. "
-                f"{short[0]!r}; every bucket of the plan must be received before finish().")
+                f"{short[0]!r}; every bucket of the manifest must be received before finish().")
 
     @torch.no_grad()
     def _load(self, bucket: WeightBucket) -> None:
@@ -444,7 +444,7 @@ def _rows(t: torch.Tensor) -> int:
 def sync_groups(learner, rollout, sender: type, receiver: type, *, version: int, full: bool,
                 bucket_mb: float, link: Optional[str] = None) -> None:
     """One sync from rank 0 of ``learner`` (a group of ``sender`` workers, which have
-    ``plan_weight_sync`` and ``weight_bucket``) to every rank of ``rollout`` (``receiver``
+    ``prepare_weight_sync`` and ``weight_bucket``) to every rank of ``rollout`` (``receiver``
     workers: ``begin_weight_sync``, ``receive_weight_bucket``, ``finish_weight_sync``), one
     bucket at a time.
 
@@ -456,14 +456,14 @@ def sync_groups(learner, rollout, sender: type, receiver: type, *, version: int,
     (``receiver.receive_weight_broadcast``): two calls, whatever the number of buckets."""
     from m2flow.pipelines.futures import gather
 
-    plan = learner.call(sender.plan_weight_sync, full=full, bucket_mb=bucket_mb,
-                        ranks=[0]).wait()[0]
-    rollout.call(receiver.begin_weight_sync, plan, version=version).wait()
+    manifest = learner.call(sender.prepare_weight_sync, full=full, bucket_mb=bucket_mb,
+                            ranks=[0]).wait()[0]
+    rollout.call(receiver.begin_weight_sync, manifest, version=version).wait()
     if link is not None:
         gather(learner.call(sender.broadcast_weight_buckets, link=link, ranks=[0]),
-               rollout.call(receiver.receive_weight_broadcast, plan, link=link))
+               rollout.call(receiver.receive_weight_broadcast, manifest, link=link))
     else:
-        for i in range(len(plan.buckets)):
+        for i in range(len(manifest.buckets)):
             bucket = learner.call(sender.weight_bucket, index=i, ranks=[0]).as_arg()
             rollout.call(receiver.receive_weight_bucket, bucket).wait()
     rollout.call(receiver.finish_weight_sync).wait()
@@ -474,9 +474,9 @@ def send_state(rollout, receiver: type, state: Mapping[str, torch.Tensor], *, ve
     """A whole state dict held by the driver (a checkpoint's weights, for evaluation) to every
     rank of ``rollout``, in buckets as :func:`sync_groups` sends them."""
     cap = max(1, int(bucket_mb * 2**20))
-    plan = SyncPlan(list(state), cut_buckets(state, list(state), cap), full=True,
-                    specs=tensor_specs(state, list(state)))
-    rollout.call(receiver.begin_weight_sync, plan, version=version).wait()
-    for pieces in plan.buckets:
+    manifest = SyncManifest(list(state), cut_buckets(state, list(state), cap), full=True,
+                            specs=tensor_specs(state, list(state)))
+    rollout.call(receiver.begin_weight_sync, manifest, version=version).wait()
+    for pieces in manifest.buckets:
         rollout.call(receiver.receive_weight_bucket, make_bucket(state, pieces)).wait()
     rollout.call(receiver.finish_weight_sync).wait()

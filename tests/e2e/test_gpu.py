@@ -63,7 +63,7 @@ def test_maniskill_gpu_envs_of_one_seed_start_alike_and_groups_differ(gpu_physx)
 
 def _cuda_learner():
     from m2flow.embodied.algorithms.ppo import PPOConfig
-    from m2flow.embodied.learner_worker import LearnerWorker
+    from m2flow.embodied.workers.learner_worker import LearnerWorker
     from m2flow.pipelines import RankResources, WorkerInfo
     from m2flow.policies import policy_config
     from tests.embodied.test_learner import SPEC
@@ -97,7 +97,7 @@ def test_a_cuda_learner_checkpoints_to_host_memory_and_resumes_from_it(tmp_path)
 
 
 def test_bucketed_weight_sync_from_a_cuda_learner_to_a_cuda_rollout_copy():
-    from m2flow.embodied.rollout_worker import RolloutWorker
+    from m2flow.embodied.workers.rollout_worker import RolloutWorker
     from m2flow.pipelines import RankResources, WorkerInfo
     from m2flow.policies import policy_config
     from tests.embodied.test_learner import SPEC, _OneItem, trajectory
@@ -108,9 +108,9 @@ def test_bucketed_weight_sync_from_a_cuda_learner_to_a_cuda_rollout_copy():
     for version, full in ((0, True), (1, False)):
         if version:
             learner.update(_OneItem(trajectory()), env_ranks=[0], iteration=0)
-        plan = learner.plan_weight_sync(full=full, bucket_mb=2**-10)
-        rollout.begin_weight_sync(plan, version=version)
-        for i in range(len(plan.buckets)):
+        manifest = learner.prepare_weight_sync(full=full, bucket_mb=2**-10)
+        rollout.begin_weight_sync(manifest, version=version)
+        for i in range(len(manifest.buckets)):
             bucket = learner.weight_bucket(index=i)
             assert all(t.device.type == "cpu" for t in bucket.whole.values())
             rollout.receive_weight_bucket(bucket)

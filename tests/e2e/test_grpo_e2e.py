@@ -12,7 +12,7 @@ from tensordict import TensorDict
 from m2flow.cli.eval import main as evaluate
 from m2flow.cli.train import main as train
 from m2flow.embodied.algorithms.grpo import GRPOConfig
-from m2flow.embodied.learner_worker import LearnerWorker
+from m2flow.embodied.workers.learner_worker import LearnerWorker
 from m2flow.envs import EnvSpec
 from m2flow.pipelines import Channel, Cluster, ClusterConfig, RankResources, WorkerGroup
 from m2flow.policies import policy_config

@@ -54,7 +54,7 @@ def test_a_run_whose_learner_is_killed_for_memory_after_a_checkpoint_names_it(tm
     worker Ray killed for memory raises (pipelines.futures turns Ray's error into it, above);
     the run ends with RunOutOfMemory after 1 iteration, naming the checkpoint it wrote."""
     from m2flow.cli.common import load_run_config
-    from m2flow.embodied.learner_worker import LearnerWorker
+    from m2flow.embodied.workers.learner_worker import LearnerWorker
     from m2flow.embodied.runner import EmbodiedRunner
     from m2flow.pipelines import OutOfMemory
 

@@ -71,8 +71,8 @@ def test_a_run_with_an_auto_plan_logs_its_drift_and_re_plans_the_stages(tmp_path
     machine: a 5 s update): the run logs the prediction, then re-plans once the drift shows."""
     from m2flow.pipelines.planner.calibration import models_for
     from m2flow.pipelines.planner.search import search
-    from m2flow.pipelines.planner.planfile import write_plan
-    from m2flow.embodied.plan import graph
+    from m2flow.pipelines.planner.planfile import write_plan_file
+    from m2flow.embodied.graph import graph
 
     node = Node(cores=2, memory_mb=24_000)
     p = profile(node, infer_per_item=1e-6, sizes=(1, 2, 4), learn=5.0)
@@ -80,12 +80,13 @@ def test_a_run_with_an_auto_plan_logs_its_drift_and_re_plans_the_stages(tmp_path
     g = graph(p.facts)
     best = next(pr for pr in search(g, models_for(p, g), node)
                 if pr.feasible and pr.plan.mode == "collocated" and pr.plan.workers == 1
-                and pr.plan.lanes == 1 and not pr.plan.overlap)
-    plan = write_plan(tmp_path / "auto.yaml", best, config_name="maniskill_pushcube_ppo_mlp",
-                      workload="embodied", node=node, knob_overrides=g.knob_overrides(
-                          best.plan, elastic=True), label=best.plan.label(g), auto=True)
+                and pr.plan.stages == 1 and not pr.plan.overlap)
+    path = write_plan_file(tmp_path / "auto.yaml", best,
+                           config_name="maniskill_pushcube_ppo_mlp", workload="embodied",
+                           node=node, knob_overrides=g.knob_overrides(best.plan, elastic=True),
+                           label=best.plan.label(g), auto=True)
     p.save(tmp_path / "auto.profile.json")
-    rc = train_cli([f"cluster.plan={plan}", "runner.rollout_steps=8", "runner.num_iterations=4",
+    rc = train_cli([f"cluster.plan={path}", "runner.rollout_steps=8", "runner.num_iterations=4",
                     "runner.eval_interval=0", "runner.eval_episodes=4",
                     f"runner.log_dir={tmp_path}", "runner.progress_bar=false",
                     "policy.hidden_sizes=[16,16]", "algorithm.update_epochs=1"])

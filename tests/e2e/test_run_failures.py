@@ -156,7 +156,7 @@ def test_a_channel_that_stops_delivering_ends_the_run_with_one_line(tmp_path):
         with contextlib.suppress(ProcessLookupError):  # Ray kills a killed worker's children
             os.kill(simulator, signal.SIGKILL)
     assert re.match(r"m2flow-train: failed during collection after 2 iterations: worker "
-                    r"rollout\[rank 0\] in serve\(\): ChannelTimeout: channel 'obs' lane "
+                    r"rollout\[rank 0\] in serve\(\): ChannelTimeout: channel 'obs' key "
                     r"\(0, 0\) got nothing for 5 s: its producer is slow, stuck or dead "
                     r"\(traceback in \S+\); checkpoint \S+iter_00002.pt; ", line), line
     check_resume(line, run)

@@ -14,9 +14,9 @@ from tensordict import TensorDict
 
 from m2flow.cli.common import load_run_config
 from m2flow.configs import ConfigError
-from m2flow.embodied import demos as demos_mod
-from m2flow.embodied.resets import env_seeds
-from m2flow.embodied.rollout_worker import RolloutWorker
+from m2flow.embodied.demos import maniskill as demos_mod
+from m2flow.embodied.workers.resets import env_seeds
+from m2flow.embodied.workers.rollout_worker import RolloutWorker
 from m2flow.embodied.runner import EmbodiedRunner
 from m2flow.policies import make_policy
 from m2flow.runs import checkpoint, seeding

@@ -11,7 +11,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from m2flow.embodied import learner_worker
+from m2flow.embodied.workers import learner_worker
 from m2flow.embodied.algorithms import (
     ALGORITHMS,
     Algorithm,
@@ -23,7 +23,7 @@ from m2flow.embodied.algorithms import (
 from m2flow.embodied.algorithms.base import flatten_valid
 from m2flow.embodied.algorithms.grpo import GRPO, GRPOConfig
 from m2flow.embodied.algorithms.ppo import PPO, PPOConfig
-from m2flow.embodied.learner_worker import LearnerWorker
+from m2flow.embodied.workers.learner_worker import LearnerWorker
 from m2flow.envs import EnvSpec
 from m2flow.pipelines import RankResources, WorkerInfo
 from m2flow.policies import make_policy, policy_config

@@ -11,6 +11,7 @@ from tensordict import TensorDict
 
 from m2flow.embodied.algorithms import (
     ALGORITHMS,
+    BUILTINS,
     Algorithm,
     AlgorithmConfig,
     AlgorithmError,
@@ -20,7 +21,7 @@ from m2flow.embodied.algorithms import (
     registered_algorithms,
 )
 from m2flow.embodied.algorithms.base import flatten_valid
-from m2flow.embodied.learner_worker import LearnerWorker
+from m2flow.embodied.workers.learner_worker import LearnerWorker
 from m2flow.envs import EnvSpec
 from m2flow.pipelines import RankResources, WorkerInfo
 from m2flow.policies import policy_config
@@ -38,6 +39,20 @@ def registry(monkeypatch):
 def test_builtins_are_listed_and_load_lazily():
     assert {"ppo", "grpo", "bc"} <= set(registered_algorithms())
     assert isinstance(ALGORITHMS._table["bc"], str)  # a "module:Class" string until looked up
+
+
+def test_only_the_table_makes_an_algorithm():
+    """A module of algorithms/ is an algorithm by its line in BUILTINS alone: a helper is never
+    one, and every other module there has its line."""
+    import pkgutil
+
+    from m2flow.embodied import algorithms
+    from m2flow.embodied.algorithms import helpers
+
+    modules = {m.name for m in pkgutil.iter_modules(algorithms.__path__)} - {"base", "helpers"}
+    assert {t.split(":")[0].rsplit(".", 1)[1] for t in BUILTINS.values()} == modules
+    helpers = {m.name for m in pkgutil.iter_modules(helpers.__path__)}
+    assert helpers and not helpers & set(ALGORITHMS._table)
 
 
 @pytest.mark.parametrize("name", registered_algorithms())

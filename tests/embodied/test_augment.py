@@ -7,7 +7,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from m2flow.embodied.augment import _shift, random_shift, shift_images
+from m2flow.embodied.algorithms.helpers.augment import _shift, random_shift, shift_images
 from m2flow.embodied.algorithms.base import AlgorithmError
 from m2flow.embodied.algorithms.bc import BCConfig
 

@@ -6,7 +6,7 @@ from tensordict import TensorDict
 
 from m2flow.embodied.algorithms import AlgorithmError
 from m2flow.embodied.algorithms.bc import BCConfig
-from m2flow.embodied.learner_worker import LearnerWorker
+from m2flow.embodied.workers.learner_worker import LearnerWorker
 from m2flow.envs import EnvSpec
 from m2flow.pipelines import RankResources, WorkerInfo
 from m2flow.policies import policy_config
@@ -115,7 +115,7 @@ def test_episode_options_need_an_episode_dataset(tmp_path, option, value):
 @pytest.fixture(scope="module")
 def demos_h5(tmp_path_factory):
     """One PushCube demonstration (16 px rgb + state) written by m2flow-demos."""
-    from m2flow.embodied import demos
+    from m2flow.embodied.demos import maniskill as demos
 
     out = tmp_path_factory.mktemp("demos") / "push16"
     cfg = demos.load_demos_config(overrides=[
@@ -141,7 +141,7 @@ class _DemoTrajectories:
 
 
 def test_h5_dataset_is_the_episodes_steps_with_their_actions(demos_h5):
-    from m2flow.embodied.algorithms.bc import load_dataset
+    from m2flow.embodied.algorithms.helpers.expert_data import load_dataset
 
     path, spec, kept = demos_h5
     data = load_dataset(path, 4)  # (M,)

@@ -18,7 +18,7 @@ from tensordict import TensorDict
 from m2flow import keys
 from m2flow.embodied.algorithms.grpo import GRPOConfig
 from m2flow.embodied.algorithms.ppo import PPO, PPOConfig, ppo_loss
-from m2flow.embodied.learner_worker import LearnerWorker, env_ranks_of, learner_rank
+from m2flow.embodied.workers.learner_worker import LearnerWorker, env_ranks_of, learner_rank
 from m2flow.envs import EnvSpec
 from m2flow.pipelines import RankResources, WorkerInfo, distributed
 from m2flow.policies import make_policy, policy_config

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from m2flow.configs import ConfigError
-from m2flow.embodied import demos as demos_mod
-from m2flow.embodied.screw_planner import _exp_coordinates
+from m2flow.embodied.demos import maniskill as demos_mod
+from m2flow.embodied.demos.screw_planner import _exp_coordinates
 from m2flow.envs import make_env
 
 # PushCube seeds 2 and 3 reach success after 59 and 65 steps of pd_ee_delta_pos: a time limit

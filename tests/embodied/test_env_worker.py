@@ -4,7 +4,7 @@ env group's at the same time."""
 import torch
 
 from m2flow.runs import seeding
-from m2flow.embodied.env_worker import EnvWorker
+from m2flow.embodied.workers.env_worker import EnvWorker
 from m2flow.envs import env_config
 from m2flow.pipelines import RankResources, WorkerInfo
 
@@ -68,7 +68,7 @@ def test_the_groups_of_a_stage_step_their_action_chunks_side_by_side(tmp_path):
         chunks = [torch.tensor([[[1.0], [2.0], [3.0]]]), torch.tensor([[[4.0], [5.0], [6.0]]])]
         for env, chunk in zip(worker.envs, chunks):
             env.step_async(chunk)
-        outs = worker._wait(SimpleNamespace(plan=[[0, 1]]), 0)
+        outs = worker._wait(SimpleNamespace(stage_groups=[[0, 1]]), 0)
     finally:
         worker.close()
     assert [o["next", "step_reward"].tolist() for o in outs] == [[[1.0, 2.0, 3.0]],

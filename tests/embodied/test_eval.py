@@ -8,7 +8,7 @@ import pytest
 
 from m2flow.configs import ConfigError
 from m2flow.cli.eval import main as evaluate
-from m2flow.embodied.eval_protocol import plan
+from m2flow.embodied.eval_protocol import episode_rounds
 from m2flow.cli.common import load_eval_config
 
 QUIET = ["cluster=inprocess", "runner.progress_bar=false"]
@@ -59,9 +59,9 @@ def test_one_task_env_without_checkpoint_counts_exactly_the_episodes_asked(tmp_p
     assert "mean success" in capsys.readouterr().out
 
 
-def test_plan_lays_out_every_episode_once_and_pads_the_last_round():
-    rounds = plan(num_tasks=10, per_task=3, ranks=2, envs_per_rank=4, base_seed=0,
-                  videos_per_task=2)
+def test_episode_rounds_lay_out_every_episode_once_and_pads_the_last_round():
+    rounds = episode_rounds(num_tasks=10, per_task=3, ranks=2, envs_per_rank=4, base_seed=0,
+                            videos_per_task=2)
     slots = [s for r in rounds for row in r for s in row]
     counted = [(s.task, s.episode) for s in slots if s.episode is not None]
     assert sorted(counted) == [(j, e) for j in range(10) for e in range(3)]
@@ -78,8 +78,8 @@ def test_one_task_episode_seeds_do_not_depend_on_the_layout(ranks, envs):
     n = 20
     words = np.random.SeedSequence([7, 1, 0, 0]).generate_state(n)  # purpose EVAL = 1
     expected = [int(w) & 0x7FFFFFFF for w in words]
-    rounds = plan(num_tasks=1, per_task=n, ranks=ranks, envs_per_rank=envs, base_seed=7,
-                  videos_per_task=0, one_task_env=True)
+    rounds = episode_rounds(num_tasks=1, per_task=n, ranks=ranks, envs_per_rank=envs,
+                            base_seed=7, videos_per_task=0, one_task_env=True)
     slots = [s for r in rounds for row in r for s in row]
     assert all(len(r) == ranks and all(len(row) == envs for row in r) for r in rounds)
     seeds = {s.episode: s.seed for s in slots if s.episode is not None}
@@ -129,7 +129,7 @@ def test_the_report_counts_success_once_and_at_end_per_task(tmp_path):
     other was lost to a simulator restart (counted in neither)."""
     from types import SimpleNamespace
 
-    from m2flow.embodied.episodes import EvalEpisode
+    from m2flow.embodied.workers.episodes import EvalEpisode
     from m2flow.embodied.eval_protocol import run_protocol, write_report
     from m2flow.runs.logger import Progress
 

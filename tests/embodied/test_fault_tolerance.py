@@ -19,8 +19,8 @@ from tests.embodied.test_learner import SPEC, trajectory
 
 from m2flow import keys
 from m2flow.runs import seeding
-from m2flow.embodied.env_worker import EnvWorker
-from m2flow.embodied.learner_worker import LearnerWorker
+from m2flow.embodied.workers.env_worker import EnvWorker
+from m2flow.embodied.workers.learner_worker import LearnerWorker
 from m2flow.embodied.algorithms.ppo import PPOConfig
 from m2flow.envs import env_config
 from m2flow.envs.procs import RESTART_SEED_STRIDE, SimulatorError

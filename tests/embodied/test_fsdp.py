@@ -23,7 +23,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from m2flow import keys
 from m2flow.embodied.algorithms.ppo import PPO, PPOConfig
-from m2flow.embodied.learner_worker import POLICY_METHODS, LearnerWorker
+from m2flow.embodied.workers.learner_worker import POLICY_METHODS, LearnerWorker
 from m2flow.envs import EnvSpec
 from m2flow.pipelines import PlacementError, RankResources, WorkerInfo, distributed
 from m2flow.pipelines.fsdp import block_units
@@ -105,15 +105,15 @@ def _update(worker: LearnerWorker, iteration: int) -> dict:
 
 
 def _worker_rank(rank: int, spec, out_dir: str) -> None:
-    """Update, sync plan, checkpoint; another update; the checkpoint loaded, that update
+    """Update, sync manifest, checkpoint; another update; the checkpoint loaded, that update
     again. Every call on every rank, as the runner makes them."""
     torch.set_num_threads(1)
     worker = _learner(rank, 2, spec)
     try:
         out = {"metrics": _update(worker, ITERATION), "synced": worker.get_weights()}
-        if rank == 0:  # the runner plans syncs on rank 0 alone
-            plan = worker.plan_weight_sync(full=False, bucket_mb=1.0)  # a delta sync's
-            out["plan"] = (plan.keys, plan.specs)
+        if rank == 0:  # the runner prepares syncs on rank 0 alone
+            manifest = worker.prepare_weight_sync(full=False, bucket_mb=1.0)  # a delta sync's
+            out["plan"] = (manifest.keys, manifest.specs)
         state = worker.state_dict()  # every rank takes part; rank 0 gets it
         if rank == 0:
             torch.save(state, f"{out_dir}/checkpoint.pt")
@@ -138,7 +138,7 @@ def test_sharded_learner_syncs_and_checkpoints_whole_weights_and_resumes(tmp_pat
     before = one.get_weights()
     want_metrics = _update(one, ITERATION)
     want_state = copy.deepcopy(one.state_dict())  # (on CPU it holds Adam's live step counts)
-    want_plan = one.plan_weight_sync(full=False, bucket_mb=1.0)
+    want_manifest = one.prepare_weight_sync(full=False, bucket_mb=1.0)
     _update(one, ITERATION + 1)
     want_next = one.get_weights()
 
@@ -147,7 +147,7 @@ def test_sharded_learner_syncs_and_checkpoints_whole_weights_and_resumes(tmp_pat
     assert r1["synced"] == {}  # rank 0 holds the whole copy
     for k, v in want_metrics.items():
         assert r0["metrics"][k] == pytest.approx(v, rel=1e-4, abs=1e-6, nan_ok=True), k
-    assert r0["plan"] == (want_plan.keys, want_plan.specs)
+    assert r0["plan"] == (want_manifest.keys, want_manifest.specs)
     saved = torch.load(tmp_path / "checkpoint.pt")
     assert saved["optimizer"]["param_groups"] == want_state["optimizer"]["param_groups"]
     for i, moments in want_state["optimizer"]["state"].items():  # Adam's, in the same layout
@@ -254,7 +254,7 @@ def test_ppo_trains_with_sharded_learner_ranks_under_ray(tmp_path, ray_cluster):
     iterations, weights broadcast over a link in small buckets; the rollout holds rank 0's
     gathered weights, and the checkpoint (every learner rank asked) holds them too."""
     from m2flow.cli.common import load_run_config
-    from m2flow.embodied.rollout_worker import RolloutWorker
+    from m2flow.embodied.workers.rollout_worker import RolloutWorker
     from m2flow.embodied.runner import EmbodiedRunner
     from m2flow.runs import checkpoint
 

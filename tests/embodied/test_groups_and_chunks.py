@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from m2flow.runs import seeding
-from m2flow.embodied.env_worker import EnvWorker
+from m2flow.embodied.workers.env_worker import EnvWorker
 from m2flow.envs import EnvConfig, env_config, make_env
 from m2flow.envs.chunked import ChunkedEnv
 from m2flow.pipelines import RankResources, WorkerInfo

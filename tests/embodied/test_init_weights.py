@@ -5,7 +5,7 @@ import torch
 
 from m2flow.embodied.algorithms.grpo import GRPOConfig
 from m2flow.embodied.algorithms.ppo import PPOConfig
-from m2flow.embodied.learner_worker import LearnerWorker
+from m2flow.embodied.workers.learner_worker import LearnerWorker
 from m2flow.envs import EnvSpec
 from m2flow.pipelines import RankResources, WorkerInfo
 from m2flow.policies import policy_config

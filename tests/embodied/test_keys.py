@@ -7,8 +7,8 @@ import torch
 from tensordict import TensorDict
 
 from m2flow import keys
-from m2flow.embodied.env_worker import EnvWorker
-from m2flow.embodied.rollout_worker import RolloutWorker
+from m2flow.embodied.workers.env_worker import EnvWorker
+from m2flow.embodied.workers.rollout_worker import RolloutWorker
 from m2flow.envs import env_config, make_env
 from m2flow.envs.chunked import ChunkedEnv
 from m2flow.pipelines import (
@@ -106,7 +106,7 @@ def test_a_collected_trajectory_has_only_listed_keys():
         thread = threading.Thread(target=lambda: result.update(stats=env.collect(
             obs_ch, act_ch, traj_ch, num_steps=4, iteration=0)), daemon=True)
         thread.start()
-        rollout.serve(obs_ch, act_ch, lanes=[(0, 0)], num_steps=4, iteration=0)
+        rollout.serve(obs_ch, act_ch, stage_keys=[(0, 0)], num_steps=4, iteration=0)
         thread.join(timeout=60)
         assert "stats" in result, "the env worker did not finish"
         traj = traj_ch.get(key=0, timeout=10)

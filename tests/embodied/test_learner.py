@@ -4,7 +4,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from m2flow.embodied.learner_worker import LearnerWorker
+from m2flow.embodied.workers.learner_worker import LearnerWorker
 from m2flow.embodied.algorithms.ppo import PPOConfig
 from m2flow.envs import EnvSpec
 from m2flow.pipelines import Channel, Cluster, ClusterConfig, RankResources, WorkerGroup
@@ -132,21 +132,21 @@ def test_critic_values_run_in_micro_batches_equal_to_a_per_sample_loop():
 def test_after_the_first_full_sync_the_learner_ships_trainable_params_and_changed_buffers():
     worker = _learner()
     worker.policy.critic.requires_grad_(False)  # frozen: never changes, never shipped again
-    first = worker.plan_weight_sync(full=False, bucket_mb=1.0)
+    first = worker.prepare_weight_sync(full=False, bucket_mb=1.0)
     assert first.full and set(first.keys) == set(worker.policy.state_dict())
     worker.update(_OneItem(trajectory()), env_ranks=[0], iteration=0)  # observe() moves obs_norm
-    plan = worker.plan_weight_sync(full=False, bucket_mb=1.0)
+    manifest = worker.prepare_weight_sync(full=False, bucket_mb=1.0)
     trainable = {n for n, p in worker.policy.named_parameters() if p.requires_grad}
-    assert not plan.full and trainable == {
+    assert not manifest.full and trainable == {
         "actor_mean.0.weight", "actor_mean.0.bias", "actor_mean.2.weight", "actor_mean.2.bias",
         "actor_log_std"}
-    assert set(plan.keys) == trainable | {"obs_norm.mean", "obs_norm.var", "obs_norm.count"}
+    assert set(manifest.keys) == trainable | {"obs_norm.mean", "obs_norm.var", "obs_norm.count"}
 
 
 def test_a_rollout_copy_equals_the_learner_after_bucketed_syncs():
     from types import SimpleNamespace
 
-    from m2flow.embodied.rollout_worker import RolloutWorker
+    from m2flow.embodied.workers.rollout_worker import RolloutWorker
     from m2flow.embodied.runner import EmbodiedRunner
 
     cluster = Cluster(ClusterConfig(backend="local", num_gpus=0))

@@ -4,7 +4,7 @@ actor's loss, and the Polyak update."""
 
 import torch
 
-from m2flow.embodied.algorithms.offpolicy import (
+from m2flow.embodied.algorithms.helpers.offpolicy import (
     actor_loss, polyak_update, soft_q_target, temperature_loss)
 
 

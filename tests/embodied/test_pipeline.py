@@ -12,7 +12,7 @@ from tests.pipelines.test_channel import Relay
 from m2flow import keys
 from m2flow.cli.common import load_run_config
 from m2flow.runs import seeding
-from m2flow.embodied.learner_worker import check_staleness
+from m2flow.embodied.workers.learner_worker import check_staleness
 from m2flow.embodied.runner import EmbodiedRunner
 from m2flow.pipelines import Channel, RankResources, WorkerGroup
 from m2flow.runs.timeline import OVERLAP_KEY
@@ -85,16 +85,16 @@ def test_m_env_workers_route_stages_to_n_rollout_workers_without_a_relay():
             check_in_order(traj, seeds)
         for r, worker in enumerate(runner.rollout.handles):
             expect = {(e, k) for e in range(2) for k in range(3) if (k * 2 + e) % 3 == r}
-            assert dict(worker.served) == {lane: STEPS for lane in expect}
+            assert dict(worker.served) == {key: STEPS for key in expect}
     finally:
         runner.close()
 
 
-def test_lanes_reach_every_rollout_rank_equally_when_m_divides_e_times_s():
+def test_stages_reach_every_rollout_rank_equally_when_m_divides_e_times_s():
     """For any stage count (it may change at run time, up to rollout.env_groups)."""
     from collections import Counter
 
-    from m2flow.embodied.stages import rollout_rank
+    from m2flow.embodied.workers.stages import rollout_rank
 
     for e, s, m in itertools.product(range(1, 5), range(1, 5), range(1, 9)):
         loads = Counter(rollout_rank(w, k, e, m) for k in range(s) for w in range(e))

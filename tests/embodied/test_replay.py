@@ -9,8 +9,8 @@ import torch
 from tensordict import TensorDict
 
 from m2flow import keys
-from m2flow.embodied.buffer import TrajectoryBuffer
-from m2flow.embodied.replay import MixedSampler, ReplayBuffer, transitions
+from m2flow.embodied.workers.buffer import TrajectoryBuffer
+from m2flow.embodied.algorithms.helpers.replay import MixedSampler, ReplayBuffer, transitions
 from m2flow.envs import env_config, make_env
 
 

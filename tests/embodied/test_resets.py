@@ -4,7 +4,7 @@ against hand-worked examples."""
 import pytest
 import torch
 
-from m2flow.embodied.resets import check_group_size, env_seeds, split, train_tasks
+from m2flow.embodied.workers.resets import check_group_size, env_seeds, split, train_tasks
 from m2flow.runs import seeding
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from m2flow.embodied.stages import offsets, stage_groups, stage_sizes
+from m2flow.embodied.workers.stages import offsets, stage_groups, stage_sizes
 
 
 def test_sizes_are_as_even_as_possible_with_the_first_ones_larger():

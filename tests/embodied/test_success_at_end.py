@@ -6,8 +6,8 @@ import torch
 from tensordict import TensorDict
 
 from m2flow import keys
-from m2flow.embodied.env_eval import EvalRecorder
-from m2flow.embodied.episodes import RunningEpisodes
+from m2flow.embodied.workers.env_eval import EvalRecorder
+from m2flow.embodied.workers.episodes import RunningEpisodes
 from m2flow.embodied.runner import SuccessStop, can_reach
 from m2flow.envs.chunked import combine
 

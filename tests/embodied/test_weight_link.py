@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from m2flow.cli.common import load_run_config
-from m2flow.embodied.learner_worker import LearnerWorker
-from m2flow.embodied.rollout_worker import RolloutWorker
+from m2flow.embodied.workers.learner_worker import LearnerWorker
+from m2flow.embodied.workers.rollout_worker import RolloutWorker
 
 ITERATIONS = 3
 ROLLOUT_WORKERS, ENV_WORKERS = 2, 2

@@ -176,7 +176,7 @@ def test_maniskill_success_flags_equal_maniskills_own_loop():
     import mani_skill.envs  # noqa: F401
     from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
 
-    from m2flow.embodied.episodes import RunningEpisodes
+    from m2flow.embodied.workers.episodes import RunningEpisodes
 
     steps, seeds, hold = 50, [3, 4], [False, True]
     kw = dict(control_mode="pd_ee_delta_pos", reward_mode="normalized_dense")

@@ -1,4 +1,4 @@
-"""Channels: per-key FIFO lanes with back-pressure, type checks, routing, timeouts, and one
+"""Channels: per-key FIFO queues with back-pressure, type checks, routing, timeouts, and one
 producer -> consumer hop between two Ray actors."""
 
 import random
@@ -64,20 +64,20 @@ def test_fifo_order_per_key_with_interleaved_keys(sink):
     assert all(ch.qsize(k) == 0 for k in sent)
 
 
-def test_full_lane_does_not_block_another_lane(sink):
+def test_a_full_key_does_not_block_another_key(sink):
     ch = Channel("obs", sink(), capacity=1)
     ch.put("a", key=0)
-    ch.put("b", key=1, timeout=0.05)  # other lane: room left
+    ch.put("b", key=1, timeout=0.05)  # other key: room left
     with pytest.raises(ChannelTimeout):
         ch.put("c", key=0, timeout=0.05)
     assert (ch.get(key=1, timeout=1.0), ch.get(key=0, timeout=1.0)) == ("b", "a")
 
 
-def test_put_times_out_on_full_lane_and_succeeds_after_a_get(sink):
+def test_put_times_out_on_a_full_key_and_succeeds_after_a_get(sink):
     ch = Channel("obs", sink(), capacity=2)
     ch.put(0)
     ch.put(1)
-    with pytest.raises(ChannelTimeout, match=r"channel 'obs' lane 0 stayed full \(2 items\)"):
+    with pytest.raises(ChannelTimeout, match=r"channel 'obs' key 0 stayed full \(2 items\)"):
         ch.put(2, timeout=0.05)
     assert ch.get(timeout=1.0) == 0
     ch.put(2, timeout=0.05)
@@ -95,7 +95,7 @@ def test_blocked_put_completes_once_the_consumer_gets(sink):
 
     t = threading.Thread(target=producer, daemon=True)
     t.start()
-    assert not done.wait(timeout=0.1), "put into a full lane returned without blocking"
+    assert not done.wait(timeout=0.1), "put into a full key returned without blocking"
     assert ch.get(timeout=1.0) == "first"
     assert done.wait(timeout=10.0), "blocked put did not resume after get"
     t.join(timeout=10.0)
@@ -114,9 +114,9 @@ def test_int_keys_route_to_rank_key_mod_world_size(sink):
     for k in range(-2, 7):
         ch.put(k, key=k)
         assert ch.rank_of(k) == k % 3
-        assert local_endpoint(ch.uid, k % 3).lane(k).qsize() == 1  # landed on that rank
+        assert local_endpoint(ch.uid, k % 3).fifo(k).qsize() == 1  # landed on that rank
         for other in {0, 1, 2} - {k % 3}:
-            assert local_endpoint(ch.uid, other).lane(k).qsize() == 0
+            assert local_endpoint(ch.uid, other).fifo(k).qsize() == 0
 
 
 def test_tuple_keys_route_by_their_first_int(sink):
@@ -125,7 +125,7 @@ def test_tuple_keys_route_by_their_first_int(sink):
         for stage in ("sim", 1):
             assert ch.rank_of((k, stage)) == k % 3
     ch.put("x", key=(4, "sim"))
-    assert local_endpoint(ch.uid, 1).lane((4, "sim")).get_nowait() == "x"
+    assert local_endpoint(ch.uid, 1).fifo((4, "sim")).get_nowait() == "x"
 
 
 def test_explicit_routes_override_the_default(sink):
@@ -133,7 +133,7 @@ def test_explicit_routes_override_the_default(sink):
     assert (ch.rank_of("learner"), ch.rank_of(4), ch.rank_of((5, "s"))) == (2, 0, 1)
     assert ch.rank_of(5) == 2  # keys not in routes keep the default
     ch.put("w", key="learner")
-    assert local_endpoint(ch.uid, 2).lane("learner").get_nowait() == "w"
+    assert local_endpoint(ch.uid, 2).fifo("learner").get_nowait() == "w"
 
 
 def test_non_int_key_without_route_raises_helpful_key_error(sink):
@@ -144,9 +144,9 @@ def test_non_int_key_without_route_raises_helpful_key_error(sink):
         assert "routes=" in str(ei.value)
 
 
-def test_get_on_empty_lane_times_out_naming_the_channel(sink):
+def test_get_on_an_empty_key_times_out_naming_the_channel(sink):
     ch = Channel("rewards", sink())
-    with pytest.raises(ChannelTimeout, match=r"channel 'rewards' lane 3 got nothing"):
+    with pytest.raises(ChannelTimeout, match=r"channel 'rewards' key 3 got nothing"):
         ch.get(key=3, timeout=0.05)
 
 
@@ -178,9 +178,9 @@ def test_ray_producer_puts_straight_into_consumer_in_order(relay_groups):
     assert producer.call(Relay.pid).wait() != consumer.call(Relay.pid).wait()
 
 
-def test_ray_put_into_full_remote_lane_times_out(relay_groups):
+def test_ray_put_into_a_full_remote_key_times_out(relay_groups):
     producer, consumer = relay_groups
     ch = Channel("ints", consumer, capacity=2, item_type=int)
-    with pytest.raises(ChannelTimeout, match="channel 'ints' lane 1 stayed full") as ei:
+    with pytest.raises(ChannelTimeout, match="channel 'ints' key 1 stayed full") as ei:
         producer.call(Relay.produce, ch, 3, 1, 0.2).wait(timeout=60)
     assert any("producer[rank 0]" in note for note in ei.value.__notes__)

@@ -1,6 +1,6 @@
 """Context switching: offload/onload round trips bit for bit (parameters, gradients, buffers,
 Adam state), training continues exactly after a switch, tied weights move once, no-op mode on
-CPU, the switch plan follows the placement, worker groups take turns, and a training run with
+CPU, who offloads follows the placement, worker groups take turns, and a training run with
 switching ends on the same weights as one without."""
 
 import pytest
@@ -21,7 +21,7 @@ from m2flow.pipelines import (
     RankResources,
     Worker,
     WorkerGroup,
-    switch_plan,
+    offloads_for,
 )
 
 
@@ -120,18 +120,18 @@ def placement(mode, rollout_gpus, learner_gpus):
     return Placement(PlacementConfig(mode=mode, components=comps), nodes)
 
 
-def test_switch_plan_follows_the_placement():
+def test_offloads_follow_the_placement():
     names = ["rollout", "learner"]
     both = {"rollout": ["learner"], "learner": ["rollout"]}
     none = {"rollout": [], "learner": []}
     shared = placement("collocated", [0], [0]).shares_device
     apart = placement("disaggregated", [0], [1]).shares_device
-    assert switch_plan(shared, names) == both
-    assert switch_plan(apart, names) == none
-    assert switch_plan(shared, names, "never") == none
-    assert switch_plan(apart, names, "always") == both
+    assert offloads_for(shared, names) == both
+    assert offloads_for(apart, names) == none
+    assert offloads_for(shared, names, "never") == none
+    assert offloads_for(apart, names, "always") == both
     with pytest.raises(ValueError, match="cluster.context_switch='sometimes'"):
-        switch_plan(shared, names, "sometimes")
+        offloads_for(shared, names, "sometimes")
 
 
 class Holder(Worker):

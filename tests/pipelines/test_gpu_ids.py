@@ -13,7 +13,7 @@ import torch
 from m2flow.pipelines import PlacementError, RankResources, Worker, WorkerGroup, WorkerInfo
 from m2flow.pipelines import cluster as cluster_mod
 from m2flow.pipelines import worker as worker_mod
-from m2flow.pipelines.cluster import ClusterConfig, gpu_names, planned_nodes, visible_gpus
+from m2flow.pipelines.cluster import ClusterConfig, gpu_names, expected_nodes, visible_gpus
 
 VAR = "CUDA_VISIBLE_DEVICES"
 
@@ -153,15 +153,15 @@ def test_the_local_node_counts_only_visible_gpus(monkeypatch, eight_gpus, value,
         monkeypatch.delenv(VAR, raising=False)
     else:
         monkeypatch.setenv(VAR, value)
-    assert planned_nodes(ClusterConfig(backend="local"))[0].num_gpus == count
+    assert expected_nodes(ClusterConfig(backend="local"))[0].num_gpus == count
 
 
 def test_num_gpus_above_the_visible_ones_is_refused(monkeypatch, eight_gpus):
     monkeypatch.setenv(VAR, "4,5")
     fragment = r"cluster.num_gpus=4, .*CUDA_VISIBLE_DEVICES='4,5'.*at most 2"
     with pytest.raises(ValueError, match=fragment):
-        planned_nodes(ClusterConfig(backend="local", num_gpus=4))
-    assert planned_nodes(ClusterConfig(backend="local", num_gpus=2))[0].num_gpus == 2
+        expected_nodes(ClusterConfig(backend="local", num_gpus=4))
+    assert expected_nodes(ClusterConfig(backend="local", num_gpus=2))[0].num_gpus == 2
 
 
 def test_a_local_ray_is_given_the_count_placement_uses(monkeypatch, eight_gpus):

@@ -200,21 +200,21 @@ def test_a_ray_worker_is_pinned_to_its_cores(ray_cluster):
 ])
 def test_the_one_gpu_cluster_configs_put_rollout_and_learner_on_gpu_0_taking_turns(name, components):
     """The configs for one machine with one GPU (scripts/gpu_check.sh's H100: 16 cores), read
-    from their files: every GPU component on GPU 0, and the context switch plan has rollout and
-    learner take turns there (the env, whose simulators hold no weights, never switches)."""
+    from their files: every GPU component on GPU 0, and rollout and learner take turns there
+    (the env, whose simulators hold no weights, never switches)."""
     from pathlib import Path
 
     from omegaconf import OmegaConf
 
     import m2flow
-    from m2flow.pipelines import switch_plan
+    from m2flow.pipelines import offloads_for
 
     path = Path(m2flow.__file__).parent / "configs" / "cluster" / f"{name}.yaml"
     placement = OmegaConf.to_container(OmegaConf.load(path).placement)
     p = Placement(PlacementConfig(**placement), nodes((16, 1)))
     for c in components:
         assert [r.gpu_ids for r in p.ranks(c)] == [(0,)], c
-    plan = switch_plan(p.shares_device, ["rollout", "learner"])
-    assert plan == {"rollout": ["learner"], "learner": ["rollout"]}
+    offloads = offloads_for(p.shares_device, ["rollout", "learner"])
+    assert offloads == {"rollout": ["learner"], "learner": ["rollout"]}
     with pytest.raises(PlacementError, match="GPU 0"):  # and a machine without one says so
         Placement(PlacementConfig(**placement), nodes((16, 0)))

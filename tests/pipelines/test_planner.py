@@ -5,10 +5,10 @@ import math
 
 import pytest
 
-from m2flow.embodied.plan import graph as embodied_graph
+from m2flow.embodied.graph import graph as embodied_graph
 from m2flow.pipelines.planner.costmodel import fit_memory, fit_time
 from m2flow.pipelines.planner.graph import ComponentSpec, Graph, Phase
-from m2flow.pipelines.planner.planfile import read_plan, write_plan
+from m2flow.pipelines.planner.planfile import read_plan_file, write_plan_file
 from m2flow.pipelines.planner.profiles import Memory, Node, Profile, Timing
 from m2flow.pipelines.planner.calibration import models_for
 from m2flow.pipelines.planner.search import Block, PlanError, makespan, predict, search
@@ -92,7 +92,7 @@ def test_simulators_filling_the_cores_and_a_tiny_policy_give_the_plain_plan():
     g = embodied_graph(FACTS)
     preds = search(g, models_for(profile(node, infer_per_item=1e-5), g), node)
     best = preds[0]
-    assert (best.plan.lanes, best.plan.overlap, best.plan.workers) == (1, False, 1)
+    assert (best.plan.stages, best.plan.overlap, best.plan.workers) == (1, False, 1)
     # one step of 16 envs on 2 cores, inference on one thread, 50 steps, then the update
     per_step = 0.001 + SIM_S * 8 + 1e-5 * 16
     assert best.iteration_s == pytest.approx(50 * per_step + 0.2, rel=1e-6)
@@ -150,7 +150,7 @@ def test_launch_bound_gpu_inference_keeps_one_stage():
     assert by[one + "1"].breakdown["loop"] == pytest.approx(50 * (0.016 + 0.020))  # sim, infer
     assert by[one + "2"].breakdown["loop"] == pytest.approx(50 * 2 * 0.020)  # 2 calls a step
     assert by[one + "4"].breakdown["loop"] == pytest.approx(50 * 4 * 0.020)
-    assert launch[0].plan.lanes == 1
+    assert launch[0].plan.stages == 1
     assert launch[0].iteration_s == pytest.approx(50 * 0.036 + 0.2)
 
     batch = search(g, models_for(gpu_inference_profile(node, per_call=0, per_item=0.001), g),
@@ -161,10 +161,10 @@ def test_launch_bound_gpu_inference_keeps_one_stage():
     assert batch[0].iteration_s == pytest.approx(50 * 0.016 + 0.2)
 
 
-def test_resets_of_every_lane_start_at_once_for_envs_in_processes():
+def test_resets_of_every_stage_start_at_once_for_envs_in_processes():
     """4 env processes, 0.5 CPU-s per reset: on 2 cores they reset in 1 s at any stage
     count (the env worker starts every group's reset before it waits for any); one after
-    another, 4 lanes of one env would take 4 x 0.5 s. On one core: 2 s either way."""
+    another, 4 stages of one env would take 4 x 0.5 s. On one core: 2 s either way."""
     node = Node(cores=2)
     g = embodied_graph(dict(FACTS, num_envs=4))
     p = profile(node, sizes=(1, 2, 4), reset_s=0.5)
@@ -227,7 +227,7 @@ def test_a_chain_streams_the_update_when_rollout_and_learner_have_own_cores():
                           ComponentSpec("learner")),
               loop=(Phase("rollout", "generate"), Phase("reward", "score")), cycle=False,
               rounds=1, items=64, train=Phase("learner", "learn"), samples=64,
-              steps_per_iteration=64, pinned=("rollout", "learner"), lanes=(1, 4),
+              steps_per_iteration=64, pinned=("rollout", "learner"), stages=(1, 4),
               stream_train=True)
     node = Node(cores=2)
     p = Profile("reasoning", node)
@@ -238,7 +238,7 @@ def test_a_chain_streams_the_update_when_rollout_and_learner_have_own_cores():
     for c in (1, 2):
         p.add_time("learner", "learn", size=64, cores=c, seconds=0.5)
     best = search(g, models_for(p, g), node)[0]
-    assert best.plan.mode == "hybrid" and best.plan.lanes == 4
+    assert best.plan.mode == "hybrid" and best.plan.stages == 4
     assert best.iteration_s == pytest.approx(0.64 + 0.0016 + 0.125, rel=1e-3)
 
 
@@ -250,11 +250,13 @@ def test_the_plan_file_round_trips_into_a_config_that_composes(tmp_path):
     p = profile(node, infer_per_item=SIM_S, sizes=(1, 2, 4))
     preds = search(g, models_for(p, g), node)
     best = next(pr for pr in preds if pr.feasible and pr.plan.mode == "hybrid"
-                and pr.plan.lanes == 2)
-    path = write_plan(tmp_path / "plan.yaml", best, config_name="maniskill_pushcube_ppo_mlp",
-                      workload="embodied", node=node,
-                      knob_overrides=g.knob_overrides(best.plan), label=best.plan.label())
-    assert read_plan(path).predicted["iteration_s"] == pytest.approx(best.iteration_s, rel=1e-3)
+                and pr.plan.stages == 2)
+    path = write_plan_file(tmp_path / "plan.yaml", best,
+                           config_name="maniskill_pushcube_ppo_mlp", workload="embodied",
+                           node=node, knob_overrides=g.knob_overrides(best.plan),
+                           label=best.plan.label())
+    assert read_plan_file(path).predicted["iteration_s"] == \
+        pytest.approx(best.iteration_s, rel=1e-3)
     cfg = load_run_config("maniskill_pushcube_ppo_mlp", [f"cluster.plan={path}"])
     comps = cfg.cluster.placement.components
     assert cfg.cluster.placement.mode == "hybrid" and cfg.cluster.backend == "ray"
@@ -330,16 +332,16 @@ def test_the_updates_time_inside_a_calibration_run_corrects_the_update_at_its_th
 
 def test_on_a_predicted_tie_the_plan_pinning_more_components_is_chosen():
     """Equal predictions (the model has no term for what pinning saves): the hybrid plan,
-    its loop components on cores of their own, goes first; fewer lanes still come before
+    its loop components on cores of their own, goes first; fewer stages still come before
     pinning, and a pinned plan more than 2 % slower is not taken."""
     from m2flow.pipelines.placement import ComponentPlacement as C
     from m2flow.pipelines.planner.search import Plan, Prediction, _chosen_first
 
-    def pred(mode, pinned, lanes, s):
+    def pred(mode, pinned, stages, s):
         env, rollout = ((C(cpu_ids=[0], cpus=1), C(cpu_ids=[1], cpus=1)) if pinned
                         else (C(cpus=2), C(cpus=1)))
         plan = Plan(mode, (("env", env), ("rollout", rollout), ("learner", C(cpus=1))),
-                    lanes=lanes, overlap=True)
+                    stages=stages, overlap=True)
         return Prediction(plan, iteration_s=s)
 
     floating = pred("collocated", False, 1, 3.104)
@@ -364,7 +366,7 @@ def test_a_run_drifting_from_its_prediction_re_plans_its_stages():
     g = embodied_graph(dict(FACTS, num_envs=8))
     models = models_for(profile(node, infer_per_item=1e-5, sizes=(2, 4, 8)), g)
     plan = Plan("hybrid", (("env", C(cpu_ids=[0], cpus=1)), ("rollout", C(cpu_ids=[1], cpus=1)),
-                           ("learner", C(cpus=2))), lanes=1)
+                           ("learner", C(cpus=2))), stages=1)
     pred = predict(plan, g, models, node)
     switched = []
     watch = PlanMonitor(pred.iteration_s, replan=(models, g, node, plan, [1, 2, 4]),
@@ -384,7 +386,7 @@ def test_a_run_drifting_from_its_prediction_re_plans_its_stages():
 def test_a_reasoning_plan_composes_with_a_component_its_cluster_option_lacks(tmp_path):
     """cluster=local lists no reward worker; the plan's placement is merged, not overridden."""
     from m2flow.cli.common import load_run_config
-    from m2flow.reasoning.plan import graph as reasoning_graph
+    from m2flow.reasoning.graph import graph as reasoning_graph
 
     node = Node(cores=2)
     g = reasoning_graph({"prompts_per_step": 32, "n": 8})
@@ -396,12 +398,12 @@ def test_a_reasoning_plan_composes_with_a_component_its_cluster_option_lacks(tmp
     for c in (1, 2):
         p.add_time("learner", "learn", size=256, cores=c, seconds=0.6)
     best = search(g, models_for(p, g), node)[0]
-    assert best.plan.mode == "hybrid" and best.plan.lanes > 1  # streamed, in calls
-    path = write_plan(tmp_path / "r.yaml", best, config_name="reasoning_arith_grpo_tiny",
-                      workload="reasoning", node=node, knob_overrides=g.knob_overrides(best.plan),
-                      label=best.plan.label(g))
+    assert best.plan.mode == "hybrid" and best.plan.stages > 1  # streamed, in calls
+    path = write_plan_file(tmp_path / "r.yaml", best, config_name="reasoning_arith_grpo_tiny",
+                           workload="reasoning", node=node,
+                           knob_overrides=g.knob_overrides(best.plan), label=best.plan.label(g))
     cfg = load_run_config("reasoning_arith_grpo_tiny", [f"cluster.plan={path}"])
     comps = cfg.cluster.placement.components
     assert {"rollout", "reward", "learner"} <= set(comps)  # (env: the option is shared)
     assert comps["rollout"].cpu_ids == [0] and comps["learner"].cpu_ids == [1]
-    assert cfg.rollout.prompts_per_call == 32 // best.plan.lanes
+    assert cfg.rollout.prompts_per_call == 32 // best.plan.stages

@@ -52,13 +52,13 @@ class Spy:
     """Records what passes through the rollout worker's weight-sync methods."""
 
     def __init__(self, rollout: ReasoningRollout):
-        self.plans, self.buckets, self.finished = [], [], 0
+        self.manifests, self.buckets, self.finished = [], [], 0
         begin, receive, finish = (rollout.begin_weight_sync, rollout.receive_weight_bucket,
                                   rollout.finish_weight_sync)
 
-        def on_begin(plan, *, version):
-            self.plans.append((plan.full, len(plan.buckets), version))
-            return begin(plan, version=version)
+        def on_begin(manifest, *, version):
+            self.manifests.append((manifest.full, len(manifest.buckets), version))
+            return begin(manifest, version=version)
 
         def on_receive(bucket):
             self.buckets.append(bucket)
@@ -114,8 +114,8 @@ def test_grpo_steps_sync_the_engine_bucket_by_bucket(tmp_path):
     finally:
         runner.close()
     # the first sync is full, later ones ship the trainable parameters: all of them here
-    assert spy.plans == [(True, BUCKETS_PER_SYNC, 1), (False, BUCKETS_PER_SYNC, 2),
-                         (False, BUCKETS_PER_SYNC, 3)]
+    assert spy.manifests == [(True, BUCKETS_PER_SYNC, 1), (False, BUCKETS_PER_SYNC, 2),
+                             (False, BUCKETS_PER_SYNC, 3)]
     assert len(spy.buckets) == STEPS * BUCKETS_PER_SYNC and spy.finished == STEPS
     for bucket in spy.buckets:
         assert_within_cap(bucket)
@@ -152,23 +152,23 @@ def test_resume_and_evaluation_send_the_checkpoint_in_buckets(tmp_path):
         assert moved > 1000  # the checkpoint is not the initial weights the rollout starts with
         evaluator.load_policy(torch.load(path, weights_only=False))
         assert_same_weights(rollout.engine.model, saved)
-        assert spy.plans == [(True, BUCKETS_PER_SYNC, 1)] and rollout.version == 1
+        assert spy.manifests == [(True, BUCKETS_PER_SYNC, 1)] and rollout.version == 1
         for bucket in spy.buckets:
             assert_within_cap(bucket)
     finally:
         evaluator.close()
 
 
-def test_learner_plans_full_syncs_first_and_after_a_load():
+def test_learner_prepares_full_syncs_first_and_after_a_load():
     learner = make_learner(learner_config(kl_coef=0.0))
     names = list(learner.model.state_dict())
     params = {n for n, p in learner.model.named_parameters()}
-    first = learner.plan_weight_sync(bucket_mb=1.0)
+    first = learner.prepare_weight_sync(bucket_mb=1.0)
     assert first.full and first.keys == names
-    later = learner.plan_weight_sync(bucket_mb=1.0)
+    later = learner.prepare_weight_sync(bucket_mb=1.0)
     assert not later.full and set(later.keys) >= params  # every parameter is trained
     learner.load_state_dict(learner.state_dict())
-    assert learner.plan_weight_sync(bucket_mb=1.0).full
+    assert learner.prepare_weight_sync(bucket_mb=1.0).full
 
 
 def test_the_engine_refuses_a_name_its_model_lacks_and_a_missing_tensor():

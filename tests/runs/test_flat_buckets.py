@@ -58,11 +58,11 @@ def _member(proc: int, dp_spec, link_spec, out: str) -> None:
         link = distributed.join_link(link_spec, 0 if proc == 0 else proc - 1, "cpu", "weights")
         model, sender = sender_side()
         if proc == 0:
-            sender.plan(full=True, cap_bytes=CAP)
+            sender.prepare(full=True, cap_bytes=CAP)
             sender.broadcast(link)
             change(model)
             assert float(dp.sum(torch.ones(1))) == 2.0  # the default group still works
-            sender.plan(full=False, cap_bytes=CAP)
+            sender.prepare(full=False, cap_bytes=CAP)
             sender.broadcast(link)
             return
         own = Mixed(seed=proc)
@@ -70,9 +70,9 @@ def _member(proc: int, dp_spec, link_spec, out: str) -> None:
         for full in (True, False):
             if not full:
                 change(model)
-            plan = sender.plan(full=full, cap_bytes=CAP)  # the sender's plan, from its shapes
-            receiver.begin(plan.keys, full=full, stage=not full)
-            receiver.receive_broadcast(link, plan)
+            manifest = sender.prepare(full=full, cap_bytes=CAP)  # from the sender's shapes
+            receiver.begin(manifest.keys, full=full, stage=not full)
+            receiver.receive_broadcast(link, manifest)
             receiver.finish()
             states.append({k: v.clone() for k, v in own.state_dict().items()})
         torch.save(states, f"{out}/member{proc}.pt")
@@ -89,11 +89,11 @@ def test_full_then_delta_sync_over_a_gloo_link_is_bit_exact(tmp_path):
     mp.start_processes(_member, args=(dp_spec, link_spec, str(tmp_path)), nprocs=4,
                        start_method="spawn")
     model, sender = sender_side()
-    first = sender.plan(full=True, cap_bytes=CAP)
+    first = sender.prepare(full=True, cap_bytes=CAP)
     assert any(p.rows is not None for b in first.buckets for p in b)  # row ranges exercised
     want = [{k: v.clone() for k, v in model.state_dict().items()}]
     change(model)
-    delta = sender.plan(full=False, cap_bytes=CAP)
+    delta = sender.prepare(full=False, cap_bytes=CAP)
     assert "count" in delta.keys and "steps" not in delta.keys  # unchanged buffers stay home
     want.append(model.state_dict())
     for proc in (2, 3):

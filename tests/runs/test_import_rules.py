@@ -17,6 +17,16 @@ CLI_LEVELS = {  # inside cli/, from the bottom up: a module imports only lower l
 }
 FOUNDATION = ("keys", "registry")  # shared by every layer; import no m2flow module
 
+# inside embodied/: a folder -> the other embodied modules it may import (prefixes); the rest
+# of embodied/ (config, checks, runner, profile, workload, ...) stands on them. The algorithms'
+# helpers use the interface (base) and each other, never an algorithm.
+EMBODIED_PARTS = {
+    "m2flow.embodied.algorithms.helpers": ("m2flow.embodied.algorithms.base",),
+    "m2flow.embodied.algorithms": (),
+    "m2flow.embodied.workers": ("m2flow.embodied.algorithms",),
+    "m2flow.embodied.demos": (),
+}
+
 # top name under m2flow (folder or module) -> the m2flow top names it must never import
 FORBIDDEN = {
     "pipelines": {"envs", "policies", "runs", "embodied", "reasoning", "configs"},
@@ -166,6 +176,29 @@ def test_layers_import_one_way():
     assert violations() == []
 
 
+def embodied_part_violations(package: Path = None) -> list[str]:
+    """Imports from algorithms/ (its helpers/ too), workers/ or demos/ into the rest of
+    embodied/ (beyond the parts :data:`EMBODIED_PARTS` lets each use)."""
+    package = package or PACKAGE
+    known = set(all_modules(package))
+    found = []
+    for name, path in all_modules(package).items():
+        part = max((p for p in EMBODIED_PARTS if name == p or name.startswith(p + ".")),
+                   key=len, default=None)
+        if part is None:
+            continue
+        allowed = (part, *EMBODIED_PARTS[part])
+        for line, target, _ in imports_of(path, package, known):
+            if target.startswith("m2flow.embodied") and target != "m2flow.embodied" and \
+                    not any(target == a or target.startswith(a + ".") for a in allowed):
+                found.append(f"{path.relative_to(package.parent)}:{line} imports {target}")
+    return found
+
+
+def test_embodied_parts_import_down():
+    assert embodied_part_violations() == []
+
+
 def test_no_import_circle():
     assert circles(graph()) == []
 
@@ -205,6 +238,10 @@ def test_the_checkers_see_what_they_look_for(tmp_path, monkeypatch):
     (copy / "runs" / "planted_b.py").write_text(
         "def x():\n    from m2flow.runs import planted_a\n"
         "    from m2flow.runs.logger import _hidden\n")
+    (copy / "embodied" / "workers" / "planted_w.py").write_text(
+        "from m2flow.embodied.runner import EmbodiedRunner\n")
+    (copy / "embodied" / "algorithms" / "helpers" / "planted_h.py").write_text(
+        "from m2flow.embodied.algorithms.ppo import PPO\n")
     planted = [v for v in violations(copy) if "planted" in v or "keys" in v or "h()" in v
                or "cli/workloads" in v]
     assert sorted(planted) == sorted(["m2flow/keys.py:" + str(len((copy / "keys.py").read_text().splitlines())
@@ -218,6 +255,9 @@ def test_the_checkers_see_what_they_look_for(tmp_path, monkeypatch):
     assert ["m2flow.runs.planted_a", "m2flow.runs.planted_b"] in circles(graph(copy))
     assert "m2flow/runs/planted_b.py:3 imports m2flow.runs.logger._hidden" in \
         private_imports(copy)
+    assert sorted(embodied_part_violations(copy)) == [
+        "m2flow/embodied/algorithms/helpers/planted_h.py:1 imports m2flow.embodied.algorithms.ppo",
+        "m2flow/embodied/workers/planted_w.py:1 imports m2flow.embodied.runner"]
 
 
 @pytest.mark.parametrize("folder", LAYERS)

@@ -12,7 +12,7 @@ from m2flow.runs.weights import (
     WeightSyncError,
     cut_buckets,
     make_bucket,
-    plan_sync,
+    sync_manifest,
 )
 
 
@@ -38,28 +38,28 @@ def lora_net(seed: int) -> nn.Module:
 
 
 def sync(sender: WeightSender, receiver: nn.Module, *, full: bool, cap: int):
-    plan = sender.plan(full=full, cap_bytes=cap)
+    manifest = sender.prepare(full=full, cap_bytes=cap)
     sink = WeightReceiver(receiver)
-    sink.begin(plan.keys, full=plan.full)
-    for i in range(len(plan.buckets)):
+    sink.begin(manifest.keys, full=manifest.full)
+    for i in range(len(manifest.buckets)):
         sink.receive(sender.bucket(i))
     sink.finish()
-    return plan
+    return manifest
 
 
 def test_a_delta_sync_ships_the_lora_adapters_and_the_changed_buffer_only():
     net = lora_net(0)
     sender = WeightSender(net)
-    first = sender.plan(full=False, cap_bytes=1 << 20)
+    first = sender.prepare(full=False, cap_bytes=1 << 20)
     assert first.full and first.keys == list(net.state_dict())  # nothing was shipped before
     with torch.no_grad():
         net.stat += 1.0
-    plan = sender.plan(full=False, cap_bytes=1 << 20)
+    manifest = sender.prepare(full=False, cap_bytes=1 << 20)
     # peft names its adapters lora_A / lora_B; the frozen base weights and the unchanged
     # buffer stay home
     expected = {k for k in net.state_dict() if ".lora_" in k} | {"stat"}
-    assert len(expected) == 5 and set(plan.keys) == expected and not plan.full
-    assert set(sender.plan(full=False, cap_bytes=1 << 20).keys) == expected - {"stat"}
+    assert len(expected) == 5 and set(manifest.keys) == expected and not manifest.full
+    assert set(sender.prepare(full=False, cap_bytes=1 << 20).keys) == expected - {"stat"}
 
 
 def test_buckets_on_a_hand_worked_example():
@@ -85,8 +85,8 @@ def test_buckets_on_a_hand_worked_example():
 def test_a_copy_equals_the_sender_after_full_and_delta_syncs_in_small_buckets():
     src, dst = lora_net(0), lora_net(1)
     sender = WeightSender(src)
-    plan = sync(sender, dst, full=True, cap=64)  # the 8x6 weight (192 B) goes in row ranges
-    assert any(p.rows is not None for b in plan.buckets for p in b)
+    manifest = sync(sender, dst, full=True, cap=64)  # the 8x6 weight (192 B) goes in row ranges
+    assert any(p.rows is not None for b in manifest.buckets for p in b)
     for k, v in src.state_dict().items():
         assert torch.equal(dst.state_dict()[k], v), k
     with torch.no_grad():  # a training step and a statistics update
@@ -102,10 +102,10 @@ def test_a_copy_equals_the_sender_after_full_and_delta_syncs_in_small_buckets():
 def test_a_staged_sync_changes_nothing_until_finish():
     src, dst = Net(0), Net(1)
     before = {k: v.clone() for k, v in dst.state_dict().items()}
-    plan = plan_sync(src, full=True, cap_bytes=64)
+    manifest = sync_manifest(src, full=True, cap_bytes=64)
     sink = WeightReceiver(dst)
-    sink.begin(plan.keys, full=True, stage=True)
-    for pieces in plan.buckets:
+    sink.begin(manifest.keys, full=True, stage=True)
+    for pieces in manifest.buckets:
         sink.receive(make_bucket(src.state_dict(), pieces))
     assert all(torch.equal(dst.state_dict()[k], v) for k, v in before.items())
     sink.finish()
@@ -119,8 +119,8 @@ def test_names_are_checked_exactly():
         sink.begin(["body.0.wieght"], full=False)
     with pytest.raises(WeightSyncError, match="full sync without 1 of this model's tensors"):
         sink.begin([k for k in dst.state_dict() if k != "fixed"], full=True)
-    plan = plan_sync(Net(0), full=True, cap_bytes=64)
-    sink.begin(plan.keys, full=True)
-    sink.receive(make_bucket(Net(0).state_dict(), plan.buckets[0]))
+    manifest = sync_manifest(Net(0), full=True, cap_bytes=64)
+    sink.begin(manifest.keys, full=True)
+    sink.receive(make_bucket(Net(0).state_dict(), manifest.buckets[0]))
     with pytest.raises(WeightSyncError, match="did not arrive whole"):
         sink.finish()

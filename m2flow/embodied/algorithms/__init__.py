@@ -3,8 +3,10 @@
 Names map to ``"module:Class"`` strings imported on lookup; installed packages add names
 through the entry-point group ``m2flow.algorithms``; ``register_algorithm(name, cls)`` (or as a
 decorator) adds one in code, ``override=True`` to replace. A new algorithm is one module (its
-config dataclass, ``prepare`` and ``loss``, and ``ALGORITHM = <its class>``) and one
-``configs/algorithm/<name>.yaml``; its config's ``validate`` checks its fields with
+config dataclass, ``prepare`` and ``loss``, and ``ALGORITHM = <its class>``), its line in
+:data:`BUILTINS` and one ``configs/algorithm/<name>.yaml``. The modules beside the algorithms
+are the interface (:mod:`.base`) and the pieces they share (:mod:`.helpers`); a module is an
+algorithm only by its line in :data:`BUILTINS`. Its config's ``validate`` checks its fields with
 :func:`check_field`, and what it changes in the learner's loop (parameter groups, the step
 size's schedule, parameters frozen for an update) it says through :class:`Algorithm`'s hooks.
 
@@ -25,20 +27,17 @@ from m2flow.registry import Registry
 
 ENTRY_POINT_GROUP = "m2flow.algorithms"
 
-HELPER_MODULES = frozenset({"base", "losses", "advantages", "offpolicy", "demo_term"})  # shared pieces, not algorithms
+BUILTINS = {
+    "ppo": "m2flow.embodied.algorithms.ppo:PPO",
+    "grpo": "m2flow.embodied.algorithms.grpo:GRPO",
+    "bc": "m2flow.embodied.algorithms.bc:BC",
+    "sac": "m2flow.embodied.algorithms.sac:SAC",
+}
+"""The algorithms m2flow ships: name -> ``"module:class"``, imported when the name is looked
+up. Plugins add theirs through the entry-point group, not here."""
 
 
-def _builtin_algorithms() -> dict[str, str]:
-    """Every other module of this package is an algorithm named after the module, its class
-    the module's ``ALGORITHM``: adding one is adding a module (and its config file). Nothing
-    is imported here; the registry imports a module when its name is looked up."""
-    import pkgutil
-
-    return {m.name: f"{__name__}.{m.name}:ALGORITHM" for m in pkgutil.iter_modules(__path__)
-            if m.name not in HELPER_MODULES and not m.name.startswith("_")}
-
-
-ALGORITHMS = Registry("algorithm", ENTRY_POINT_GROUP, AlgorithmError, _builtin_algorithms())
+ALGORITHMS = Registry("algorithm", ENTRY_POINT_GROUP, AlgorithmError, BUILTINS)
 
 register_algorithm = ALGORITHMS.register
 registered_algorithms = ALGORITHMS.names
@@ -54,6 +53,7 @@ def register_schemas(cs) -> None:
 
 __all__ = [
     "ALGORITHMS",
+    "BUILTINS",
     "Algorithm",
     "AlgorithmConfig",
     "AlgorithmError",

@@ -1,7 +1,7 @@
 """What an embodied algorithm is: a config, a ``prepare`` (advantages and targets on the env
 workers' trajectories) and a ``loss`` on minibatches; the learner worker runs the loop.
 
-The generic loop (``m2flow.embodied.learner_worker``): once, Adam on
+The generic loop (``m2flow.embodied.workers.learner_worker``): once, Adam on
 ``algorithm.param_groups(policy, params)``; then per update::
 
     lr = algorithm.learning_rate(i, num_iterations=n)  # each group's: lr x its lr_scale

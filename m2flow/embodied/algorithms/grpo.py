@@ -3,7 +3,7 @@
 Envs come in groups of ``group_size`` that reset to one initial state; each env's first
 episode of an iteration is one sample of its group, its advantage against the group goes to
 every step of it, and groups whose episodes all share one outcome are dropped (see
-:mod:`m2flow.embodied.algorithms.advantages`).
+:mod:`m2flow.embodied.algorithms.helpers.advantages`).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import torch
 from tensordict import TensorDict
 
 from m2flow import keys
-from m2flow.embodied.algorithms.advantages import first_episodes, keep_groups
+from m2flow.embodied.algorithms.helpers.advantages import first_episodes, keep_groups
 from m2flow.embodied.algorithms.base import Algorithm, AlgorithmConfig, check_field, flatten_valid
-from m2flow.embodied.algorithms.demo_term import DemoTerm, DemoTermConfig
-from m2flow.embodied.algorithms.losses import LOGPROB_LEVELS, level_log_probs, per_ratio
+from m2flow.embodied.algorithms.helpers.demo_term import DemoTerm, DemoTermConfig
+from m2flow.embodied.algorithms.helpers.losses import LOGPROB_LEVELS, level_log_probs, per_ratio
 from m2flow.runs.rl import clipped_surrogate, group_advantages, ratio_stats
 
 
@@ -159,6 +159,3 @@ def grpo_loss(policy, mb: TensorDict, *, clip_coef: float, ent_coef: float,
     if keys.AUX_LOSS in out.keys():  # the policy's own (e.g. policy.state_aux)
         terms["loss_aux"] = out[keys.AUX_LOSS].mean()
     return terms
-
-
-ALGORITHM = GRPO  # what the registry finds under "grpo"

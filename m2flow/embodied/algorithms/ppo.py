@@ -9,7 +9,7 @@ import torch
 from tensordict import TensorDict
 
 from m2flow import keys
-from m2flow.embodied.algorithms.advantages import gae
+from m2flow.embodied.algorithms.helpers.advantages import gae
 from m2flow.embodied.algorithms.base import (
     Algorithm,
     AlgorithmConfig,
@@ -17,8 +17,8 @@ from m2flow.embodied.algorithms.base import (
     check_field,
     flatten_valid,
 )
-from m2flow.embodied.algorithms.demo_term import DemoTerm, DemoTermConfig
-from m2flow.embodied.algorithms.losses import LOGPROB_LEVELS, level_log_probs, per_ratio
+from m2flow.embodied.algorithms.helpers.demo_term import DemoTerm, DemoTermConfig
+from m2flow.embodied.algorithms.helpers.losses import LOGPROB_LEVELS, level_log_probs, per_ratio
 from m2flow.pipelines.distributed import DataParallel
 from m2flow.runs.rl import clipped_surrogate, ratio_stats
 
@@ -107,7 +107,8 @@ class PPO(Algorithm):
     """``algorithm=ppo``: GAE advantages with the policy's critic, the clipped surrogate, a
     value loss and an entropy bonus; stops an update early past ``target_kl``; with
     ``lr_schedule=adaptive``, adapts the step size to each minibatch's KL; with
-    ``demo_coef``, adds the demonstrations' NLL (:mod:`~m2flow.embodied.algorithms.demo_term`)."""
+    ``demo_coef``, adds the demonstrations' NLL
+    (:mod:`~m2flow.embodied.algorithms.helpers.demo_term`)."""
 
     config_class = PPOConfig
     needs_critic = True
@@ -133,10 +134,9 @@ class PPO(Algorithm):
         """GAE with one critic throughout, written into ``traj`` (N, T). ``revalue``: the
         trajectory was collected with older weights (learner overlap); its stored values
         come from an older critic, and mixing them with this critic's next-state values
-        makes the returns off by about (V_new - V_old) * gamma / (1 - gamma * lambda), ~17x
-        here, which the critic then chases until it diverges (measured: value loss 0.006 ->
-        9.7 in 12 iterations). So the values are recomputed; the behaviour log-probs stay
-        (PPO's ratio needs them)."""
+        makes the returns off by about (V_new - V_old) * gamma / (1 - gamma * lambda), which
+        the critic then chases until it diverges. So the values are recomputed; the behaviour
+        log-probs stay (PPO's ratio needs them)."""
         k = self.cfg.micro_batch_size  # N*T observations: in forwards of k
         if revalue:
             traj[keys.VALUE] = batched_values(policy, traj[keys.OBS].reshape(-1), k).reshape(traj.shape)
@@ -294,8 +294,9 @@ def ppo_loss(policy, mb: TensorDict, *, clip_coef: float, vf_coef: float, ent_co
              clip_vloss: bool = False, level: str = "chunk", action_dim: int = 1) -> TensorDict:
     """PPO loss terms for minibatch ``mb`` (keys obs, action, log_prob, value, advantage,
     return; the advantages as they are: normalise them per minibatch before); the policy
-    ratio at log-prob ``level`` (:func:`~m2flow.embodied.algorithms.losses.level_log_probs`),
-    each sample's advantage on every ratio of it.
+    ratio at log-prob ``level``
+    (:func:`~m2flow.embodied.algorithms.helpers.losses.level_log_probs`), each sample's
+    advantage on every ratio of it.
 
     Returns a TensorDict of ``loss_policy``, ``loss_value``, ``loss_entropy`` (sum them to
     train; each a per-sample mean) and diagnostics ``approx_kl``, ``clip_fraction``,
@@ -331,6 +332,3 @@ def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:
     """1 - Var(target - pred) / Var(target) (nan when the target is constant)."""
     var = target.var()
     return float("nan") if var == 0 else float(1 - (target - pred).var() / var)
-
-
-ALGORITHM = PPO  # what the registry finds under "ppo"

@@ -10,11 +10,12 @@ target critics trail the critics by Polyak averaging at ``tau``. Nothing trains 
 buffer holds ``learning_starts`` transitions. Collection and learning overlap with
 ``runner.overlap_learner=true`` (the rollout acts with weights at most
 ``runner.max_staleness`` updates old). The policy must be a soft actor-critic
-(``policy=sac_mlp``, ``sac_cnn``); the maths is in :mod:`~m2flow.embodied.algorithms.offpolicy`.
+(``policy=sac_mlp``, ``sac_cnn``); the maths is in
+:mod:`~m2flow.embodied.algorithms.helpers.offpolicy`.
 
 RLPD is SAC with ``algorithm.demos=<m2flow-demos .h5>``: every minibatch draws
 ``demo_ratio`` of its rows from the demonstrations' transitions and the rest from the online
-buffer (:class:`~m2flow.embodied.replay.MixedSampler`).
+buffer (:class:`~m2flow.embodied.algorithms.helpers.replay.MixedSampler`).
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ from tensordict import TensorDict
 from m2flow import keys
 from m2flow.embodied.algorithms.base import (
     Algorithm, AlgorithmConfig, AlgorithmError, check_field)
-from m2flow.embodied.algorithms.bc import read_demos
-from m2flow.embodied.algorithms.offpolicy import (
+from m2flow.embodied.algorithms.helpers.expert_data import read_demos
+from m2flow.embodied.algorithms.helpers.offpolicy import (
     actor_loss, polyak_update, soft_q_target, temperature_loss)
-from m2flow.embodied.replay import TRANSITION_KEYS, MixedSampler, ReplayBuffer, transitions
+from m2flow.embodied.algorithms.helpers.replay import (
+    TRANSITION_KEYS, MixedSampler, ReplayBuffer, transitions)
 from m2flow.runs import seeding
 from m2flow.runs.learner import frozen_but
 
@@ -288,6 +290,3 @@ def _check_policy(policy) -> None:
         raise ValueError(f"algorithm=sac needs a soft actor-critic policy (twin critics and a "
                          f"temperature); {type(policy).__name__} is not one: use policy=sac_mlp "
                          "or policy=sac_cnn.")
-
-
-ALGORITHM = SAC

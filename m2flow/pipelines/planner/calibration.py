@@ -3,11 +3,10 @@
 The fitted models predict each component's calls from the profile, which times each one
 alone. A few real iterations of the config's own plan correct them twice: the update's time
 inside those iterations against its time alone becomes a factor on the update at that thread
-count (threads of a torch update on cores that simulators, Ray and the driver also use are
-slower than alone: 1.5x for the tiny VLA's 2-thread learner on 2 cores, while its 1-thread
-learner ran as fast as alone), and what the corrected prediction still misses of the
-iteration (Ray hand-offs, the runner's bookkeeping) is the framework's own cost per
-iteration, added to every plan.
+count (threads of a torch update on cores that simulators, Ray and the driver also use can
+be slower than alone, more so the more threads), and what the corrected prediction still
+misses of the iteration (Ray hand-offs, the runner's bookkeeping) is the framework's own cost
+per iteration, added to every plan.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from m2flow.pipelines.planner.search import Plan, placed_ranks, predict
 def models_for(profile, graph: Graph) -> CostModels:
     """The profile's cost models, with a one-process-per-item component's cores capped, and
     calibrated when the profile holds calibration runs (``facts["calibration"]``: the
-    config's own placement and, per run, its lanes, overlap and measured seconds per
+    config's own placement and, per run, its stages, overlap and measured seconds per
     iteration): the update's measured time in a run without overlap against its predicted
     time is a factor on the update at that run's thread count (``CostModels.in_situ``); what
     a run's prediction still misses of its measurement is the framework's own cost per
@@ -34,7 +33,7 @@ def models_for(profile, graph: Graph) -> CostModels:
         return models
     plan_of_run = lambda run: Plan(  # noqa: E731
         cal["mode"], tuple((n, ComponentPlacement(**cal["components"][n])) for n in graph.names),
-        run["lanes"], run["overlap"])
+        run.get("stages", run.get("lanes")), run["overlap"])  # "lanes": older profiles
     train = graph.train
     for run in cal["runs"]:  # the update's time inside a real iteration, at its threads
         measured = (run.get("phases") or {}).get(f"{train.component}_{train.phase}")
@@ -61,17 +60,17 @@ def _threads(plan: Plan, graph: Graph, name: str, node) -> int:
     return placed_ranks(plan, graph, node)[name][0].threads
 
 
-def plan_of(cluster_cfg, graph: Graph, *, lanes: int, overlap: bool) -> Plan:
-    """The plan a config runs: its placement of the graph's components, its lanes and
+def plan_of(cluster_cfg, graph: Graph, *, stages: int, overlap: bool) -> Plan:
+    """The plan a config runs: its placement of the graph's components, its stages and
     overlap."""
     cal = calibration(cluster_cfg, graph, [])
     return Plan(cal["mode"], tuple((n, ComponentPlacement(**cal["components"][n]))
-                                   for n in graph.names), lanes, overlap)
+                                   for n in graph.names), stages, overlap)
 
 
 def calibration(cluster_cfg, graph: Graph, runs) -> dict:
     """What ``models_for`` needs of calibration runs of a config: its placement of the
-    graph's components and ``runs``, each ``(lanes, overlap, seconds per iteration)`` and
+    graph's components and ``runs``, each ``(stages, overlap, seconds per iteration)`` and
     optionally the timed iterations' seconds (kept to show the spread) and the mean seconds
     per iteration of each component phase (``{"learner_learn": s, ...}``, a run's
     ``time/<component>_<phase>``). A JSON-able dict, kept in the profile's facts."""
@@ -82,7 +81,7 @@ def calibration(cluster_cfg, graph: Graph, runs) -> dict:
                        "gpus": list(c.gpus) if c.gpus else None,
                        "cpu_ids": list(c.cpu_ids) if c.cpu_ids else None}
     return {"mode": cluster_cfg.placement.mode, "components": comps,
-            "runs": [{"lanes": k, "overlap": bool(o), "seconds": float(t),
+            "runs": [{"stages": k, "overlap": bool(o), "seconds": float(t),
                       "times": [float(x) for x in (rest[0] if rest else [t])],
                       "phases": {n: float(v) for n, v in (rest[1] if len(rest) > 1
                                                           else {}).items()}}

@@ -180,8 +180,8 @@ class CostModels:
     in_situ: dict[tuple[str, str, float], float] = field(default_factory=dict)
     """(component, phase, cores) -> a factor on that phase's fitted time on that many cores:
     what a calibration run measured it at inside a real iteration against the profile's
-    time alone (a 2-thread learner on 2 cores beside idle simulators and Ray: 1.5x its time
-    alone measured for the tiny VLA); 1 where absent."""
+    time alone (a multi-threaded learner on cores it shares with simulators and Ray runs
+    slower than alone); 1 where absent."""
 
     def scaled(self, factors: Mapping[str, float], overhead_s: float) -> "CostModels":
         """These models with ``factors`` on top of the present scale and ``overhead_s`` for

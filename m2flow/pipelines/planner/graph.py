@@ -2,9 +2,9 @@
 
 Two shapes cover both workloads:
 
-- a **cycle** (embodied): each item (a lane of envs) goes round ``loop`` -- simulate, infer --
+- a **cycle** (embodied): each item (a stage of envs) goes round ``loop`` -- simulate, infer --
   ``rounds`` times per iteration (T steps); the first component's workers each hold
-  ``lanes`` lanes (pipeline stages) and run them one at a time;
+  ``stages`` pipeline stages and run them one at a time;
 - a **chain** (reasoning): each item (a generate call's completions) goes once through
   ``loop`` -- generate, score -- and, when the placement lets rollout and learner run at once,
   on into the update (``stream_train``).
@@ -63,7 +63,7 @@ class Graph:
     """What the throughput column counts per iteration (env steps; completions)."""
     before: tuple[Phase, ...] = ()
     """Phases of the first loop component before each iteration's loop (resets), on each
-    worker's lanes one at a time."""
+    worker's stages one at a time."""
     sync: Optional[Phase] = None
     """Weights from the learner to the rollout (size: the profile's ``sync`` size)."""
     sync_size: float = 0.0
@@ -74,8 +74,8 @@ class Graph:
     pinned: tuple[str, ...] = ()
     """Components the hybrid shape pins to disjoint cores (the ones that run at the same
     time); the others float over every core. Default: the loop's components."""
-    lanes: tuple[int, ...] = (1,)
-    """Lanes per worker of the first loop component to try (pipeline stages; generate calls)."""
+    stages: tuple[int, ...] = (1,)
+    """Stages per worker of the first loop component to try (pipeline stages; generate calls)."""
     workers: tuple[int, ...] = (1,)
     """Worker counts of the first loop component to try (items split among them)."""
     group: int = 1
@@ -85,13 +85,13 @@ class Graph:
     stream_train: bool = False
     """Chain graphs: the update consumes items as they come when rollout and learner may run
     at once (placement not collocated), else it runs after the loop."""
-    lanes_label: str = "S"
-    """How the table names the lane count (``S`` pipeline stages; ``calls`` per step)."""
+    stages_label: str = "S"
+    """How the table names the stage count (``S`` pipeline stages; ``calls`` per step)."""
     item_unit: str = "item"
     throughput_unit: str = "steps/s"
     knob_overrides: Callable[..., list[str]] = field(default=lambda plan, elastic=False: [],
                                                      compare=False)
-    """The workload's config overrides for a plan's lanes, workers and overlap."""
+    """The workload's config overrides for a plan's stages, workers and overlap."""
 
     def component(self, name: str) -> ComponentSpec:
         return next(c for c in self.components if c.name == name)

@@ -16,7 +16,8 @@ from typing import Callable, Iterator, Optional, Sequence
 from m2flow.pipelines.planner.profiles import Node
 
 RAY_DAEMONS_MB = 250.0
-"""Ray's own processes on a node (GCS, raylet, ...): 234 MB measured by bench/memory.py."""
+"""Ray's own processes on a node (GCS, raylet, ...), in MB: what bench/memory.py finds,
+with a margin."""
 
 
 def this_node(cluster_cfg=None) -> Node:

@@ -5,9 +5,9 @@ A run started with a plan (``cluster.plan=FILE``, or ``auto``) knows the plan's 
 seconds per iteration. Every iteration it reports ``plan/predicted_s``, ``plan/measured_s``
 (the median of the last ``WINDOW`` iterations) and ``plan/drift``. When the drift passes
 ``DRIFT`` and the plan was made by ``cluster.plan=auto``, it re-plans what a run can change
-while it runs, the lanes (pipeline stages): each component's predicted busy seconds are
+while it runs, its pipeline stages: each component's predicted busy seconds are
 scaled to what the run measured (``time/<component>_<phase>``), what is left is the
-framework's own cost, and every lane count the run's env groups allow is predicted again; a
+framework's own cost, and every stage count the run's env groups allow is predicted again; a
 different one is taken if it gains ``REPLAN_GAIN``. The corrected prediction becomes the new
 reference either way, so one drift re-plans once.
 
@@ -26,17 +26,17 @@ DRIFT = 0.20
 WINDOW = 3
 """Iterations whose median is compared (one slow iteration is not a drift)."""
 REPLAN_GAIN = 0.05
-"""A different lane count is taken only if predicted at least this much faster."""
+"""A different stage count is taken only if predicted at least this much faster."""
 
 
 class PlanMonitor:
-    """Compares a run's iterations with a prediction; re-plans lanes when allowed.
+    """Compares a run's iterations with a prediction; re-plans stages when allowed.
 
     Args:
         predicted_s: the plan's predicted seconds per iteration.
-        replan: None (watch only), or ``(models, graph, node, plan, lanes)`` to re-plan
+        replan: None (watch only), or ``(models, graph, node, plan, stages)`` to re-plan
             with: the cost models, the workload graph, the node, the running plan and the
-            lane counts it may switch to.
+            stage counts it may switch to.
         timers: per component, the timer phase of its busy time in the run's metrics
             (``{"env": "sim", ...}`` -> ``time/env_sim``).
     """
@@ -52,10 +52,10 @@ class PlanMonitor:
         self.replans = 0
 
     def observe(self, metrics: Mapping[str, float],
-                set_lanes: Optional[Callable[[int], None]] = None,
+                set_stages: Optional[Callable[[int], None]] = None,
                 log: Callable[[str], None] = lambda line: None) -> dict:
         """Takes one iteration's metrics; returns ``plan/*`` metrics. A re-plan calls
-        ``set_lanes`` and ``log``s a line saying what it changed and why."""
+        ``set_stages`` and ``log``s a line saying what it changed and why."""
         if not self.times and not self.replans:
             what = "re-plans the stages on a drift" if self.replan else "watch only"
             log(f"plan: {self.source}: predicted {self.predicted:.3f} s/iteration for this "
@@ -69,7 +69,7 @@ class PlanMonitor:
         out = {"plan/predicted_s": self.predicted, "plan/measured_s": measured,
                "plan/drift": drift}
         if abs(drift) > DRIFT and len(window) == WINDOW and self.replan is not None:
-            line = self._replan(measured, set_lanes)
+            line = self._replan(measured, set_stages)
             log(f"plan: measured {measured:.3f} s/iteration over the last {WINDOW} against "
                 f"{out['plan/predicted_s']:.3f} s predicted ({100 * drift:+.0f} %): {line}")
             self.times.clear()
@@ -77,10 +77,10 @@ class PlanMonitor:
             self.replans += 1
         return out
 
-    def _replan(self, measured: float, set_lanes) -> str:
+    def _replan(self, measured: float, set_stages) -> str:
         from m2flow.pipelines.planner.search import Plan, predict
 
-        models, graph, node, plan, lanes = self.replan
+        models, graph, node, plan, stages = self.replan
         now = predict(plan, graph, models, node)
         seen = {c: statistics.median(b[c] for b in self.busy[-WINDOW:]) for c in self.timers}
         factors = {c: seen[c] / now.busy[c]  # what the run measured is what it costs
@@ -89,28 +89,28 @@ class PlanMonitor:
         base = predict(plan, graph, scaled, node)
         models = scaled.scaled({}, max(0.0, measured - base.iteration_s))
         options = {}
-        for k in lanes:
+        for k in stages:
             p = predict(Plan(plan.mode, plan.components, k, plan.overlap), graph, models, node)
             if p.feasible:
                 options[k] = p
-        current = options.get(plan.lanes) or predict(plan, graph, models, node)
+        current = options.get(plan.stages) or predict(plan, graph, models, node)
         best = min(options.values(), key=lambda p: p.iteration_s, default=current)
         why = ", ".join(f"{c} x{f:.3g}" for c, f in sorted(factors.items())) or "no timers"
-        name = graph.lanes_label
-        if best.plan.lanes != plan.lanes and \
-                best.iteration_s < current.iteration_s * (1 - REPLAN_GAIN) and set_lanes:
-            set_lanes(best.plan.lanes)
-            self.replan = (models, graph, node, best.plan, lanes)
+        name = graph.stages_label
+        if best.plan.stages != plan.stages and \
+                best.iteration_s < current.iteration_s * (1 - REPLAN_GAIN) and set_stages:
+            set_stages(best.plan.stages)
+            self.replan = (models, graph, node, best.plan, stages)
             self.predicted = best.iteration_s
             return (f"re-planned with the measured component times ({why}): {name} "
-                    f"{plan.lanes} -> {best.plan.lanes}, predicted {best.iteration_s:.3f} s")
-        self.replan = (models, graph, node, plan, lanes)
+                    f"{plan.stages} -> {best.plan.stages}, predicted {best.iteration_s:.3f} s")
+        self.replan = (models, graph, node, plan, stages)
         self.predicted = current.iteration_s
-        return (f"re-planned with the measured component times ({why}): {name}={plan.lanes} "
+        return (f"re-planned with the measured component times ({why}): {name}={plan.stages} "
                 f"stays the best of {sorted(options)}; predicted now {current.iteration_s:.3f} s")
 
 
-def lanes_within(graph, limit: int, per_worker: int) -> Sequence[int]:
-    """The lane counts a run can switch to: the graph's, at most ``limit`` (the env groups
+def stages_within(graph, limit: int, per_worker: int) -> Sequence[int]:
+    """The stage counts a run can switch to: the graph's, at most ``limit`` (the env groups
     built) and at most the items each worker holds."""
-    return [k for k in graph.lanes if k <= min(limit, per_worker)]
+    return [k for k in graph.stages if k <= min(limit, per_worker)]

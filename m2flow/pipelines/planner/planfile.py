@@ -11,7 +11,7 @@ option does not list); the overrides go before the command line's own.
 
 >>> from m2flow.pipelines.placement import ComponentPlacement
 >>> plan = Plan("hybrid", (("env", ComponentPlacement(cpu_ids=[0], cpus=1)),
-...                        ("rollout", ComponentPlacement(cpu_ids=[1], cpus=1))), lanes=2)
+...                        ("rollout", ComponentPlacement(cpu_ids=[1], cpus=1))), stages=2)
 >>> cluster_group(plan)["placement"]["components"]["env"]
 {'workers': 1, 'cpus': 1.0, 'cpu_ids': [0], 'gpus': None, 'node': 0, 'node_resource': None}
 """
@@ -62,9 +62,10 @@ def cluster_group(plan: Plan) -> dict:
     return {"backend": "ray", "placement": {"mode": plan.mode, "components": comps}}
 
 
-def write_plan(path, pred: Prediction, *, config_name: str, workload: str, node: Node,
-               knob_overrides: list[str], label: str, runner_up: Optional[Prediction] = None,
-               command: str = "", auto: bool = False) -> Path:
+def write_plan_file(path, pred: Prediction, *, config_name: str, workload: str, node: Node,
+                    knob_overrides: list[str], label: str,
+                    runner_up: Optional[Prediction] = None, command: str = "",
+                    auto: bool = False) -> Path:
     """Writes the plan file for ``pred`` (the chosen plan) and returns its path. ``auto``: a
     plan made by ``cluster.plan=auto``, which the run may change (pipeline stages) when its
     iterations drift from the prediction."""
@@ -101,7 +102,7 @@ def write_plan(path, pred: Prediction, *, config_name: str, workload: str, node:
     return path
 
 
-def read_plan(path) -> PlanFile:
+def read_plan_file(path) -> PlanFile:
     """The plan file at ``path``; PlanFileError with one line when it is not one."""
     path = Path(path)
     if not path.is_file():

@@ -1,6 +1,6 @@
 """The search: every plan for a node, its predicted iteration time and memory, the best first.
 
-The plans are :mod:`.space`'s (placements x workers x lanes x overlap). Each placement is
+The plans are :mod:`.space`'s (placements x workers x stages x overlap). Each placement is
 checked by the engine's own :class:`~m2flow.pipelines.Placement`, so a plan the run would
 refuse is refused here, with the same sentence.
 
@@ -12,7 +12,7 @@ on a node whose simulators already fill every core, overlapping inference or the
 with them buys nothing). A phase holds the cores it runs on for its whole time (torch
 threads spin at their barriers; simulators spread over k cores run as fast as the profile
 measured them there): its work is cores x time, at least its time on one core. A cycle
-(embodied) round costs the most of: one lane's trip round the loop (sim + infer +
+(embodied) round costs the most of: one stage's trip round the loop (sim + infer +
 hand-offs), each worker's busy time (S stages one after another), and the shared-core
 bound. A chain (reasoning) costs the fill plus the bottleneck phase per
 item. The update runs after the loop, or during it (learner overlap, streaming).
@@ -40,12 +40,11 @@ __all__ = ["Block", "Plan", "PlanError", "Prediction", "makespan", "plans", "pre
            "search", "table"]
 
 SIMPLER_WITHIN = 0.02
-"""A simpler plan (fewer lanes, workers) within this fraction of the fastest one is chosen
+"""A simpler plan (fewer stages, workers) within this fraction of the fastest one is chosen
 instead: predictions are not that exact, and simpler plans fail less. Among equally simple
 ones the plan that pins more components to cores of their own comes first: the cost model
 has no term for what pinning saves (no migrations, warm caches, no torch thread landing on
-a simulator's core; measured 10 % on the rgb + tiny VLA case, bench/README.md), so on a
-predicted tie it is the safer side."""
+a simulator's core), so on a predicted tie it is the safer side."""
 OVERLAP_GAIN = 0.10
 """Learner overlap trains on data one update stale, which costs iterations: the default
 job needed 24 % more to reach 0.9 (bench/README.md, to_target.py). It is chosen only when it
@@ -200,9 +199,9 @@ def predict(plan: Plan, graph: Graph, models: CostModels, node: Node) -> Predict
 
 
 def _check(plan: Plan, graph: Graph) -> Optional[str]:
-    """The workload's own rules on workers and lanes (sizes that do not split)."""
+    """The workload's own rules on workers and stages (sizes that do not split)."""
     first = graph.loop[0].component
-    e, s = plan.workers, plan.lanes
+    e, s = plan.workers, plan.stages
     if graph.items % e:
         return f"{graph.items} {graph.item_unit}s do not split over {e} {first} workers"
     per = graph.items // e
@@ -210,7 +209,7 @@ def _check(plan: Plan, graph: Graph) -> Optional[str]:
         return (f"{per} {graph.item_unit}s per {first} worker is not a multiple of "
                 f"the group of {graph.group}")
     if s > per:
-        return f"S={s} lanes need at least {s} {graph.item_unit}s per {first} worker, not {per}"
+        return f"S={s} stages need at least {s} {graph.item_unit}s per {first} worker, not {per}"
     if not graph.cycle and per % s:
         return f"{per} {graph.item_unit}s do not split into {s} equal calls"
     comps = dict(plan.components)
@@ -230,13 +229,13 @@ def _shared_gpu(comps: dict, graph: Graph) -> bool:
 def _time(plan: Plan, graph: Graph, costs: _Costs, ranks: dict,
           busy: dict) -> dict[str, float]:
     first = graph.loop[0].component
-    e, s = plan.workers, plan.lanes
-    lanes = e * s
-    size = graph.items / lanes  # per lane (one call of each loop phase)
+    e, s = plan.workers, plan.stages
+    stages = e * s
+    size = graph.items / stages  # per stage (one call of each loop phase)
     env_ranks = ranks[first]
-    # before the loop (resets), the workers at once; a worker starts every lane's at once
+    # before the loop (resets), the workers at once; a worker starts every stage's at once
     # where each item has a process of its own (EnvWorker: reset_async, then reset_wait),
-    # else its lanes one after another
+    # else its stages one after another
     before = [Block(0.0)]
     for r in env_ranks:
         for p in graph.before:
@@ -254,7 +253,7 @@ def _time(plan: Plan, graph: Graph, costs: _Costs, ranks: dict,
     blocks, trip, item_times = [], 0.0, []
     for p in graph.loop:
         rs = ranks[p.component]
-        calls = s if p.component == first else lanes / len(rs)
+        calls = s if p.component == first else stages / len(rs)
         for r in rs:
             blocks.append(costs.block(p, size, r, calls=calls * (graph.rounds if graph.cycle else 1)))
         busy[p.component] = busy.get(p.component, 0.0) + blocks[-1].wall
@@ -273,7 +272,7 @@ def _time(plan: Plan, graph: Graph, costs: _Costs, ranks: dict,
             parts["loop"] = makespan([chain, *blocks])
             parts["train"] = train.wall
     else:
-        k = lanes
+        k = stages
         streamed = graph.stream_train and plan.mode != "collocated" and not _shared_gpu(comps, graph)
         if streamed:
             share = train.wall / k
@@ -302,12 +301,12 @@ def _time(plan: Plan, graph: Graph, costs: _Costs, ranks: dict,
 def _memory(out: Prediction, plan: Plan, graph: Graph, models: CostModels, ranks: dict) -> None:
     first = graph.loop[0].component
     per_worker = graph.items / plan.workers
-    lane = per_worker / plan.lanes
+    per_stage = per_worker / plan.stages
     sizes = {first: per_worker, graph.train.component: graph.samples}
     host, gpu = 0.0, {}
     shared = _shared_gpu(dict(plan.components), graph)
     for name in graph.names:
-        x = sizes.get(name, lane)
+        x = sizes.get(name, per_stage)
         for r in ranks[name]:
             host += models.mb(name, x, "cpu")
             if r.gpu is not None:
@@ -337,7 +336,7 @@ def search(graph: Graph, models: CostModels, node: Node) -> list[Prediction]:
 def _chosen_first(ok: list[Prediction]) -> list[Prediction]:
     """``ok`` (fastest first) with the chosen plan moved to the front: without overlap
     unless it gains ``OVERLAP_GAIN``, then the simplest within ``SIMPLER_WITHIN`` (fewest
-    lanes, then workers, then floating components)."""
+    stages, then workers, then floating components)."""
     plain = [p for p in ok if not p.plan.overlap]
     pool = ok
     if plain and ok[0].plan.overlap and \
@@ -345,7 +344,7 @@ def _chosen_first(ok: list[Prediction]) -> list[Prediction]:
         pool = plain
     best = pool[0]
     simple = min((p for p in pool if p.iteration_s <= best.iteration_s * (1 + SIMPLER_WITHIN)),
-                 key=lambda p: (p.plan.lanes, p.plan.workers, _floating(p.plan), p.iteration_s))
+                 key=lambda p: (p.plan.stages, p.plan.workers, _floating(p.plan), p.iteration_s))
     rest = list(ok)
     rest.remove(simple)
     return [simple, *rest]

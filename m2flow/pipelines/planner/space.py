@@ -3,7 +3,7 @@
 A plan is a placement of the graph's components (collocated: all share the cores; hybrid:
 the loop components pinned to cores of their own, the learner floating; disaggregated: every
 component on cores of its own; GPU-capable components on GPUs where the node has them), a
-worker count and a lane count (pipeline stages) for the first loop component, and learner
+worker count and a stage count (pipeline stages) for the first loop component, and learner
 overlap. :mod:`.search` predicts each one.
 """
 
@@ -26,8 +26,8 @@ class Plan:
     """collocated | hybrid | disaggregated (the placement mode it runs under)."""
     components: tuple[tuple[str, ComponentPlacement], ...]
     """Each component's placement, in the graph's order."""
-    lanes: int = 1
-    """Lanes per worker of the first loop component (pipeline stages; generate calls)."""
+    stages: int = 1
+    """Stages per worker of the first loop component (pipeline stages; generate calls)."""
     overlap: bool = False
 
     def placement(self, name: str) -> ComponentPlacement:
@@ -39,7 +39,7 @@ class Plan:
 
     def label(self, graph: Optional[Graph] = None) -> str:
         """One line: mode, each component's cores (or GPU) and threads, the knobs. With
-        ``graph``, threads are left out where they do not matter and lanes get its name."""
+        ``graph``, threads are left out where they do not matter and stages get its name."""
         quiet = {c.name for c in graph.components if not c.threads} if graph else set()
         parts = []
         for name, c in self.components:
@@ -51,7 +51,7 @@ class Plan:
                        or self.mode == "disaggregated" else f" {int(c.cpus)}t")
             count = f"x{c.workers} " if c.workers > 1 else ""
             parts.append(f"{name} {count}{where}{threads}")
-        knobs = f"{graph.lanes_label if graph else 'S'}={self.lanes}"
+        knobs = f"{graph.stages_label if graph else 'S'}={self.stages}"
         knobs += " overlap" if self.overlap else ""
         return f"{self.mode}: {', '.join(parts)}; {knobs}"
 
@@ -149,18 +149,18 @@ def _span(ids) -> str:
 
 
 def plans(graph: Graph, node: Node) -> list[Plan]:
-    """Every plan of the search space (placements x workers x lanes x overlap), deduplicated."""
+    """Every plan of the search space (placements x workers x stages x overlap), deduplicated."""
     first = graph.loop[0].component
     out, seen = [], set()
     for mode, comps in placements(graph, node):
         for workers in graph.workers:
-            for lanes in graph.lanes:
+            for stages in graph.stages:
                 for overlap in ((False, True) if graph.overlap else (False,)):
                     cs = dict(comps)
                     f = cs[first]
                     cs[first] = ComponentPlacement(workers=workers, cpus=f.cpus, gpus=f.gpus,
                                                    cpu_ids=f.cpu_ids)
-                    plan = Plan(mode, tuple((n, cs[n]) for n in graph.names), lanes, overlap)
+                    plan = Plan(mode, tuple((n, cs[n]) for n in graph.names), stages, overlap)
                     key = plan.label(graph)
                     if key not in seen:
                         seen.add(key)

@@ -10,8 +10,8 @@ adds, to every minibatch's loss,
 averaged over ``demo_batch_size`` demonstration steps drawn afresh for each minibatch (DAPG,
 Rajeswaran et al. 2018: the same term with the same geometric decay, there weighted by
 advantages; "PPO + BC" in the offline-to-online literature). The demonstrations are read as
-``algorithm=bc`` reads them (:mod:`m2flow.embodied.algorithms.bc`: an m2flow-demos .h5 file
-or a .pt batch, action chunks and action tokens for the policy at hand).
+``algorithm=bc`` reads them (:mod:`m2flow.embodied.algorithms.helpers.expert_data`: an
+m2flow-demos .h5 file or a .pt batch, action chunks and action tokens for the policy at hand).
 
 The term is per minibatch, so each micro-batch of a minibatch adds its share of it (the
 learner weights micro-batches by their share, so the sum is the term once).
@@ -27,7 +27,7 @@ from tensordict import TensorDict
 
 from m2flow import keys
 from m2flow.embodied.algorithms.base import check_field
-from m2flow.embodied.algorithms.bc import ExpertData
+from m2flow.embodied.algorithms.helpers.expert_data import ExpertData
 from m2flow.runs import seeding
 
 

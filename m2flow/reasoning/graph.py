@@ -7,7 +7,7 @@ What a plan sets: the placement (``cluster`` keys) and the generate calls per st
 (``rollout.prompts_per_call``), the reasoning runner's pipeline granularity.
 
 >>> g = graph({"prompts_per_step": 32, "n": 8})
->>> g.items, g.lanes, g.knob_overrides(search_plan(lanes=4))
+>>> g.items, g.stages, g.knob_overrides(search_plan(stages=4))
 (256, (1, 2, 4, 8), ['rollout.prompts_per_call=8'])
 """
 
@@ -32,7 +32,7 @@ def graph(f: Mapping[str, Any]) -> Graph:
     prompts, n = int(f["prompts_per_step"]), int(f["n"])
 
     def knobs(plan, elastic: bool = False) -> list[str]:
-        return [f"rollout.prompts_per_call={prompts // plan.lanes}"]
+        return [f"rollout.prompts_per_call={prompts // plan.stages}"]
 
     return Graph(
         workload="reasoning",
@@ -51,18 +51,18 @@ def graph(f: Mapping[str, Any]) -> Graph:
         switch=(Phase("rollout", "offload"), Phase("learner", "onload"),
                 Phase("learner", "offload"), Phase("rollout", "onload")),
         pinned=("rollout", "learner"),
-        lanes=tuple(k for k in CALLS if prompts % k == 0),
+        stages=tuple(k for k in CALLS if prompts % k == 0),
         group=n,
         stream_train=True,
-        lanes_label="calls",
+        stages_label="calls",
         item_unit="completion",
         throughput_unit="completions/s",
         knob_overrides=knobs,
     )
 
 
-def search_plan(lanes: int):
-    """A bare plan with ``lanes`` generate calls (for examples and tests)."""
+def search_plan(stages: int):
+    """A bare plan with ``stages`` generate calls (for examples and tests)."""
     from m2flow.pipelines.planner.search import Plan
 
-    return Plan("collocated", (), lanes=lanes)
+    return Plan("collocated", (), stages=stages)

@@ -5,7 +5,7 @@ m2flow's env gives a policy, in ManiSkill's own trajectory format (the command i
 Seeds ``demos.seed``, ``demos.seed + 1``, ... are tried until ``demos.episodes`` are kept (or
 ``demos.max_tries`` seeds are spent). Per seed:
 
-1. **plan**: ManiSkill's solution for the task (``mani_skill.examples.motionplanning.panda.
+1. **motion plan**: ManiSkill's solution for the task (``mani_skill.examples.motionplanning.panda.
    solutions``: ``solvePushCube``, ``solvePickCube``, ...) drives the Panda in ``pd_joint_pos``;
 2. **convert**: ManiSkill's ``replay_trajectory`` conversion (``trajectory.utils.actions.
    conversion.from_pd_joint_pos``) turns those actions into ``env.control_mode``, with its
@@ -17,8 +17,8 @@ Seeds ``demos.seed``, ``demos.seed + 1``, ... are tried until ``demos.episodes``
    success (ManiSkill ends these tasks on success) and is kept only if that comes within the
    env's time limit.
 
-The planning backend is :mod:`m2flow.embodied.screw_planner` (mplib 0.1.1, which mani-skill
-3.0.1 pins, crashes under numpy 2; its screw motion is reimplemented there).
+The motion-planning backend is :mod:`m2flow.embodied.demos.screw_planner` (mplib 0.1.1, which
+mani-skill 3.0.1 pins, crashes under numpy 2; its screw motion is reimplemented there).
 
 The dataset (``demos.output``: ``X.h5`` and ``X.json``) is RecordEpisode's layout
 (``mani_skill.utils.wrappers.record``): groups ``traj_<i>`` with ``obs/<key>`` (T+1, ...)
@@ -43,7 +43,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from m2flow.embodied.screw_planner import screw_planner
+from m2flow.embodied.demos.screw_planner import screw_planner
 from m2flow.envs import EnvConfig
 
 CONFIG_DIR = "demos"  # m2flow/configs/demos/: not entry configs of m2flow-train
@@ -113,7 +113,7 @@ class Tally:
     seconds: float = 0.0
 
 
-# -- plan, convert, replay ----------------------------------------------------------------
+# -- motion plan, convert, replay ---------------------------------------------------------
 
 
 def _recorder():
@@ -160,7 +160,7 @@ class Generator:
         self.env = make_env(replace(env_cfg, num_envs=1))
         self.spec = self.env.spec
 
-    def plan(self, seed: int) -> Optional[np.ndarray]:
+    def motion_plan(self, seed: int) -> Optional[np.ndarray]:
         """The planner's pd_joint_pos actions (T, 8) if its episode succeeded, else None."""
         try:
             with screw_planner():
@@ -245,7 +245,7 @@ def generate(cfg: DemosConfig, log: Callable[[str], None] = print):
 def _try_seed(gen: Generator, seed: int, tally: Tally) -> tuple[Optional[Demo], str]:
     """Plan, convert and replay one seed: (the demo or None, what happened), counted."""
     tally.tried += 1
-    source = gen.plan(seed)
+    source = gen.motion_plan(seed)
     if source is None:
         return None, "planner failed"
     tally.planned += 1

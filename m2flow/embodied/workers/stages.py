@@ -64,9 +64,9 @@ def offsets(sizes: list[int]) -> list[int]:
 
 
 def rollout_rank(env_rank: int, stage: int, env_workers: int, rollout_workers: int) -> int:
-    """The rollout rank that serves lane (env rank, stage): lanes dealt round-robin in the
-    order env workers send them, stage by stage (lane index ``stage * env_workers +
-    env_rank``), so for any stage count S each of M rollout ranks serves E x S / M lanes when
+    """The rollout rank that serves stage (env rank, stage): stages dealt round-robin in the
+    order env workers send them (index ``stage * env_workers + env_rank``), so for any stage
+    count S each of M rollout ranks serves E x S / M stages of the E env workers when
     M divides E x S. E env workers reach M rollout workers without a relay.
 
     >>> [rollout_rank(e, k, 2, 2) for k in range(2) for e in range(2)]

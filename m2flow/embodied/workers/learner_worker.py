@@ -36,7 +36,7 @@ from m2flow.pipelines.fsdp import GatheredModel
 from m2flow.policies import PolicyConfig, make_policy
 from m2flow.runs.checkpoint import missing_weights
 from m2flow.runs.learner import Trainer
-from m2flow.runs.weights import SyncPlan, WeightBucket, WeightSender
+from m2flow.runs.weights import SyncManifest, WeightBucket, WeightSender
 
 ADAM_EPS = 1e-5  # cleanRL's PPO value
 POLICY_METHODS = ("act", "evaluate_actions", "value")  # a sharded policy gathers around these
@@ -106,19 +106,19 @@ class LearnerWorker(Worker):
             return dict(self.gathered.state)
         return self.trainer.model_state_dict()
 
-    def plan_weight_sync(self, *, full: bool, bucket_mb: float) -> SyncPlan:
+    def prepare_weight_sync(self, *, full: bool, bucket_mb: float) -> SyncManifest:
         """Plans a sync of the policy to the rollout copies: everything (``full``; the first
         sync and the one after a load are full whatever is asked) or the trainable parameters
         and the buffers changed since the last sync, in buckets of ``bucket_mb`` MB; the
         buckets come from ``weight_bucket`` (see :mod:`m2flow.runs.weights`)."""
-        return self.weights.plan(full=full, cap_bytes=max(1, int(bucket_mb * 2**20)))
+        return self.weights.prepare(full=full, cap_bytes=max(1, int(bucket_mb * 2**20)))
 
     def weight_bucket(self, *, index: int) -> WeightBucket:
-        """CPU copies of bucket ``index`` of the planned sync."""
+        """CPU copies of bucket ``index`` of the prepared sync."""
         return self.weights.bucket(index)
 
     def broadcast_weight_buckets(self, *, link: str) -> int:
-        """Broadcasts every bucket of the planned sync over link ``link`` (to the rollout
+        """Broadcasts every bucket of the prepared sync over link ``link`` (to the rollout
         ranks, which call ``RolloutWorker.receive_weight_broadcast``); the bytes sent."""
         return self.weights.broadcast(self.link(link))
 

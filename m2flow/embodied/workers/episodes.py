@@ -2,7 +2,7 @@
 
 ``RunningEpisodes`` follows the current episode of each env of one env group, step by step;
 it hands back the episodes that ended as ``EpisodeStats`` (training, ``env/`` metrics). An
-evaluation keeps one ``EvalEpisode`` per env (see :mod:`m2flow.embodied.env_eval`).
+evaluation keeps one ``EvalEpisode`` per env (see :mod:`m2flow.embodied.workers.env_eval`).
 
 An episode's success is counted twice, as ManiSkill's evaluation and RLinf count it:
 ``success_once``, the task predicate held at some step, and ``success_at_end``, it held at

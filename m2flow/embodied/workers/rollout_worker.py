@@ -9,13 +9,13 @@ import torch
 
 from m2flow import keys
 from m2flow.runs import seeding
-from m2flow.runs.weights import SyncPlan, WeightBucket, WeightReceiver
+from m2flow.runs.weights import SyncManifest, WeightBucket, WeightReceiver
 from m2flow.pipelines import Channel, Worker
 from m2flow.policies import PolicyConfig, make_policy
 
 
 class RolloutWorker(Worker):
-    """Holds an inference copy of the policy; serves the lanes (env rank, stage) routed to it.
+    """Holds an inference copy of the policy; serves the stages (env rank, stage) routed to it.
 
     Weights may arrive while it serves (learner overlap): a lock keeps each inference on one
     set of weights, and every action records the version of the weights that chose it.
@@ -34,7 +34,7 @@ class RolloutWorker(Worker):
         self.version = 0
         self.receiver = WeightReceiver(self.policy)
         self._next_version = 0
-        self.served: Counter = Counter()  # requests answered per lane
+        self.served: Counter = Counter()  # requests answered per stage (env rank, stage)
         self._lock = threading.Lock()
 
     def chunk(self) -> int:
@@ -46,14 +46,14 @@ class RolloutWorker(Worker):
         with self._lock:
             return {k: v.detach().to("cpu", copy=True) for k, v in self.policy.state_dict().items()}
 
-    def begin_weight_sync(self, plan: SyncPlan, *, version: int) -> None:
-        """Announces a sync of ``plan.keys`` (an unknown name, or a full sync missing one of
+    def begin_weight_sync(self, manifest: SyncManifest, *, version: int) -> None:
+        """Announces a sync of ``manifest.keys`` (an unknown name, or a full sync missing one of
         this policy's, is an error here). A delta sync is staged and loaded at once by
         ``finish_weight_sync``, so an inference running meanwhile (learner overlap) sees one
         set of weights; a full sync (at start, after a resume: nothing is being served) loads
         each bucket as it arrives, so host memory holds one bucket at a time."""
         with self.timer("weight_sync"):
-            self.receiver.begin(plan.keys, full=plan.full, stage=not plan.full)
+            self.receiver.begin(manifest.keys, full=manifest.full, stage=not manifest.full)
             self._next_version = version
 
     def receive_weight_bucket(self, bucket: WeightBucket) -> None:
@@ -62,12 +62,12 @@ class RolloutWorker(Worker):
         with self.timer("weight_sync"), self._lock:
             self.receiver.receive(bucket)
 
-    def receive_weight_broadcast(self, plan: SyncPlan, *, link: str) -> None:
-        """Receives every bucket of ``plan`` over link ``link`` (broadcast by learner rank 0,
+    def receive_weight_broadcast(self, manifest: SyncManifest, *, link: str) -> None:
+        """Receives every bucket of ``manifest`` over link ``link`` (broadcast by learner rank 0,
         ``LearnerWorker.broadcast_weight_buckets``) and loads (or stages) each as
         ``receive_weight_bucket`` does; inference goes on while a bucket is in flight."""
         with self.timer("weight_sync"):
-            self.receiver.receive_broadcast(self.link(link), plan, lock=self._lock)
+            self.receiver.receive_broadcast(self.link(link), manifest, lock=self._lock)
 
     def finish_weight_sync(self) -> None:
         """Loads the staged buckets; the policy is now the announced version. Raises if an
@@ -77,33 +77,34 @@ class RolloutWorker(Worker):
             self.version = self._next_version
 
     def serve(
-        self, obs_ch: Channel, act_ch: Channel, *, lanes: list, num_steps: int,
+        self, obs_ch: Channel, act_ch: Channel, *, stage_keys: list, num_steps: int,
         iteration: int, deterministic: bool = False, one_env_at_a_time: bool = False,
     ) -> None:
-        """Answers ``num_steps`` observations on each lane of ``lanes`` routed to this rank.
+        """Answers ``num_steps`` observations on each stage of ``stage_keys`` (channel keys
+        (env rank, stage)) routed to this rank.
 
-        Lanes are served in the order given, step after step (the runner lists them stage by
+        Stages are served in the order given, step after step (the runner lists them stage by
         stage, the order env workers send them in). Sampling is seeded per (iteration, rank),
         so an iteration replays exactly on resume. ``one_env_at_a_time``: the policy acts on
         each env's observation alone (``runner.eval_batch_invariant``), so its arithmetic
         never depends on the batch.
         """
-        mine = [lane for lane in lanes if obs_ch.rank_of(lane) == self.rank]
+        mine = [key for key in stage_keys if obs_ch.rank_of(key) == self.rank]
         cuda = [torch.device(self.device)] if self.device.startswith("cuda") else []
         with torch.random.fork_rng(devices=cuda):
             torch.manual_seed(seeding.derive(self.seed, seeding.SAMPLE, iteration, self.rank)[0])
             for _ in range(num_steps):
-                for lane in mine:
+                for key in mine:
                     with self.timer("wait"):
-                        batch = obs_ch.get(key=lane, timeout=self.timeout)
+                        batch = obs_ch.get(key=key, timeout=self.timeout)
                     with self.timer("infer"), torch.no_grad(), self._lock:
                         out = self._act(batch.to(self.device), deterministic, one_env_at_a_time)
                         version = self.version
                     out = out.to("cpu")
                     out[keys.POLICY_VERSION] = torch.full(out.batch_size, version, dtype=torch.long)
                     with self.timer("send"):
-                        act_ch.put(out, key=lane, timeout=self.timeout)
-                    self.served[lane] += 1
+                        act_ch.put(out, key=key, timeout=self.timeout)
+                    self.served[key] += 1
         act_ch.flush()
 
     def _act(self, batch, deterministic: bool, one_env_at_a_time: bool):

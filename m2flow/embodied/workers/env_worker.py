@@ -1,9 +1,11 @@
 """The env worker: steps its envs with actions that arrive on a channel. Nothing else.
 
-Its parts live next to it: the stage scheduler in :mod:`m2flow.embodied.stages`, episode
-bookkeeping in :mod:`m2flow.embodied.episodes`, reset seeds and tasks in
-:mod:`m2flow.embodied.resets`, evaluation rounds in :mod:`m2flow.embodied.env_eval`. This
-module keeps collection and the pipeline loop (``EnvWorker._run``).
+Its parts live next to it in :mod:`m2flow.embodied.workers`: the stage scheduler
+(:mod:`~m2flow.embodied.workers.stages`), episode bookkeeping
+(:mod:`~m2flow.embodied.workers.episodes`), reset seeds and tasks
+(:mod:`~m2flow.embodied.workers.resets`), evaluation rounds
+(:mod:`~m2flow.embodied.workers.env_eval`). This module keeps collection and the pipeline loop
+(``EnvWorker._run``).
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ import torch
 from tensordict import TensorDict
 
 from m2flow import keys
-from m2flow.embodied import resets
-from m2flow.embodied.buffer import TrajectoryBuffer
-from m2flow.embodied.env_eval import EvalRecorder, EvalRound
-from m2flow.embodied.episodes import EpisodeStats, EvalEpisode, RunningEpisodes
-from m2flow.embodied.stages import stage_groups, stage_sizes
+from m2flow.embodied.workers import resets
+from m2flow.embodied.workers.buffer import TrajectoryBuffer
+from m2flow.embodied.workers.env_eval import EvalRecorder, EvalRound
+from m2flow.embodied.workers.episodes import EpisodeStats, EvalEpisode, RunningEpisodes
+from m2flow.embodied.workers.stages import stage_groups, stage_sizes
 from m2flow.envs import EnvConfig, make_env
 from m2flow.envs.chunked import ChunkedEnv, step_wait_all
 from m2flow.pipelines import Channel, Worker
@@ -47,7 +49,7 @@ class StageStep:
 class _Loop:
     """What every step of one ``EnvWorker._run`` shares."""
 
-    plan: list[list[int]]
+    stage_groups: list[list[int]]
     """Env groups of each stage."""
     obs: list[TensorDict]
     """Per env group: the obs to act on next."""
@@ -58,7 +60,7 @@ class _Loop:
 class EnvWorker(Worker):
     """Owns ``cfg.num_envs`` envs as ``groups`` env groups; runs them as S pipeline stages.
 
-    Per step and stage it sends obs on ``obs_ch`` and reads actions from ``act_ch``; the lane
+    Per step and stage it sends obs on ``obs_ch`` and reads actions from ``act_ch``; the
     key of stage k of this worker on both channels is ``(rank, k)``. A stage is a contiguous
     run of groups, so S can be anything from 1 to ``groups`` at every call without rebuilding
     a simulator (elastic pipelining): S=1 steps all groups at once. Groups get ``num_envs``
@@ -171,29 +173,30 @@ class EnvWorker(Worker):
         send its next obs. So one stage simulates at a time (a stage that shares the cores
         with another would finish later, and the rollout worker would wait for its obs), the
         rollout worker infers for the other stages meanwhile, and this worker's hand-offs
-        (record, send: ~1 ms a step here) happen while a stage simulates instead of between
-        simulations. S=1 has nothing to overlap with: finish, then wait for actions. Where the
-        env steps in this thread (no background processes) each stage finishes in turn.
+        (record, send) happen while a stage simulates instead of between simulations. S=1 has
+        nothing to overlap with: finish, then wait for actions. Where the env steps in this
+        thread (no background processes) each stage finishes in turn.
         Exactly ``num_steps`` obs go out per stage.
         """
         loop = _Loop(stage_groups(len(self.sizes), stages), list(obs), obs_ch, record)
-        plan = loop.plan
-        background = all(self.envs[g].steps_in_background for groups in plan for g in groups)
-        for k, groups in enumerate(plan):
+        by_stage = loop.stage_groups
+        background = all(self.envs[g].steps_in_background for groups in by_stage for g in groups)
+        for k, groups in enumerate(by_stage):
             self._send(obs_ch, k, groups, loop.obs)
         in_flight: Optional[StageStep] = None  # started, not finished
         for t in range(num_steps):
             more = t + 1 < num_steps
-            for k in range(len(plan)):
+            for k in range(len(by_stage)):
                 if in_flight is not None and in_flight.stage == k:  # S=1
                     self._record(loop, in_flight, self._wait(loop, in_flight.stage))
                     in_flight = None
                 with self.timer("wait"):
                     act = act_ch.get(key=(self.rank, k), timeout=self.timeout)
-                parts = act.split([self.sizes[g] for g in plan[k]]) if len(plan[k]) > 1 else [act]
+                parts = (act.split([self.sizes[g] for g in by_stage[k]]) if len(by_stage[k]) > 1
+                         else [act])
                 done = self._wait(loop, in_flight.stage) if in_flight is not None else None
                 with self.timer("sim"):
-                    for g, a in zip(plan[k], parts):
+                    for g, a in zip(by_stage[k], parts):
                         self.envs[g].step_async(a[keys.ACTION])
                 if in_flight is not None:  # while stage k simulates
                     self._record(loop, in_flight, done)
@@ -209,11 +212,11 @@ class EnvWorker(Worker):
 
     def _wait(self, loop: _Loop, k: int) -> list:
         with self.timer("sim"):
-            return step_wait_all([self.envs[g] for g in loop.plan[k]])
+            return step_wait_all([self.envs[g] for g in loop.stage_groups[k]])
 
     def _record(self, loop: _Loop, started: StageStep, outs: list) -> None:
         """Records the stage's step per group and sends its next obs if asked."""
-        groups = loop.plan[started.stage]
+        groups = loop.stage_groups[started.stage]
         for g, a, out in zip(groups, started.actions, outs):
             step = out.empty()  # the step as the learner sees it (see m2flow.keys)
             step.update({keys.OBS: loop.obs[g], keys.NEXT: out[keys.NEXT]})
@@ -241,7 +244,8 @@ class EnvWorker(Worker):
 
     def _reset(self, purpose: int, iteration: int, rebuild: bool = False,
                seeds: Optional[list] = None, tasks: Optional[list] = None) -> list:
-        """Resets every env (see :mod:`m2flow.embodied.resets`); per group: its first obs."""
+        """Resets every env (see :mod:`~m2flow.embodied.workers.resets`); per group: its first
+        obs."""
         g = self.reset_group_size  # envs i // g share their initial state (GRPO groups)
         if seeds is None:
             seeds = resets.env_seeds(self.seed, purpose, iteration=iteration, rank=self.rank,

@@ -29,14 +29,14 @@ import torch
 from tensordict import TensorDict
 
 from m2flow import keys
-from m2flow.embodied.episodes import (
+from m2flow.embodied.workers.episodes import (
     EvalEpisode,
     RunningEpisodes,
     env_steps,
     lost,
     success_at_end,
 )
-from m2flow.embodied.stages import offsets
+from m2flow.embodied.workers.stages import offsets
 
 
 @dataclass

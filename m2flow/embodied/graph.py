@@ -6,7 +6,7 @@ stays the config's), the pipeline stages, learner overlap, and the placement (th
 ``cluster`` keys, written by :mod:`m2flow.pipelines.planner.planfile`).
 
 >>> g = graph({"num_envs": 8, "rollout_steps": 50, "chunk": 1, "group": 1})
->>> g.loop[0], g.samples, g.lanes, g.workers
+>>> g.loop[0], g.samples, g.stages, g.workers
 (Phase(component='env', phase='step'), 400, (1, 2, 4), (1, 2, 4))
 """
 
@@ -16,10 +16,10 @@ from typing import Any, Mapping
 
 from m2flow.pipelines.planner.graph import ComponentSpec, Graph, Phase
 
-LANES = (1, 2, 4)
-"""Pipeline stages the search tries (bench/pipeline.py: 2 reaches the bound on 2 cores)."""
+STAGES = (1, 2, 4)
+"""Pipeline stages the search tries (see bench/README.md#pipelinepy)."""
 WORKERS = (1, 2, 4)
-"""Env worker counts the search tries (bench/scaling.py: a second one fills idle cores)."""
+"""Env worker counts the search tries (see bench/README.md#scalingpy)."""
 
 
 def facts(cfg, chunk: int, param_mb: float) -> dict[str, Any]:
@@ -47,10 +47,10 @@ def graph(f: Mapping[str, Any]) -> Graph:
         """``elastic``: build as many env groups as the largest stage count tried, so the run
         can change its stages without restarting a simulator (cluster.plan=auto)."""
         per = n // plan.workers
-        groups = max(s for s in LANES if s <= per) if elastic else plan.lanes
+        groups = max(s for s in STAGES if s <= per) if elastic else plan.stages
         return [f"env.num_envs={per}",
-                f"rollout.pipeline_stages={plan.lanes}",
-                f"rollout.env_groups={max(groups, plan.lanes)}",
+                f"rollout.pipeline_stages={plan.stages}",
+                f"rollout.env_groups={max(groups, plan.stages)}",
                 f"runner.overlap_learner={str(plan.overlap).lower()}"]
 
     return Graph(
@@ -71,7 +71,7 @@ def graph(f: Mapping[str, Any]) -> Graph:
         switch=(Phase("rollout", "offload"), Phase("learner", "onload"),
                 Phase("learner", "offload"), Phase("rollout", "onload")),
         hop=Phase("env", "hop"),
-        lanes=tuple(s for s in LANES if s <= n),
+        stages=tuple(s for s in STAGES if s <= n),
         workers=tuple(w for w in WORKERS if n % w == 0),
         group=int(f.get("group", 1)),
         overlap=bool(f.get("overlap", True)),
@@ -92,15 +92,15 @@ def monitor(cfg):
     stage counts it may re-plan to. None without a plan."""
     from pathlib import Path
 
-    from m2flow.pipelines.planner.monitor import PlanMonitor, lanes_within
-    from m2flow.pipelines.planner.planfile import read_plan
+    from m2flow.pipelines.planner.monitor import PlanMonitor, stages_within
+    from m2flow.pipelines.planner.planfile import read_plan_file
     from m2flow.pipelines.planner.profiles import Profile
     from m2flow.pipelines.planner.calibration import models_for, plan_of
     from m2flow.pipelines.planner.search import predict
 
     if cfg.cluster.plan in (None, "auto"):
         return None
-    plan_file = read_plan(cfg.cluster.plan)
+    plan_file = read_plan_file(cfg.cluster.plan)
     profile = Path(cfg.cluster.plan).with_suffix(".profile.json")
     if not profile.is_file():  # a plan file kept without its profile: its own number
         return PlanMonitor(plan_file.predicted.get("iteration_s", 0.0) or float("nan"))
@@ -110,13 +110,13 @@ def monitor(cfg):
     g = graph({**prof.facts, "num_envs": cfg.env.num_envs * workers,
                "rollout_steps": cfg.runner.rollout_steps})
     models = models_for(prof, g)
-    plan = plan_of(cfg.cluster, g, lanes=cfg.rollout.pipeline_stages,
+    plan = plan_of(cfg.cluster, g, stages=cfg.rollout.pipeline_stages,
                    overlap=cfg.runner.overlap_learner)
     pred = predict(plan, g, models, prof.node)
     if not pred.feasible:
         return None
-    lanes = lanes_within(g, cfg.rollout.env_groups or cfg.rollout.pipeline_stages,
-                         cfg.env.num_envs)
-    replan = (models, g, prof.node, plan, lanes) if plan_file.auto else None
+    stages = stages_within(g, cfg.rollout.env_groups or cfg.rollout.pipeline_stages,
+                           cfg.env.num_envs)
+    replan = (models, g, prof.node, plan, stages) if plan_file.auto else None
     return PlanMonitor(pred.iteration_s, replan=replan, timers=TIMERS,
                        source=str(cfg.cluster.plan))
