@@ -135,6 +135,24 @@ def quiet_ctrl_c(prog: str):
     return wrap
 
 
+def signals_as_ctrl_c():
+    """For a command without workers to stop in order (``m2flow-demos``, ``m2flow-plan``):
+    SIGTERM raises ``KeyboardInterrupt`` in the main thread as Ctrl-C does, so both end the
+    command through one ``except KeyboardInterrupt``. Returns (the function that puts the old
+    handlers back, the function giving the exit code of the signal that stopped it: 130 for
+    Ctrl-C, 143 for SIGTERM). Ray's core worker installs its own SIGTERM handler when it
+    connects; ``pipelines.cluster`` puts this one back."""
+    got = [signal.SIGINT]
+
+    def on_sigterm(signum, frame):
+        got[0] = signal.SIGTERM
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the stop is under way
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    return (lambda: signal.signal(signal.SIGTERM, previous)), (lambda: 128 + got[0])
+
+
 def interruptible(prog: str, run, command=None, hint=lambda: "", cfg=None) -> int:
     """Runs ``run`` with Ctrl-C (and SIGTERM) handled as ``runs.session.stop_on_ctrl_c``
     says: it stops within seconds in any phase and ends with one line saying where; with

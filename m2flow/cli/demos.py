@@ -15,7 +15,7 @@ import argparse
 import sys
 from typing import Optional
 
-from m2flow.cli.common import EXIT_CONFIG, print_config
+from m2flow.cli.common import EXIT_CONFIG, print_config, signals_as_ctrl_c
 from m2flow.embodied.demos import maniskill as library
 from m2flow.embodied.demos.maniskill import (
     CONFIG_DIR, DEFAULT_CONFIG, generate, load_demos_config, output_stem, save)
@@ -44,7 +44,22 @@ def main(argv: Optional[list[str]] = None) -> int:
     stem = output_stem(cfg)
     print(f"m2flow-demos: {cfg.env.name} ({cfg.env.obs_mode}, {cfg.env.control_mode}) -> "
           f"{stem}.h5", flush=True)
-    demos, tally, spec = generate(cfg, log=lambda line: print(line, flush=True))
+    restore, code = signals_as_ctrl_c()
+    try:
+        demos, tally, spec = generate(cfg, log=lambda line: print(line, flush=True))
+    except KeyboardInterrupt:  # while the simulator started: no seed tried yet
+        print("m2flow-demos: interrupted during start-up; nothing was written.",
+              file=sys.stderr, flush=True)
+        return code()
+    finally:
+        restore()
+    if tally.interrupted:  # Ctrl-C or SIGTERM: what was kept is written, and said so
+        wrote = "nothing was written"
+        if demos:
+            wrote = f"wrote {save(stem, demos, cfg.env, spec)[0]} with them"
+        print(f"m2flow-demos: interrupted after {tally.tried} episodes tried, {tally.kept} of "
+              f"{cfg.demos.episodes} kept; {wrote}.", file=sys.stderr, flush=True)
+        return code()
     h5_path, _ = save(stem, demos, cfg.env, spec)
     steps = sum(len(d.actions) for d in demos)
     print(f"m2flow-demos: {tally.tried} episodes tried, motion planner solved {tally.planned}, "

@@ -20,18 +20,22 @@ from pathlib import Path
 from typing import Optional
 
 from m2flow.cli.common import (
-    DEFAULT_CONFIG, EXIT_CONFIG, EXIT_INTERRUPTED, load_run_config, setup_logging)
+    DEFAULT_CONFIG, EXIT_CONFIG, load_run_config, setup_logging, signals_as_ctrl_c)
 from m2flow.cli.planning import PLAN_DIR, make_plan, verify, without_plan
 from m2flow.pipelines.planner.search import PlanError
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """``m2flow-plan``; Ctrl-C ends it with one line (what it measured is closed first)."""
+    """``m2flow-plan``; Ctrl-C or SIGTERM ends it with one line (what it measured is closed
+    first), exit code 130 or 143."""
+    restore, code = signals_as_ctrl_c()
     try:
         return run(argv)
     except KeyboardInterrupt:
         print("\nm2flow-plan: interrupted; no plan written.", file=sys.stderr, flush=True)
-        return EXIT_INTERRUPTED
+        return code()
+    finally:
+        restore()
 
 
 def run(argv: Optional[list[str]] = None) -> int:

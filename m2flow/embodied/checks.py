@@ -175,8 +175,7 @@ def check_paths(cfg: TrainConfig) -> None:
         check_file("eval.checkpoint", cfg.eval.checkpoint,
                    "give a .pt written by m2flow-train (runs/<name>/<time>/checkpoints/last.pt)")
     else:
-        check_resume(cfg.resume, "embodied")
-        check_resume_matches(cfg)
+        check_resume_matches(cfg, check_resume(cfg.resume, "embodied"))
         check_init_from(cfg)
     out = cfg.eval.output_dir
     if out is not None:
@@ -192,9 +191,10 @@ RESUME_IDENTITY = ("env.name", "env.obs_mode", "env.control_mode", "env.image_si
                    "policy.name", "policy.hidden_sizes", "algorithm.name")
 
 
-def check_resume_matches(cfg: TrainConfig) -> None:
+def check_resume_matches(cfg: TrainConfig, state: Optional[dict] = None) -> None:
     """``resume`` was written by a run of this config: the fields of ``RESUME_IDENTITY`` agree
-    (a checkpoint of another config would start every worker and then fail to load)."""
+    (a checkpoint of another config would start every worker and then fail to load).
+    ``state``: the checkpoint's, when the caller has read it already."""
     if cfg.resume is None:
         return
     from omegaconf import OmegaConf
@@ -202,7 +202,8 @@ def check_resume_matches(cfg: TrainConfig) -> None:
     from m2flow.embodied.saved import upgrade
     from m2flow.runs import checkpoint
 
-    saved = OmegaConf.create(checkpoint.load(cfg.resume, mmap=True)["config"])
+    state = state if state is not None else checkpoint.load(cfg.resume, mmap=True)
+    saved = OmegaConf.create(state["config"])
     written = OmegaConf.create(upgrade(OmegaConf.to_container(saved)))  # an older layout too
     ours = OmegaConf.structured(cfg) if not OmegaConf.is_config(cfg) else cfg
     differ = [(key, OmegaConf.select(written, key), OmegaConf.select(ours, key))
@@ -226,12 +227,9 @@ def check_init_from(cfg: TrainConfig) -> None:
     """``init_from`` is an embodied checkpoint of a run with this config's policy."""
     if cfg.init_from is None or cfg.resume is not None:
         return
-    check_resume(cfg.init_from, "embodied", name="init_from")
-    from m2flow.runs import checkpoint
-
+    state = check_resume(cfg.init_from, "embodied", name="init_from")
     from omegaconf import OmegaConf
 
-    state = checkpoint.load(cfg.init_from, mmap=True)
     written = OmegaConf.create(state["config"])
     theirs = OmegaConf.select(written, "policy.name")
     if theirs != cfg.policy.name:

@@ -10,6 +10,7 @@ to its parameter's device and dtype (torch/optim/optimizer.py,
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from collections import OrderedDict
@@ -38,23 +39,56 @@ def tree_to(obj: Any, device: str | torch.device) -> Any:
 
 
 def save(path: str | os.PathLike, state: dict) -> Path:
-    """Writes ``state`` to ``path``; a crash mid-write leaves the old file (or none), never half."""
+    """Writes ``state`` to ``path``; a crash mid-write leaves the old file (or none), never
+    half. A write the system refuses (ENOSPC, EIO, ...) removes the temp file and raises a
+    :class:`CheckpointWriteError` naming ``path`` and the reason."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as f:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
+        _fsync_dir(path.parent)
+    except BaseException as e:
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise CheckpointWriteError(path, e) from e
+        if isinstance(e, RuntimeError) and _os_cause(e) is not None:  # torch's zip writer
+            raise CheckpointWriteError(path, _os_cause(e)) from e
         raise
-    _fsync_dir(path.parent)
     return path
 
+
+def _version() -> str:
+    from m2flow import __version__
+
+    return __version__
+
+
+def stamp() -> dict:
+    """What every checkpoint records of the code that wrote it: ``format`` and
+    ``m2flow_version``."""
+    return {"format": FORMAT, "m2flow_version": _version()}
+
+
+def _os_cause(e: BaseException) -> Optional[OSError]:
+    """The OSError under ``e`` (its ``__cause__``/``__context__`` chain), if any."""
+    while e is not None:
+        if isinstance(e, OSError):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
+FORMAT = 1
+"""The layout of the checkpoints this code writes (``state["format"]``, beside
+``state["m2flow_version"]``), raised when a change leaves older code unable to read them.
+``load`` refuses a newer format in one line; checkpoints from before the tag are format 1."""
 
 LAST, BEST = "last.pt", "best.pt"  # hard links to the newest and the best checkpoint
 
@@ -94,6 +128,14 @@ def load(path: str | os.PathLike, workload: Optional[str] = None, mmap: bool = F
         raise CheckpointError(
             f"{str(path)!r} is a torch file but not an m2flow checkpoint (no config and learner "
             "state); pass a .pt file written by m2flow-train."
+        )
+    fmt = state.get("format", 1)
+    if not isinstance(fmt, int) or fmt > FORMAT:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} was written by m2flow "
+            f"{state.get('m2flow_version', '(unknown version)')} in checkpoint format {fmt}; "
+            f"this m2flow ({_version()}) reads formats up to {FORMAT}: use that m2flow "
+            "version or a newer one."
         )
     found = state.get("workload", "embodied")
     if workload is not None and found != workload:
@@ -206,6 +248,22 @@ def missing_weights(own: dict[str, torch.Size], given: dict[str, torch.Tensor],
 
 class CheckpointError(ValueError):
     """A path that is not a readable checkpoint of the expected workload."""
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint that could not be written (a full disk, an I/O error): the file it was
+    to be and the system's reason. Nothing was overwritten: ``save`` writes a temp file and
+    renames it, so the checkpoint before it (and ``last.pt``) still loads."""
+
+    def __init__(self, path: Path, cause: OSError):
+        reason = os.strerror(cause.errno) if cause.errno else str(cause)
+        code = errno.errorcode.get(cause.errno, "") if cause.errno else ""
+        super().__init__(cause.errno, f"could not write {path} ({code + ': ' if code else ''}"
+                                      f"{reason}); nothing was overwritten")
+        self.path = path
+
+    def __str__(self) -> str:
+        return self.strerror
 
 
 def _fsync_dir(d: Path) -> None:

@@ -149,14 +149,15 @@ def check_cluster_config(cluster: Any, components: Sequence[str],
         raise FieldError(f"config error: {e}") from None
 
 
-def check_resume(path: Optional[str], workload: str, name: str = "resume") -> None:
-    """``path`` is None or an m2flow checkpoint of ``workload`` (read mapped, not loaded)."""
+def check_resume(path: Optional[str], workload: str, name: str = "resume") -> Optional[dict]:
+    """``path`` is None or an m2flow checkpoint of ``workload`` (read mapped, not loaded);
+    returns its state, mapped (None for no path), for further checks without a second read."""
     if path is None:
-        return
+        return None
     from m2flow.runs import checkpoint
 
     try:
-        checkpoint.load(path, workload=workload, mmap=True)
+        return checkpoint.load(path, workload=workload, mmap=True)
     except ValueError as e:
         good = checkpoint.newest_good(path, workload)
         other = f" The newest good checkpoint beside it: {good}." if good else ""

@@ -149,6 +149,7 @@ class RunLoop:
                     reason = reason or self.stop_reason(metrics)
                 logger.log(it, self.logged_step(), metrics)
                 if reason is not None or last or self.due(r.checkpoint_interval):
+                    self.session.phase = "checkpointing"
                     self.save(metrics)
                 if reason is not None:
                     logger.info(f"{reason}: stopping")

@@ -147,6 +147,7 @@ class RunSession:
         full = {
             **state,
             "workload": self.workload,
+            **checkpoint.stamp(),
             "iteration": iteration,
             "config": config_yaml(self.cfg),
             "metrics": {k: v for k, v in (metrics or {}).items() if isinstance(v, (int, float))},
@@ -201,14 +202,17 @@ class RunSession:
         """
         learner_busy = not isinstance(exc, Stopped) or any(
             w.startswith(f"{learner}.") for w in exc.waiting_on)
+        note = ""
         if not learner_busy and iteration > start and self.saved_iteration != iteration:
             try:
                 save()
             except KeyboardInterrupt:  # a second Ctrl-C: the last checkpoint stays
                 pass
+            except checkpoint.CheckpointWriteError as e:  # a full disk: the last one stays
+                note = f" (its checkpoint {e})"
         _ENDING.set()
         ckpt = self.last_checkpoint or (Path(resumed_from) if resumed_from else None)
-        return RunInterrupted(iteration, ckpt, self.phase, unit)
+        return RunInterrupted(iteration, ckpt, self.phase, unit, note=note)
 
     def failed(self, exc: BaseException, iteration: Optional[int], *, hint: str = "",
                unit: str = "iterations",
@@ -250,15 +254,16 @@ class RunInterrupted(Exception):
     the checkpoint to resume from (None: there is none yet)."""
 
     def __init__(self, iteration: int, checkpoint: Optional[Path], phase: str = "the run",
-                 unit: str = "iterations"):
+                 unit: str = "iterations", note: str = ""):
         super().__init__(iteration, checkpoint, phase, unit)
         self.iteration, self.checkpoint, self.phase, self.unit = iteration, checkpoint, phase, unit
+        self.note = note  # what went wrong on the way out: a checkpoint that was not written
 
     def describe(self, command: Optional[Callable[[Optional[Path]], str]] = None) -> str:
         """The stop line after ``<program>: ``. ``command(checkpoint)``: the command line that
         resumes from ``checkpoint`` (None: the command that starts the run again)."""
-        return _end_line(f"interrupted during {self.phase} after {self.iteration} {self.unit}",
-                         self.checkpoint, command)
+        return _end_line(f"interrupted during {self.phase} after {self.iteration} {self.unit}"
+                         f"{self.note}", self.checkpoint, command)
 
 
 class RunFailed(RuntimeError):
@@ -331,9 +336,10 @@ def run_failed(exc: BaseException, cfg: Any, *, iteration: Optional[int] = None,
     try:
         log_path = _log_traceback(exc, run_dir or new_run_dir(cfg))
     except OSError as e:  # no run directory to write to: the traceback has only the terminal
-        traceback.print_exception(exc)
-        print(f"(the traceback above could not be written to the run's log: {e})",
-              file=sys.stderr)
+        if not isinstance(exc, checkpoint.CheckpointWriteError):  # (its line says it all)
+            traceback.print_exception(exc)
+            print(f"(the traceback above could not be written to the run's log: {e})",
+                  file=sys.stderr)
         log_path = None
     if isinstance(exc, OutOfMemory):
         return RunOutOfMemory(iteration, checkpoint, phase, unit, cause=str(exc), hint=hint,

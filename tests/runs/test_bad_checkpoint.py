@@ -9,6 +9,8 @@ import shutil
 
 import pytest
 
+import m2flow
+
 from m2flow.cli.train import main as train
 
 COMMON = ["env=gym_pendulum", "cluster=inprocess", "env.num_envs=2", "runner.rollout_steps=8",
@@ -50,3 +52,19 @@ def test_a_truncated_checkpoint_names_the_newest_good_one(run_dir, tmp_path, cap
     line = _refused(capsys, [f"resume={last}"], tmp_path / "logs")
     assert f"resume={last}" in line and "not a checkpoint m2flow can read" in line
     assert line.endswith(f"The newest good checkpoint beside it: {folder / 'iter_00001.pt'}.")
+
+
+def test_a_checkpoint_of_a_newer_format_names_the_version_that_wrote_it(run_dir, tmp_path,
+                                                                         capsys):
+    import torch
+
+    from m2flow.runs import checkpoint
+
+    state = torch.load(run_dir / "last.pt", weights_only=False)
+    assert (state["format"], state["m2flow_version"]) == (checkpoint.FORMAT, m2flow.__version__)
+    state.update(format=checkpoint.FORMAT + 1, m2flow_version="9.9.0")
+    newer = tmp_path / "newer" / "iter_00002.pt"
+    checkpoint.save(newer, state)
+    line = _refused(capsys, [f"resume={newer}"], tmp_path / "logs")
+    assert (f"was written by m2flow 9.9.0 in checkpoint format {checkpoint.FORMAT + 1}; this "
+            f"m2flow ({m2flow.__version__}) reads formats up to {checkpoint.FORMAT}") in line

@@ -111,6 +111,8 @@ class Tally:
     kept: int = 0
     """The replay in m2flow's env succeeded within its time limit."""
     seconds: float = 0.0
+    interrupted: bool = False
+    """Ctrl-C (or SIGTERM, as the command maps it) ended the run: the demos are those kept."""
 
 
 # -- motion plan, convert, replay ---------------------------------------------------------
@@ -221,7 +223,8 @@ class Generator:
 
 def generate(cfg: DemosConfig, log: Callable[[str], None] = print):
     """(demos of ``cfg.env`` (see the module docstring), what happened to the seeds, the
-    env's spec)."""
+    env's spec). A ``KeyboardInterrupt`` ends it early with the demos kept so far and
+    ``tally.interrupted`` (the seed under way is dropped, and counted as tried)."""
     d = cfg.demos
     tries = d.max_tries if d.max_tries is not None else 3 * d.episodes
     gen, demos, tally = Generator(cfg.env), [], Tally()
@@ -236,6 +239,8 @@ def generate(cfg: DemosConfig, log: Callable[[str], None] = print):
                 demos.append(demo)
             log(f"seed {seed}: {outcome} ({len(demos)}/{d.episodes} kept, "
                 f"{time.perf_counter() - t0:.1f} s)")
+    except KeyboardInterrupt:
+        tally.interrupted = True
     finally:
         gen.close()
     tally.kept, tally.seconds = len(demos), time.perf_counter() - start

@@ -1,0 +1,86 @@
+"""``m2flow-demos`` and ``m2flow-plan`` stop on Ctrl-C and on SIGTERM as ``m2flow-train`` does
+(tests/runs/test_ctrl_c.py): one line on stderr saying where, no traceback, exit code 130 or
+143, no process left behind. The demos kept before the stop are written, and load. Real
+ManiSkill, real Ray."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import pytest
+
+from tests.runs.test_ctrl_c import _tagged
+from tests.stderr import run_lines
+
+STOP_BOUND_S = 30.0  # generous on a loaded 2-core machine; the table in docs/results.md has figures
+
+
+def _start(tmp_path: Path, module: str, args: list[str]):
+    tag = f"M2FLOW_STOP_TEST={tmp_path.name}"
+    key, value = tag.split("=")
+    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
+    code = f"import sys; from m2flow.cli.{module} import main; sys.exit(main())"
+    with open(out, "w") as o, open(err, "w") as e:
+        proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=o, stderr=e,
+                                cwd=tmp_path, start_new_session=True,
+                                env={**os.environ, key: value, "RAY_USAGE_STATS_ENABLED": "0"})
+    return proc, out, err, tag
+
+
+def _wait_for(proc, path: Path, text: str, timeout: float = 240.0) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in path.read_text() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert proc.poll() is None, f"ended early:\n{path.read_text()[-2000:]}"
+    assert text in path.read_text(), f"{text!r} not reached in {timeout:g} s"
+
+
+def _stopped(proc, err: Path, tag: str, sig: int) -> str:
+    t0 = time.monotonic()
+    if sig == signal.SIGINT:
+        os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole group
+    else:
+        os.kill(proc.pid, sig)  # kill PID: the command alone
+    proc.wait(timeout=120)
+    seconds = time.monotonic() - t0
+    text = err.read_text()
+    assert "Traceback" not in text, text
+    lines = run_lines(text)
+    assert proc.returncode == 128 + sig, (proc.returncode, lines)
+    assert seconds < STOP_BOUND_S, f"{seconds:.1f} s"
+    print(f"stopped by signal {sig} in {seconds:.1f} s")  # for the failure table (pytest -s)
+    deadline = time.monotonic() + 10
+    while (left := _tagged(tag)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left == [], left
+    return lines[-1]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)],
+                         ids=["sigterm", "ctrl_c"])
+def test_demos_stop_in_one_line_and_keep_what_they_recorded(tmp_path, sig):
+    proc, out, err, tag = _start(tmp_path, "demos", [
+        "env=maniskill_pickcube", "env.obs_mode=state", "demos.episodes=50",
+        "demos.output=demos/part"])
+    _wait_for(proc, out, "(2/50 kept")
+    line = _stopped(proc, err, tag, sig)
+    assert line.startswith("m2flow-demos: interrupted after "), line
+    kept = int(line.split(" kept;")[0].split(", ")[-1].split(" of ")[0])
+    assert kept >= 2 and line.endswith(f"of 50 kept; wrote demos/part.h5 with them."), line
+    with h5py.File(tmp_path / "demos" / "part.h5") as f:
+        assert len([k for k in f if k.startswith("traj_")]) == kept
+
+
+def test_plan_stops_in_one_line_while_it_measures(tmp_path, sig=signal.SIGTERM):
+    proc, out, err, tag = _start(tmp_path, "plan", [
+        "--config-name", "maniskill_pushcube_ppo_mlp", "env.num_envs=2"])
+    _wait_for(proc, out, "profile: env steps and resets", timeout=240)
+    line = _stopped(proc, err, tag, sig)
+    assert line == "m2flow-plan: interrupted; no plan written.", line
+    assert not (tmp_path / "plans").exists() or not list((tmp_path / "plans").iterdir())
