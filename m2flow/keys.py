@@ -20,10 +20,15 @@ key                               dtype      shape (per row)  written by
 "action"                          float32    (A,) | (K, A)    policies.act (raw sample; K: chunk)
 "action_tokens"                   int64      (Q,)             token policies (VLA): the action bins
 "log_prob"                        float32    ()               policies.act / evaluate_actions
-"token_log_prob"                  float32    (Q,)             token policies: per action token
+"token_log_prob"                  float32    (Q,)             token policies: per action token;
+                                                              flow policies: per action dim (H*A)
 "entropy"                         float32    ()               policies.evaluate_actions
 "value"                           float32    ()               policies.act (critic at "obs")
 "aux_loss"                        float32    ()               policies.evaluate_actions: own aux loss
+"flow_chain"                      float32    (K+1, H, A)      flow policies.act: the denoising chain
+                                                              (normalised action units, unclipped)
+"flow_step"                       int64      ()               flow policies.act (flow_sde): the
+                                                              chain's one stochastic step
 "policy_version"                  int64      ()               rollout workers: weights' version
 ("next", "obs", ...)              as obs     as obs           envs.step: obs the step ended in
 ("next", "reward")                float32    ()               envs.step (chunks: summed)
@@ -91,6 +96,8 @@ TOKEN_LOG_PROB = "token_log_prob"
 ENTROPY = "entropy"
 VALUE = "value"
 AUX_LOSS = "aux_loss"  # per sample, from evaluate_actions: a policy's own auxiliary loss
+FLOW_CHAIN = "flow_chain"  # a flow policy's denoising chain, c_0 (noise) .. c_K (the action)
+FLOW_STEP = "flow_step"  # Flow-SDE: the index k of the chain's stochastic step c_k -> c_{k+1}
 POLICY_VERSION = "policy_version"
 
 # step results

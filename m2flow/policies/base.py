@@ -7,6 +7,9 @@ A policy maps a TensorDict of observations to actions and back to log-probs:
 - ``evaluate_actions(batch)`` reads ``obs`` and ``action`` and returns ``log_prob``, ``entropy`` and
   ``value`` with gradients (used by the learner);
 - ``value(obs)`` returns the critic's estimate (bootstrapping; used by the learner);
+- ``bc_loss(batch)`` (optional) is the policy's own supervised loss on expert ``obs`` and
+  ``action``, per sample, which behaviour cloning and PPO/GRPO's demonstration term use
+  instead of -log pi(action | obs) (a flow-matching policy: flow matching);
 - ``observe(batch)`` lets the policy update statistics (e.g. observation normalisation) from a
   training batch; the learner calls it after each update, so log-probs within an update never
   see the statistics change.
@@ -20,6 +23,7 @@ and otherwise ``cls(cfg, env_spec)`` followed by ``.to(device)``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Optional
 
 import torch
 from tensordict import TensorDict
@@ -53,6 +57,14 @@ class Policy(nn.Module, ABC):
 
     def observe(self, batch: TensorDict) -> None:
         """Updates running statistics from a training batch (default: none)."""
+
+    def bc_loss(self, batch: TensorDict) -> Optional[torch.Tensor]:
+        """The policy's own supervised loss (B,) on expert rows (``obs``, ``action``: (B, A),
+        or (B, K, A) for a policy with action chunks of K), with gradients; None (the
+        default): behaviour cloning and the demonstration term use ``-evaluate_actions``'s
+        ``log_prob``. A flow-matching policy, whose log-probs are of its denoising chain and
+        not of an action alone, returns its flow-matching loss."""
+        return None
 
     def critic_parameter_names(self) -> list[str]:
         """Names of the parameters that compute ``value`` only (the critic's own network or

@@ -30,6 +30,7 @@ POLICIES = Registry(
         "openvla_oft": "m2flow.policies.vla.oft:OpenVLAOFTPolicy",
         "sac_mlp": "m2flow.policies.sac:SACPolicy",
         "sac_cnn": "m2flow.policies.sac:SACCNNPolicy",
+        "flow_mlp": "m2flow.policies.flow:FlowMLPPolicy",
     },
     base_config=PolicyConfig,
 )

@@ -97,3 +97,23 @@ def test_a_weight_without_demonstrations_is_one_line_naming_the_fix(config):
     text = str(e.value)
     assert text.startswith("algorithm.demo_dataset=None:") and "demo_coef=0.1" in text
     assert "\n" not in text
+
+
+def test_a_flow_policys_term_is_its_flow_matching_loss(tmp_path):
+    """Demonstrations hold no denoising chain to score: a flow policy's term is its own
+    supervised loss (``Policy.bc_loss``) on the demos' action chunks, with its gradient."""
+    pi = make_policy(policy_config(name="flow_mlp", hidden_sizes=[8], chunk=2), SPEC)
+    chunks = torch.randn(3, 2, 2)  # (N, chunk, A)
+    data = TensorDict({"obs": {"state": torch.randn(3, 3)}, "action": chunks}, batch_size=[3])
+    torch.save(data, tmp_path / "d.pt")
+    cfg = PPOConfig(demo_coef=1.0, demo_dataset=str(tmp_path / "d.pt"), demo_batch_size=3)
+    ppo = PPO(cfg, action_dim=2, seed=0)
+    ppo.demos.start(0)
+    mb = ppo.minibatch(rl_minibatch(pi))
+    torch.manual_seed(0)  # the term's noise and times
+    terms = ppo.loss(pi, mb)
+    torch.manual_seed(0)
+    expected = pi.bc_loss(ppo.demos.batch).mean()
+    assert float(terms["demo_nll"]) == pytest.approx(float(expected), rel=1e-6)
+    terms["loss_demo"].backward()
+    assert pi.velocity_head.weight.grad.abs().sum() > 0

@@ -10,7 +10,9 @@ Datasets (``algorithm.dataset``), action chunks and action tokens: see
 Losses (``algorithm.loss``):
 
 - ``nll`` (default, every policy): -log pi(expert action | obs) through
-  ``policy.evaluate_actions``; for a Gaussian policy it also fits the std.
+  ``policy.evaluate_actions``; for a Gaussian policy it also fits the std. A policy with a
+  supervised loss of its own (``Policy.bc_loss``: ``flow_mlp``'s flow matching, whose
+  log-probs are of a denoising chain and not of an action) is trained on that instead.
 - ``mse``: squared error (summed over action dims) of the policy's deterministic action
   ``policy.act(batch, deterministic=True)["action"]``; needs a policy whose deterministic action
   is differentiable (the Gaussian ``mlp`` and ``cnn``: their mean), not the token VLAs.
@@ -47,8 +49,9 @@ class BCConfig(AlgorithmConfig):
     num_demos: Optional[int] = None
     """With an .h5 dataset: train on its first N episodes (None: all)."""
     loss: str = "nll"
-    """nll (-log-prob of the expert action; any policy) | mse (deterministic action's squared
-    error; Gaussian policies)."""
+    """nll (-log-prob of the expert action, or the policy's own loss where it has one:
+    flow_mlp's flow matching; any policy) | mse (deterministic action's squared error;
+    Gaussian policies)."""
     batch_size: int = 256
     """Dataset samples per iteration (without replacement while the dataset has enough)."""
     learning_rate: float = 1e-3
@@ -147,6 +150,9 @@ class BC(Algorithm):
                 )
             err = ((action - mb[keys.ACTION]) ** 2).reshape(mb.shape[0], -1).sum(-1)
             return TensorDict({"loss_bc": err.mean()}, batch_size=[])
+        own = policy.bc_loss(mb)
+        if own is not None:  # the policy's own supervised loss (flow matching)
+            return TensorDict({"loss_bc": own.mean()}, batch_size=[])
         out = policy.evaluate_actions(mb)
         terms = {"loss_bc": -out[keys.LOG_PROB].mean(),
                  "entropy": out[keys.ENTROPY].mean().detach()}

@@ -96,12 +96,16 @@ class DemoTerm:
 
     def terms(self, policy, device) -> dict:
         """``loss_demo``: ``weight * -mean log pi(expert action | obs)`` over this minibatch's
-        demonstration rows, and ``demo_nll`` (the mean without the weight); ``{}`` without
-        the term."""
+        demonstration rows (or the mean of the policy's own ``Policy.bc_loss``), and
+        ``demo_nll`` (the mean without the weight); ``{}`` without the term."""
         if not self.active:
             return {}
         if self.pending or self.batch is None:
             self.batch = self.data.sample(policy, self.cfg.demo_batch_size, self.gen).to(device)
             self.pending = False
-        nll = -policy.evaluate_actions(self.batch)[keys.LOG_PROB].mean()
+        own = policy.bc_loss(self.batch)  # a flow policy's flow matching, else the NLL
+        if own is not None:
+            nll = own.mean()
+        else:
+            nll = -policy.evaluate_actions(self.batch)[keys.LOG_PROB].mean()
         return {"loss_demo": self.weight * nll, "demo_nll": nll.detach()}
