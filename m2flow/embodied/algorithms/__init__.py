@@ -3,7 +3,7 @@
 Names map to ``"module:Class"`` strings imported on lookup; installed packages add names
 through the entry-point group ``m2flow.algorithms``; ``register_algorithm(name, cls)`` (or as a
 decorator) adds one in code, ``override=True`` to replace. A new algorithm is one module (its
-config dataclass, ``prepare`` and ``loss``, and ``ALGORITHM = <its class>``), its line in
+config dataclass, ``prepare`` and ``loss``, and its class), its ``"module:Class"`` line in
 :data:`BUILTINS` and one ``configs/algorithm/<name>.yaml``. The modules beside the algorithms
 are the interface (:mod:`.base`) and the pieces they share (:mod:`.helpers`); a module is an
 algorithm only by its line in :data:`BUILTINS`. Its config's ``validate`` checks its fields with
