@@ -48,6 +48,10 @@ class ProcessEnvConfig(EnvConfig):
     step_timeout_s: float = 300.0
     """A step or reset that takes longer counts as a hung process, which is killed and
     restarted (its episode is discarded)."""
+    max_restarts: int = 3
+    """Restarts of one simulator process in a row (no episode finished between them) before
+    the run ends, naming the env, its task and the process's last error: a simulator that
+    dies on every reset or step is not restarted forever. 0: never restart."""
     shared_memory: str = "auto"
     """Which observation arrays come back through shared memory instead of a pickled message:
     'auto' those of 16 KiB or more (images; state vectors stay messages), 'on' every array,

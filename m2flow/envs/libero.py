@@ -230,7 +230,8 @@ class LiberoEnv(GymVectorEnv):
         ]
         super().__init__(make, processes=True, max_episode_steps=limit,
                          timeout=cfg.step_timeout_s, tasks=[tasks[t][1] for t in ids],
-                         shared_memory=cfg.shared_memory)
+                         shared_memory=cfg.shared_memory, max_restarts=cfg.max_restarts,
+                         name=f"LIBERO/{suite}")
 
 
 def gl_environ(gl: str) -> tuple:

@@ -145,7 +145,8 @@ class ManiSkillEnv(BatchedEnv):
             self._impl: BatchedEnv = GymVectorEnv(
                 [make] * cfg.num_envs, processes=True, max_episode_steps=limit,
                 rebuild_options=REBUILD, timeout=cfg.step_timeout_s,
-                shared_memory=cfg.shared_memory,
+                shared_memory=cfg.shared_memory, max_restarts=cfg.max_restarts,
+                name=cfg.name,
             )
         else:
             if cfg.visual_mesh_fraction < 1.0 and cfg.obs_mode != "state":

@@ -149,10 +149,17 @@ class ProcessSlots:
         shared_memory: which observation arrays come back through a shared-memory block
             instead of the pickled message: 'auto' (default) those of at least
             :data:`m2flow.envs.shm.MIN_BYTES` (images), 'on' every fixed-shape array, 'off' none.
+        max_restarts: restarts of one process in a row (no episode of it finished between
+            them, a replacement that dies before its first reset counting too) before a
+            :class:`SimulatorError` ends the run instead; 0: never restart.
+        label: ``label(i, last reset options)`` names env i's simulator and task in that
+            error (default: "env process i").
     """
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], timeout: float = 300.0,
-                 start_timeout: float = 600.0, shared_memory: str = "auto"):
+                 start_timeout: float = 600.0, shared_memory: str = "auto",
+                 max_restarts: int = 3,
+                 label: Optional[Callable[[int, Optional[dict]], str]] = None):
         if shared_memory not in shm.MODES:
             raise EnvError(f"env.shared_memory={shared_memory!r}: use one of {list(shm.MODES)} "
                            "('auto' sends images through shared memory, state as messages).")
@@ -164,7 +171,10 @@ class ProcessSlots:
         self.server = env_server(recipe.preload, recipe.environ)
         self.restarts = 0
         """Processes replaced since construction (dead or hung)."""
+        self.max_restarts = max_restarts
+        self._label = label or (lambda i, options: f"env process {i}")
         n = len(self.env_fns)
+        self._in_a_row = [0] * n  # restarts of each process since its last finished episode
         self._procs: list = [None] * n
         self._conns: list = [None] * n
         self._seeds: list[Optional[int]] = [None] * n
@@ -231,10 +241,14 @@ class ProcessSlots:
         out = []
         for i in range(len(self.env_fns)):
             try:
-                out.append(self._recv(i, self.timeout, "step"))
+                result = self._recv(i, self.timeout, "step")
             except _Lost as e:
                 obs = self._restart(i, e)
-                out.append(StepResult(obs, obs, 0.0, False, True, False, discarded=True))
+                result = StepResult(obs, obs, 0.0, False, True, False, discarded=True)
+            else:
+                if result.terminated or result.truncated:
+                    self._in_a_row[i] = 0  # it finished an episode: it works
+            out.append(result)
         return out
 
     def close(self) -> None:
@@ -298,8 +312,8 @@ class ProcessSlots:
         deadline = time.monotonic() + timeout
         while not conn.poll(min(1.0, max(0.0, deadline - time.monotonic()))):
             if not proc.is_alive():
-                raise _Lost(f"env process {i} (pid {proc.pid}) died with exit code "
-                            f"{proc.exitcode} during {what}")
+                raise _Lost(f"env process {i} (pid {proc.pid}) died ({_exit(proc.exitcode)}) "
+                            f"during {what}")
             if time.monotonic() >= deadline:
                 raise _Lost(f"env process {i} (pid {proc.pid}) did not answer a {what} "
                             f"within {timeout:.0f} s (hung)")
@@ -309,8 +323,11 @@ class ProcessSlots:
         """Process i's answer (there is one to read), its observations out of its block."""
         try:
             kind, payload = self._conns[i].recv()
-        except (EOFError, OSError):
-            raise _Lost(f"env process {i} (pid {self._procs[i].pid}) died during {what}") from None
+        except (EOFError, OSError):  # its end of the pipe closed: it is dying or dead
+            proc = self._procs[i]
+            proc.join(timeout=1.0)
+            raise _Lost(f"env process {i} (pid {proc.pid}) died ({_exit(proc.exitcode)}) "
+                        f"during {what}") from None
         self._sent[i] = False
         if kind == "error":
             raise SimulatorError(f"env process {i} raised during {what}:\n{payload}")
@@ -325,9 +342,35 @@ class ProcessSlots:
         return replace(payload, obs=obs, final_obs=final)
 
     def _restart(self, i: int, cause: "_Lost"):
-        """Replaces process i; resets it as its last reset asked. Returns the new first obs."""
-        self.restarts += 1
-        log.warning("%s; restarting it (its episode is discarded)", cause)
+        """Replaces process i; resets it as its last reset asked. Returns the new first obs.
+        A replacement lost before it answers that reset is replaced again, until process i
+        has been restarted ``max_restarts`` times in a row: then a SimulatorError names the
+        env, its task and the last error."""
+        while True:
+            n = self._in_a_row[i]
+            if n >= self.max_restarts:
+                why = (f"lost again after {n} restart{'s' * (n != 1)} in a row with no episode "
+                       "finished" if n else "lost") + f" (env.max_restarts={self.max_restarts})"
+                raise SimulatorError(f"{self._label(i, self._options[i])}: its simulator process "
+                                     f"was {why}; not restarted any more. Last error: {cause}")
+            self._in_a_row[i] += 1
+            self.restarts += 1
+            log.warning("%s; restarting it (its episode is discarded)", cause)
+            self._replace(i)
+            seed = self._seeds[i]
+            if seed is not None:
+                seed = (seed + RESTART_SEED_STRIDE * self.restarts) & 0x7FFFFFFF
+            try:
+                self._recv(i, self.start_timeout, "start")
+                if self._blocks[i] is not None:
+                    self._attach(i)
+                self._send(i, ("reset", (seed, self._options[i])))
+                return self._recv(i, self.timeout, "reset")
+            except _Lost as e:  # the replacement was lost too
+                cause = e
+
+    def _replace(self, i: int) -> None:
+        """Kills process i if it lives on, and starts a new one from the server."""
         proc = self._procs[i]
         # exit code 255 without a death: its fork server died, and the process may live on
         if proc.is_alive() or proc.exitcode == 255:
@@ -338,17 +381,22 @@ class ProcessSlots:
         proc.join(timeout=10)
         self._conns[i].close()
         self._spawn(i)
-        seed = self._seeds[i]
-        if seed is not None:
-            seed = (seed + RESTART_SEED_STRIDE * self.restarts) & 0x7FFFFFFF
+
+
+def _exit(code: Optional[int]) -> str:
+    """'exit code 3', or the signal that ended a process: 'killed by SIGSEGV'.
+
+    >>> _exit(-9), _exit(1), _exit(None)
+    ('killed by SIGKILL', 'exit code 1', 'its pipe closed; no exit code yet')
+    """
+    if code is None:
+        return "its pipe closed; no exit code yet"
+    if code < 0:
         try:
-            self._recv(i, self.start_timeout, "start")
-            if self._blocks[i] is not None:
-                self._attach(i)
-            self._send(i, ("reset", (seed, self._options[i])))
-            return self._recv(i, self.timeout, "reset")
-        except _Lost as e:  # the replacement failed too: not retried again
-            raise SimulatorError(f"{e}, after a restart ({cause})") from None
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            pass
+    return f"exit code {code}"
 
 
 class _Lost(Exception):
@@ -432,6 +480,9 @@ def check_processes(cfg: ProcessEnvConfig) -> None:
     if not cfg.step_timeout_s > 0:
         raise EnvError(f"env.step_timeout_s={cfg.step_timeout_s}: must be > 0; give the seconds "
                        "a step may take before its process counts as hung (default 300).")
+    if cfg.max_restarts < 0:
+        raise EnvError(f"env.max_restarts={cfg.max_restarts}: must be >= 0; give how often one "
+                       "simulator process may be restarted in a row (0: never; default 3).")
     if cfg.shared_memory not in shm.MODES:
         raise EnvError(f"env.shared_memory={cfg.shared_memory!r}: must be one of "
                        f"{', '.join(shm.MODES)}; 'auto' sends images through shared memory and "

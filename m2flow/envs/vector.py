@@ -35,6 +35,9 @@ class GymVectorEnv(BatchedEnv):
             (``reset(task=...)`` passes ``options["task"]``); empty for a one-task env.
         shared_memory: with processes, which observation arrays come back through shared
             memory: 'auto', 'on' or 'off' (see :class:`ProcessSlots`).
+        max_restarts: with processes, restarts of one process in a row before the run ends
+            (see :class:`ProcessSlots`).
+        name: the env's name in errors (e.g. 'ManiSkill/PushCube-v1').
     """
 
     def __init__(
@@ -47,13 +50,25 @@ class GymVectorEnv(BatchedEnv):
         timeout: float = 300.0,
         tasks: Sequence[str] = (),
         shared_memory: str = "auto",
+        max_restarts: int = 3,
+        name: str = "",
     ):
         self.num_envs = len(env_fns)
         self.rebuild_options = rebuild_options
         self.steps_in_background = processes
-        self.slots = (ProcessSlots(env_fns, timeout=timeout, shared_memory=shared_memory)
+        self.name, self.tasks = name, tuple(tasks)
+        self.slots = (ProcessSlots(env_fns, timeout=timeout, shared_memory=shared_memory,
+                                   max_restarts=max_restarts, label=self._label)
                       if processes else LocalSlots(env_fns))
         self.spec = _spec(self.slots, max_episode_steps, tuple(tasks))
+
+    def _label(self, i: int, options: Optional[dict]) -> str:
+        """'ManiSkill/PushCube-v1, env 3' (and ", task '<its language>'" where it has tasks)."""
+        label = f"{self.name or 'env'}, env {i}"
+        task = (options or {}).get("task")
+        if task is not None and 0 <= task < len(self.tasks):
+            label += f", task {self.tasks[task]!r}"
+        return label
 
     @property
     def restarts(self) -> int:

@@ -162,3 +162,31 @@ def test_a_channel_that_stops_delivering_ends_the_run_with_one_line(tmp_path):
     check_resume(line, run)
     check_log(line, "ChannelTimeout")
     assert run.processes_left() == []
+
+
+def test_a_simulator_that_dies_on_every_step_ends_the_run_after_max_restarts(tmp_path):
+    """Every simulator process of the run is killed (SIGKILL) as soon as it exists, from the
+    second checkpoint on: each is replaced, the replacements die too, and after
+    ``env.max_restarts`` restarts in a row the run ends in one line naming the env and the
+    simulator's last error, instead of restarting forever."""
+    run = Run(tmp_path, TINY + ["runner.num_iterations=1000", "env.max_restarts=2"])
+    run.wait_for_checkpoint("iter_00001.pt")
+    killed = set()
+    while run.proc.poll() is None:
+        forked = run.processes("forkserver")  # the fork server and the simulators it forked
+        for pid in [pid for pid, (ppid, _) in forked.items() if ppid in forked]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+        time.sleep(0.05)
+    line = run.end_line()
+    assert re.match(
+        r"m2flow-train: failed during [a-z ]+ after \d+ iterations: worker env\[rank 0\] in "
+        r"\w+\(\): SimulatorError: ManiSkill/PushCube-v1, env \d: its simulator process was "
+        r"lost again after 2 restarts in a row with no episode finished "
+        r"\(env.max_restarts=2\); not restarted any more\. Last error: env process \d "
+        r"\(pid (\d+)\) died \(killed by SIGKILL\) during [a-z]+ \(traceback in \S+\); "
+        r"checkpoint \S+; resume with: ", line), line
+    assert int(re.search(r"\(pid (\d+)\) died", line)[1]) in killed
+    check_resume(line, run)
+    assert run.processes_left() == []

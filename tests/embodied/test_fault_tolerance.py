@@ -234,9 +234,10 @@ class DyingGym(fakes.CounterGym):
         return super().step(action)
 
 
-def test_a_crashed_process_is_replaced_and_a_crashing_replacement_is_an_error(tmp_path):
+def test_a_crashed_process_is_replaced_and_a_crash_loop_ends_after_max_restarts(tmp_path):
     make = functools.partial(DyingGym, str(tmp_path / "crashed"))
-    env = GymVectorEnv([make] * 2, processes=True, max_episode_steps=fakes.EPISODE)
+    env = GymVectorEnv([make] * 2, processes=True, max_episode_steps=fakes.EPISODE,
+                       max_restarts=3, name="Counter-v0", tasks=("count up", "count down"))
     try:
         pids = env.slots.pids
         env.reset(seed=[0, 1], task=[0, 0])
@@ -245,12 +246,48 @@ def test_a_crashed_process_is_replaced_and_a_crashing_replacement_is_an_error(tm
         assert out["next", "truncated"].tolist() == [False, True]
         assert out["obs", "state"][1].tolist() == [(1 + RESTART_SEED_STRIDE) % 1000, 0.0, 0.0]
         assert env.restarts == 1 and env.slots.pids[0] == pids[0] != env.slots.pids[1]
-        # task 1 crashes every process that resets to it: the replacement too
-        with pytest.raises(SimulatorError, match=r"env process 1 \(pid \d+\) died.* during reset, "
-                                                 r"after a restart \(env process 1 .*reset\)"):
+        # task 1 crashes every process that resets to it: each replacement too. Restarts 2 and
+        # 3 in a row are tried, then the env, its task and the last error end it.
+        with pytest.raises(SimulatorError, match=(
+                r"^Counter-v0, env 1, task 'count down': its simulator process was lost again "
+                r"after 3 restarts in a row with no episode finished \(env.max_restarts=3\); "
+                r"not restarted any more\. Last error: env process 1 \(pid \d+\) died "
+                r"\(exit code 4\) during reset$")):
             env.reset(seed=[0, 1], task=[0, 1])
+        assert env.restarts == 3
     finally:
         env.close()
+
+
+def test_a_finished_episode_clears_the_count_of_restarts_in_a_row(tmp_path):
+    """With max_restarts=1, a process that crashes, then finishes an episode, may crash once
+    more (a crash every few hours does not end a 3-day run); with 0 the first crash ends it."""
+    make = functools.partial(DyingGym, str(tmp_path / "crashed"))
+    env = GymVectorEnv([make], processes=True, max_episode_steps=fakes.EPISODE, max_restarts=1)
+    try:
+        env.reset(seed=[0], task=[0])
+        assert env.step(torch.tensor([[99.0]]))["next", "discarded"].tolist() == [True]
+        for _ in range(fakes.EPISODE - 1):
+            assert not env.step(torch.tensor([[1.0]]))["next", "done"].item()
+        assert env.step(torch.tensor([[1.0]]))["next", "done"].item()  # one whole episode
+        assert env.step(torch.tensor([[99.0]]))["next", "discarded"].tolist() == [True]
+        assert env.restarts == 2
+        with pytest.raises(SimulatorError, match=r"^env, env 0: its simulator process was lost "
+                                                 r"again after 1 restart in a row"):
+            env.step(torch.tensor([[99.0]]))
+    finally:
+        env.close()
+    never = GymVectorEnv([make], processes=True, max_episode_steps=fakes.EPISODE, max_restarts=0)
+    try:
+        never.reset(seed=[0], task=[0])
+        with pytest.raises(SimulatorError, match=r"^env, env 0: its simulator process was lost "
+                                                 r"\(env.max_restarts=0\); not restarted any "
+                                                 r"more\. Last error: .*\(exit code 3\) during "
+                                                 r"step$"):
+            never.step(torch.tensor([[99.0]]))
+        assert never.restarts == 0
+    finally:
+        never.close()
 
 
 # -- the learner -------------------------------------------------------------------------
