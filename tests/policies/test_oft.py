@@ -263,6 +263,51 @@ def test_privileged_critic_scores_the_simulator_state_trains_under_lora_and_need
         make_policy(policy_config(name="openvla_oft", **{**KW, "critic": "value"}), spec())
 
 
+def test_proprio_privileged_feeds_the_simulator_state_to_the_proprio_token_and_needs_the_env():
+    """``proprio_privileged`` (a control): the proprio projector's input is the visible state
+    (``proprio_hidden``'s dims zeroed) followed by ("obs", "privileged"), worked here by hand
+    through fc1, GELU, fc2; the actor's bin distribution then depends on the privileged vector."""
+    from m2flow.envs import env_config
+
+    torch.manual_seed(0)
+    priv_spec = EnvSpec({"rgb": (32, 32, 3), "state": (8,), "task": (), "privileged": (11,)}, 7,
+                        (-1.0,) * 7, (1.0,) * 7, 10, tasks=TASKS)
+    cfg = policy_config(name="openvla_oft", **{**KW, "proprio_privileged": True,
+                                                "proprio_hidden": [[2, 4]]})
+    p = make_policy(cfg, priv_spec)
+    o = obs(4)
+    o["privileged"] = torch.randn(4, 11)
+    state = o["state"].clone()
+    state[:, 2:4] = 0
+    x = torch.cat([state, o["privileged"]], dim=-1)  # (4, 19)
+    by_hand = F.linear(F.gelu(F.linear(x, p.proprio.fc1.weight, p.proprio.fc1.bias)),
+                       p.proprio.fc2.weight, p.proprio.fc2.bias)
+    torch.testing.assert_close(p.proprio(p._state(o, "cpu")), by_hand)
+    out = p.act(TensorDict({"obs": o}, batch_size=[4]), deterministic=True)
+    o2 = o.clone()
+    o2["privileged"] = torch.randn(4, 11) * 5
+    out2 = p.act(TensorDict({"obs": o2}, batch_size=[4]), deterministic=True)
+    assert not torch.allclose(out2["log_prob"], out["log_prob"])  # the bins' distribution moved
+    with pytest.raises(PolicyError, match="policy.proprio_privileged=true.*env.privileged_state"):
+        registry.policy_class("openvla_oft").check_config(
+            cfg, env_config(name="ManiSkill/PushCube-v1", obs_mode="rgb"))
+
+
+def test_patch_size_sets_the_tiny_vits_grid_and_is_refused_with_a_checkpoint(tmp_path):
+    """At 32 px, patch 8 gives 16 patch tokens per image where the name's patch 16 gives 4."""
+    from m2flow.envs import env_config
+
+    assert tiny_policy().vlm.num_patches == 4
+    p = tiny_policy(patch_size=8)
+    assert p.vlm.num_patches == 16
+    assert p.vlm.image_tokens(obs(2)["rgb"][:, None]).shape[1] == 16
+    cfg = policy_config(name="openvla_oft", **{**KW, "patch_size": 8,
+                                                "checkpoint": str(tmp_path)})
+    with pytest.raises(PolicyError, match="policy.patch_size.*drop policy.patch_size"):
+        registry.policy_class("openvla_oft").check_config(
+            cfg, env_config(name="ManiSkill/PushCube-v1", obs_mode="rgb"))
+
+
 def test_trainable_names_are_checked():
     with pytest.raises(PolicyError, match=r"policy.trainable: 'projektor' .*projector"):
         tiny_policy(lora_rank=4, trainable=["projektor"])

@@ -70,6 +70,10 @@ class OFTPolicyConfig(PolicyConfig):
     """One timm ViT, or two fused per patch (OpenVLA: DINOv2 + SigLIP)."""
     image_size: int = 64
     """Backbone resolution (env images are resized to it)."""
+    patch_size: Optional[int] = None
+    """The tiny ViT's patch size (None: the model name's, 16 for vit_tiny_patch16_224). At
+    64 px, 16 gives a 4 x 4 grid of patches per image, 8 an 8 x 8 one (four times the image
+    tokens)."""
     image_keys: List[str] = field(default_factory=lambda: ["rgb", "wrist_rgb"])
     """Image observations to read, in this order (those the env has): openvla-oft's
     ``num_images_in_input`` images (the published LIBERO RL checkpoints read one: [rgb])."""
@@ -82,6 +86,11 @@ class OFTPolicyConfig(PolicyConfig):
     privileged critic still reads the simulator state). [[9, 18]] hides ManiSkill Panda's
     joint velocities, which a cloned policy copies instead of choosing a motion (see
     ``m2flow.policies.hidden_state``). Empty: the whole state."""
+    proprio_privileged: bool = False
+    """A control, not a deployable policy: the proprio token also reads the simulator state
+    (``("obs", "privileged")``, env.privileged_state=true), so the policy knows the object
+    poses without seeing them. Behaviour cloning with and without it tells whether the vision
+    tower is what limits the policy."""
     chunk: int = 8
     """Actions decoded per forward pass (openvla-oft's ``NUM_ACTIONS_CHUNK``: 8 for LIBERO;
     must be the checkpoint's)."""
@@ -192,7 +201,8 @@ class OpenVLAOFTPolicy(Policy):
                 "use env.obs_mode=rgb."
             )
         _check(o)
-        sizes = {"image_size": o.image_size, "hidden_size": o.hidden_size,
+        sizes = {"image_size": o.image_size, "patch_size": o.patch_size or 1,
+                 "hidden_size": o.hidden_size,
                  "num_layers": o.num_layers, "num_heads": o.num_heads,
                  "intermediate_size": o.intermediate_size, "text_vocab": o.text_vocab}
         for key, value in (sizes.items() if o.checkpoint is None else ()):  # else: its own
@@ -203,10 +213,15 @@ class OpenVLAOFTPolicy(Policy):
                 f"policy.hidden_size={o.hidden_size}: must be a multiple of "
                 f"policy.num_heads={o.num_heads}."
             )
+        if o.checkpoint is not None and o.patch_size is not None:
+            raise PolicyError("policy.patch_size is the tiny ViT's; a checkpoint brings its own "
+                              "vision tower: drop policy.patch_size.")
         if o.lora_rank < 0:
             raise PolicyError(f"policy.lora_rank={o.lora_rank}: must be >= 0 (0: no LoRA).")
         if o.critic == critics.PRIVILEGED:
             critics.check_env(env_cfg, "policy.critic=privileged", "use policy.critic=head")
+        if o.proprio_privileged:
+            critics.check_env(env_cfg, "policy.proprio_privileged=true", "drop it")
         if o.checkpoint is not None:
             oft_checkpoint.check_options(o)
 
@@ -239,8 +254,9 @@ class OpenVLAOFTPolicy(Policy):
         else:
             self.tokenizer = tiny_tokenizer(o.text_vocab)
             with torch.device(device):
+                patch = [{"patch_size": o.patch_size}] * len(o.vision) if o.patch_size else None
                 self.vlm = Prismatic(list(o.vision), o.image_size,
-                                     self._tiny_llm(len(self.tokenizer)))
+                                     self._tiny_llm(len(self.tokenizer)), vision_kwargs=patch)
             self.vlm.to(dtype)
             use_proprio = o.use_proprio is not False
         self.use_proprio = use_proprio and "state" in shapes
@@ -249,7 +265,10 @@ class OpenVLAOFTPolicy(Policy):
         self.actions = ActionTokenizer(self.tokenizer.vocab_size)
         h = self.vlm.hidden_size
         with torch.device(device):  # the heads: fp32 (they train, or are tiny)
-            self.proprio = ProprioProjector(shapes["state"][0], h) if self.use_proprio else None
+            extra = (critics.privileged_dim(shapes, "policy.proprio_privileged=true")
+                     if o.proprio_privileged else 0)
+            self.proprio = (ProprioProjector(shapes["state"][0] + extra, h)
+                            if self.use_proprio else None)
             # the placeholders' embeddings: zero, as openvla-oft's masked input embeddings
             self.queries = nn.Parameter(torch.zeros(self.num_queries, h))
             privileged = o.critic == critics.PRIVILEGED
@@ -385,7 +404,10 @@ class OpenVLAOFTPolicy(Policy):
             q01, q99, mask = self.proprio_stats._as(state)
             scaled = 2 * (state - q01) / (q99 - q01 + 1e-8) - 1
             state = torch.where(mask, scaled, state).clamp(-1, 1)
-        return state if self.proprio_sees is None else state * self.proprio_sees
+        state = state if self.proprio_sees is None else state * self.proprio_sees
+        if self.opts.proprio_privileged:
+            state = torch.cat([state, obs[keys.leaf(keys.PRIVILEGED)].float().to(dev)], dim=-1)
+        return state
 
     def _sequence(self, obs: TensorDict, tail: torch.Tensor, bidirectional_tail: bool,
                   full: bool = False):
