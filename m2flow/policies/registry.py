@@ -31,6 +31,7 @@ POLICIES = Registry(
         "sac_mlp": "m2flow.policies.sac:SACPolicy",
         "sac_cnn": "m2flow.policies.sac:SACCNNPolicy",
         "flow_mlp": "m2flow.policies.flow:FlowMLPPolicy",
+        "pi0": "m2flow.policies.vla.pi0:Pi0Policy",
     },
     base_config=PolicyConfig,
 )

@@ -11,7 +11,8 @@ from m2flow.policies.registry import policy_class
 STATE_SPEC = EnvSpec({"state": (7,)}, 3, (-1.0,) * 3, (1.0,) * 3, 50)
 RGB_SPEC = EnvSpec({"rgb": (64, 64, 3), "state": (5,)}, 3, (-1.0,) * 3, (1.0,) * 3, 50)
 SPECS = {"mlp": STATE_SPEC, "cnn": RGB_SPEC, "openvla": RGB_SPEC, "openvla_oft": RGB_SPEC,
-         "sac_mlp": STATE_SPEC, "sac_cnn": RGB_SPEC, "flow_mlp": STATE_SPEC}  # a newly registered policy needs an entry here
+         "sac_mlp": STATE_SPEC, "sac_cnn": RGB_SPEC, "flow_mlp": STATE_SPEC,
+         "pi0": RGB_SPEC}  # a newly registered policy needs an entry here
 
 
 def random_obs(spec, n):

@@ -241,7 +241,7 @@ class OpenVLAOFTPolicy(Policy):
         self.num_queries = o.chunk * self.action_dim
         self.stats = ActionStats(**o.unnorm) if o.unnorm else None
         self.gripper = preprocess.GRIPPERS[o.gripper]
-        dtype = _dtype(o.dtype, device)
+        dtype = weights_dtype(o.dtype, device)
         proprio_file, self.proprio_stats = None, None
         if o.checkpoint:
             proprio_file = self._load_checkpoint(o, dtype, device)
@@ -508,12 +508,12 @@ class OpenVLAOFTPolicy(Policy):
             self.critic.observe(batch)
 
 
-def _dtype(name: str, device="cpu") -> torch.dtype:
+def weights_dtype(name: str, device="cpu") -> torch.dtype:
     """The weights' dtype: ``name``, or for 'auto' bfloat16 when ``device`` is a CUDA device and
     float32 elsewhere (whatever else the machine has).
 
-    >>> _dtype("auto", "cpu"), _dtype("auto", "cuda:1"), _dtype("float32", "cuda")
-    (torch.float32, torch.bfloat16, torch.float32)
+    >>> [weights_dtype(*a) for a in (("auto", "cpu"), ("auto", "cuda:1"), ("float32", "cuda"))]
+    [torch.float32, torch.bfloat16, torch.float32]
     """
     if name == "auto":
         return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
