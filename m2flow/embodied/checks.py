@@ -88,17 +88,18 @@ def check_train_config(cfg: TrainConfig) -> None:
 
 
 def check_names(cfg: TrainConfig) -> None:
-    """Registry lookups at startup, not 300 lines into a rollout: the names, whether the env's
-    and the policy's settings are their classes' (a group file of another simulator, given
-    another ``name``, is not), and their own ``check_config`` hooks (the policy's gets the env
-    config too: the obs modes it can read)."""
-    from m2flow.envs import EnvError, env_class
+    """Registry lookups at startup, not 300 lines into a rollout: the names, whether their
+    packages are installed (a missing simulator names the extra that installs it), whether the
+    env's and the policy's settings are their classes' (a group file of another simulator,
+    given another ``name``, is not), and their own ``check_config`` hooks (the policy's gets
+    the env config too: the obs modes it can read)."""
+    from m2flow.envs import EnvError
     from m2flow.envs.registry import ENVS
     from m2flow.policies import PolicyError
-    from m2flow.policies.registry import POLICIES, policy_class
+    from m2flow.policies.registry import POLICIES
 
     try:
-        cls = env_class(cfg.env.name)
+        cls = ENVS.require(cfg.env.name)
         ENVS.check_settings(cfg.env, cls, "env")
         check = getattr(cls, "check_config", None)
         if check is not None:
@@ -110,7 +111,7 @@ def check_names(cfg: TrainConfig) -> None:
                           f"{cfg.env.name} cannot start its episodes part-way (mjlab/* envs "
                           "can); leave it false for this env.")
     try:
-        cls = policy_class(cfg.policy.name)
+        cls = POLICIES.require(cfg.policy.name)
     except PolicyError as e:
         raise ConfigError(f"config error: policy.name: {e}") from None
     try:

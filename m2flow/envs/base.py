@@ -17,6 +17,7 @@ import torch
 from tensordict import TensorDict
 
 from m2flow.envs.config import EnvConfig
+from m2flow.registry import Requires
 
 
 class EnvError(ValueError):
@@ -53,6 +54,9 @@ class BatchedEnv(ABC):
     config_class: type = EnvConfig
     """Its settings: a dataclass extending :class:`EnvConfig`, the schema of its env group
     files (``m2flow.envs.config``); ``cls(cfg, device=...)`` gets one of these."""
+    requires: Optional[Requires] = None
+    """The simulator packages it imports when built (``m2flow.registry.Requires``), checked
+    at start-up; None: none beyond m2flow's own."""
     num_envs: int
     spec: EnvSpec
     device: torch.device = torch.device("cpu")

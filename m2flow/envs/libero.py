@@ -60,6 +60,7 @@ from m2flow.envs.base import EnvError
 from m2flow.envs.config import ProcessEnvConfig
 from m2flow.envs.procs import EnvRecipe, check_processes, env_server
 from m2flow.envs.vector import GymVectorEnv
+from m2flow.registry import Requires
 
 SUITE_MAX_STEPS = {
     "libero_spatial": 220,
@@ -136,9 +137,7 @@ def prepare(assets: Optional[str] = None) -> str:
     Call before importing ``libero.libero`` (it reads its config at import time).
     """
     path = assets_path(assets)
-    if importlib.util.find_spec("libero") is None:
-        raise EnvError("LIBERO is not installed: run `bash scripts/install.sh` (it pip-installs "
-                       "libero==0.1.1, robosuite==1.4.0, mujoco==3.3.7 and the assets).")
+    LiberoEnv.requires.check("LIBERO", EnvError)
     root = os.path.join(os.path.dirname(importlib.util.find_spec("libero").origin), "libero")
     # one config per LIBERO install, so a config written for another venv is never read
     own = os.path.join(CONFIG_DIR, hashlib.sha1(f"{root}|{path}".encode()).hexdigest()[:12])
@@ -190,6 +189,7 @@ class LiberoEnv(GymVectorEnv):
 
     EXAMPLE_IDS = ("LIBERO/libero_spatial",)
     config_class = LiberoEnvConfig
+    requires = Requires(("libero", "robosuite", "mujoco"), "m2flow[libero]")
 
     @staticmethod
     def check_config(cfg: LiberoEnvConfig) -> None:

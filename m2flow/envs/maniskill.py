@@ -32,7 +32,7 @@ from m2flow import keys
 from m2flow.envs.base import BatchedEnv, EnvError, EnvSpec
 from m2flow.envs.config import ProcessEnvConfig
 from m2flow.envs.procs import EnvRecipe, check_processes, env_server
-from m2flow.registry import suggest
+from m2flow.registry import Requires, suggest
 from m2flow.envs.vector import GymVectorEnv
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,7 @@ class ManiSkillEnv(BatchedEnv):
 
     EXAMPLE_IDS = ("ManiSkill/PushCube-v1", "ManiSkill/PickCube-v1")  # the registry sweep's picks
     config_class = ManiSkillEnvConfig
+    requires = Requires(("mani_skill", "sapien"), "m2flow[maniskill]")
 
     @staticmethod
     def check_config(cfg: ManiSkillEnvConfig):
@@ -95,6 +96,9 @@ class ManiSkillEnv(BatchedEnv):
                 f"env.visual_mesh_fraction={cfg.visual_mesh_fraction!r}: keep a fraction of "
                 "the visual-mesh triangles in (0, 1]; 1.0 renders the published meshes."
             )
+        if cfg.visual_mesh_fraction < 1.0:  # m2flow.envs.meshes simplifies them
+            Requires(("fast_simplification",), "m2flow[maniskill]").check(
+                f"env.visual_mesh_fraction={cfg.visual_mesh_fraction!r}", EnvError)
         if cfg.privileged_state and cfg.obs_mode == "state":
             raise EnvError(
                 "env.privileged_state=true adds the simulator state beside camera images; with "

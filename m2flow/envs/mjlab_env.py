@@ -41,7 +41,6 @@ equal states. Unseeded resets (the auto-resets) draw from the RNG stream.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import logging
 import math
@@ -55,7 +54,7 @@ from tensordict import TensorDict
 from m2flow import keys
 from m2flow.envs.base import BatchedEnv, EnvError, EnvSpec
 from m2flow.envs.config import EnvConfig
-from m2flow.registry import suggest
+from m2flow.registry import Requires, suggest
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +87,7 @@ def task_config(cfg: MjlabEnvConfig):
     """The task's mjlab env config (a fresh copy), or one EnvError line: mjlab missing, an
     unknown task, an obs mode the task cannot give, a setting mjlab tasks do not have."""
     task = cfg.name[len(PREFIX):]
-    if importlib.util.find_spec("mjlab") is None:
-        raise EnvError(f"env.name={cfg.name!r}: mjlab is not installed; `bash scripts/install.sh` "
-                       "installs it (mjlab 1.6.0 with MuJoCo Warp), or pick another env.")
+    MjlabEnv.requires.check(f"env.name={cfg.name!r}", EnvError)
     with warnings.catch_warnings():  # mjlab's math module decorates with torch.jit.script,
         warnings.simplefilter("ignore", FutureWarning)  # which torch 2.14 deprecates
         import mjlab.tasks  # noqa: F401  (registers the tasks)
@@ -152,6 +149,7 @@ class MjlabEnv(BatchedEnv):
     EXAMPLE_IDS = ("mjlab/Mjlab-Cartpole-Balance",)  # the registry sweep's pick
     episode_clocks = True
     config_class = MjlabEnvConfig
+    requires = Requires(("mjlab", "mujoco_warp", "warp"), "m2flow[mjlab]")
 
     @staticmethod
     def check_config(cfg: MjlabEnvConfig):

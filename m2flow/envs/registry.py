@@ -45,8 +45,9 @@ __all__ = ["ENVS", "env_class", "env_config", "make_env", "register_env", "regis
 
 def make_env(cfg: EnvConfig, device: str = "cpu") -> BatchedEnv:
     """Builds the env ``cfg.name`` describes, on ``device`` when its simulator can use one;
-    EnvError when ``cfg`` is not the adapter's settings class."""
-    cls = env_class(cfg.name)
+    EnvError when ``cfg`` is not the adapter's settings class or its simulator is not
+    installed."""
+    cls = ENVS.require(cfg.name)
     ENVS.check_settings(cfg, cls, "env")
     return cls(cfg, device=device)
 

@@ -30,6 +30,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from m2flow.policies.config import PolicyConfig
+from m2flow.registry import Requires
 
 CRITIC_MODULES = frozenset({"critic", "value_head"})
 
@@ -42,6 +43,9 @@ class Policy(nn.Module, ABC):
     config_class: type = PolicyConfig
     """Its settings: a dataclass extending :class:`PolicyConfig`, the schema of its policy group
     files (``m2flow.policies.config``); ``cls(cfg, env_spec, ...)`` gets one of these."""
+    requires: Optional[Requires] = None
+    """The model libraries it imports when built (``m2flow.registry.Requires``), checked at
+    start-up; None: none beyond m2flow's own."""
 
     @abstractmethod
     def act(self, batch: TensorDict, deterministic: bool = False) -> TensorDict:

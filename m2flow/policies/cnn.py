@@ -26,6 +26,7 @@ from m2flow.policies.base import PolicyError
 from m2flow.policies.layers import ACTIVATIONS, orthogonal_linear
 from m2flow.policies.mlp import HIDE_FIELD, GaussianActorCritic, GaussianConfig, check_critic
 from m2flow.policies.normalizer import RunningNorm
+from m2flow.registry import Requires
 
 # The unpadded convs need this many pixels per side to leave a 1x1 map; smaller images are
 # zero-padded up to it rather than refused.
@@ -65,6 +66,8 @@ def _check(cfg: CNNPolicyConfig) -> None:
             f"policy.encoder={cfg.encoder!r}: use {NATURE_ENCODER!r} or "
             f"'{TIMM_PREFIX}<model>', e.g. {TIMM_EXAMPLE!r}."
         )
+    if is_timm:
+        Requires(("timm",), "m2flow[vla]").check(f"policy.encoder={cfg.encoder!r}", PolicyError)
     check_critic(cfg.critic)
     if cfg.feature_dim < 1:
         raise PolicyError(f"policy.feature_dim={cfg.feature_dim}: must be >= 1.")

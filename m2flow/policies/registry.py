@@ -44,8 +44,8 @@ policy_config = POLICIES.settings
 
 def make_policy(cfg: PolicyConfig, env_spec, device: str = "cpu") -> Policy:
     """Builds policy ``cfg.name`` for an env with ``env_spec``, on ``device``; PolicyError
-    when ``cfg`` is not the policy's settings class."""
-    cls = policy_class(cfg.name)
+    when ``cfg`` is not the policy's settings class or its libraries are not installed."""
+    cls = POLICIES.require(cfg.name)
     POLICIES.check_settings(cfg, cls, "policy")
     if _takes_device(cls):
         return cls(cfg, env_spec, device=device)

@@ -1,8 +1,9 @@
 """Start-up checks of a reasoning config: every mistake is one line naming the field, the
 value and the fix, before any worker starts.
 
-In order: names (engine, reward, data source, dtype), the ranges of every numeric field (the
-table ``RULES``) and the tiny model's shape, paths (model directory, data files, ``resume``,
+In order: names (engine, reward, data source, dtype), the libraries they need (``pip install
+'m2flow[reasoning]'`` adds them), the ranges of every numeric field (the table ``RULES``) and
+the tiny model's shape, paths (model directory, data files, ``resume``,
 ``eval.checkpoint``), and the cluster and its placement on this machine (one worker per
 component; pipelined modes need rollout and learner on different devices).
 """
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from m2flow.configs import ConfigError
 from m2flow.reasoning.config import ReasoningConfig
+from m2flow.registry import Requires
 from m2flow.runs.checks import (
     Rule,
     above,
@@ -78,6 +80,7 @@ def check_reasoning_config(cfg: ReasoningConfig) -> None:
     """Names, ranges, paths and placement of ``cfg``; raises a one-line ValueError
     (``m2flow.cli.common`` prints it as the config error)."""
     check_names(cfg)
+    check_installed(cfg)
     check_fields(cfg, RULES)
     check_runner_base(cfg)
     check_tiny_model(cfg)
@@ -101,6 +104,22 @@ def check_names(cfg: ReasoningConfig) -> None:
     for field, value, known in checks:
         if value not in known:
             raise ConfigError(f"config error: {field}={value!r} is not one of {known}.")
+
+
+def check_installed(cfg: ReasoningConfig) -> None:
+    """The libraries the run imports beyond m2flow's own: transformers (model, tokenizer,
+    generation) always, math-verify for its reward, pyarrow for a Parquet data file."""
+    d = cfg.data
+    parquet = d.source in FILE_SOURCES and any(
+        str(p).endswith(".parquet") for p in (d.train_path, d.test_path) if p)
+    needs = [("the reasoning workload", ("transformers",), True),
+             ("algorithm.reward=math_verify", ("math_verify",),
+              cfg.algorithm.reward == "math_verify"),
+             ("a .parquet data file", ("pyarrow",), parquet)]
+    for what, modules, used in needs:
+        if used:
+            Requires(modules, "m2flow[reasoning]").check(
+                what, lambda line: ConfigError(f"config error: {line}"))
 
 
 def check_tiny_model(cfg: ReasoningConfig) -> None:

@@ -120,8 +120,8 @@ class MathVerifier:
         if not timed_out and self._answered == 0:
             raise RuntimeError(
                 f"the math-verify child process exited with code {rc} before scoring anything "
-                "(its error is above); install math-verify (pip install math-verify) or use "
-                "algorithm.reward=exact."
+                "(its error is above); install math-verify (pip install 'm2flow[reasoning]') "
+                "or use algorithm.reward=exact."
             )
         why = f"gave no answer in {self.reply_timeout_s:g} s" if timed_out else f"died ({rc})"
         log.warning(f"warning: math-verify {why} on a completion of {len(completion)} "

@@ -1,6 +1,8 @@
 """A simulator from an outside package: pip-installed, found through entry points, trained
 by the real CLI, with no change to m2flow (the package is tests/plugin/). Its settings class
-is checked like m2flow's own adapters': a key of it passes, a misspelt one is one line."""
+is checked like m2flow's own adapters': a key of it passes, a misspelt one is one line. The
+plugin depends on m2flow without extras, so its processes do not find the simulator and VLA
+stacks (tests/stacks.py)."""
 
 import os
 import shutil
@@ -10,12 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.stacks import without_stacks
+
 PLUGIN = Path(__file__).parent.parent / "plugin"
 
 
 @pytest.fixture(scope="module")
 def plugin_env(tmp_path_factory) -> dict:
-    """The environment of a process that has the plugin installed (in a temporary folder)."""
+    """The environment of a process that has the plugin installed (in a temporary folder) and
+    no simulator or VLA stack."""
     tmp = tmp_path_factory.mktemp("plugin")
     site, src = tmp / "site", tmp / "plugin"
     shutil.copytree(PLUGIN, src, ignore=shutil.ignore_patterns("__pycache__"))  # builds stay out of the repo
@@ -24,7 +29,8 @@ def plugin_env(tmp_path_factory) -> dict:
          "--target", str(site), str(src)],
         check=True, capture_output=True, text=True,
     )
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    env = without_stacks(tmp / "no_stacks")
+    return dict(env, PYTHONPATH=os.pathsep.join([str(site), env["PYTHONPATH"]]))
 
 
 def train(env: dict, *args: str) -> subprocess.CompletedProcess:

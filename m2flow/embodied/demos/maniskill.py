@@ -356,7 +356,7 @@ def load_demos_config(config_name: str = DEFAULT_CONFIG, overrides=()) -> DemosC
     """``m2flow/configs/demos/<config_name>.yaml`` with ``overrides``, checked; bad input is a
     ConfigError of one line."""
     from m2flow.configs import ConfigError, load_config, to_object
-    from m2flow.envs import EnvError, env_class
+    from m2flow.envs import EnvError
     from m2flow.envs.registry import ENVS
 
     register_schema()
@@ -374,8 +374,9 @@ def load_demos_config(config_name: str = DEFAULT_CONFIG, overrides=()) -> DemosC
         raise ConfigError("config error: demos.episodes and demos.max_tries must be >= 1 "
                           f"(got {cfg.demos.episodes} and {cfg.demos.max_tries}).")
     try:
-        ENVS.check_settings(cfg.env, env_class(cfg.env.name), "env")
-        env_class(cfg.env.name).check_config(cfg.env)
+        cls = ENVS.require(cfg.env.name)  # ManiSkill installed
+        ENVS.check_settings(cfg.env, cls, "env")
+        cls.check_config(cfg.env)
     except EnvError as e:
         raise ConfigError(f"config error: {str(e).splitlines()[0]}") from None
     stem = output_stem(cfg)

@@ -52,6 +52,7 @@ from m2flow.policies.vla import oft_checkpoint
 from m2flow.policies.vla import preprocess
 from m2flow.policies.vla.prismatic import Prismatic
 from m2flow.policies.vla.text import prompt, tiny_tokenizer
+from m2flow.registry import Requires
 
 TRAINABLE = ("proprio", "value_head", "queries", "projector", "vision")
 """Parts that may train beside the LoRA adapters (``policy.trainable``)."""
@@ -189,6 +190,7 @@ class ProprioProjector(nn.Module):
 
 class OpenVLAOFTPolicy(Policy):
     config_class = OFTPolicyConfig
+    requires = Requires(("timm", "transformers"), "m2flow[vla]")  # the vision tower, the LM
 
     @staticmethod
     def check_config(policy_cfg: OFTPolicyConfig, env_cfg) -> None:
@@ -218,6 +220,9 @@ class OpenVLAOFTPolicy(Policy):
                               "vision tower: drop policy.patch_size.")
         if o.lora_rank < 0:
             raise PolicyError(f"policy.lora_rank={o.lora_rank}: must be >= 0 (0: no LoRA).")
+        if o.lora_rank > 0:
+            Requires(("peft",), "m2flow[vla]").check(f"policy.lora_rank={o.lora_rank}",
+                                                     PolicyError)
         if o.critic == critics.PRIVILEGED:
             critics.check_env(env_cfg, "policy.critic=privileged", "use policy.critic=head")
         if o.proprio_privileged:
