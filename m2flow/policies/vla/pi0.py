@@ -56,6 +56,7 @@ from m2flow.policies.normalizer import RunningNorm
 from m2flow.policies.vla import pi0_checkpoint
 from m2flow.policies.vla import pi0_model as pm
 from m2flow.policies.vla.oft import weights_dtype
+from m2flow.registry import Requires
 
 VARIANTS = ("pi0", "pi05")
 SIZES = ("tiny", "full")
@@ -180,6 +181,7 @@ class Pi0Policy(FlowChain, Policy):
     """``policy.name=pi0`` (module docstring)."""
 
     config_class = Pi0PolicyConfig
+    requires = Requires(("transformers",), "m2flow[vla]")  # SigLIP, Gemma, PaliGemma
     score_steps_apart = True  # SDPA and matmuls round differently at batch B·K than at B
 
     @staticmethod
@@ -189,6 +191,9 @@ class Pi0Policy(FlowChain, Policy):
             raise PolicyError(f"policy={policy_cfg.name} reads camera images, but "
                               "env.obs_mode=state renders none; use env.obs_mode=rgb.")
         _check(policy_cfg)
+        if policy_cfg.lora_rank > 0:
+            Requires(("peft",), "m2flow[vla]").check(f"policy.lora_rank={policy_cfg.lora_rank}",
+                                                     PolicyError)
         if policy_cfg.critic == critics.PRIVILEGED and env_cfg is not None:
             critics.check_env(env_cfg, "policy.critic=privileged", "use policy.critic=head")
 
