@@ -1,11 +1,14 @@
 """Several Ray nodes: components placed by a node's custom resource (``node_resource``), and a
 real run on a local multi-node cluster (a head and two more raylets on this machine, each with
-a resource of its own) where the ``cluster`` group alone (``cluster=ray_multinode``, which joins
-with ``address=auto``) puts env, rollout and learner each on its node.
+a resource of its own) where the ``cluster`` group (``cluster=ray_multinode``) puts env, rollout
+and learner each on its node.
 
 The cluster lives in a child process (this file run as a script) with a Ray temp folder of its
-own: ``ray.init()`` elsewhere on this machine cannot join it by accident, nor it any other Ray,
-and its nodes end with that process (Ray's reaper ends them if it is killed).
+own, and its head listens on a port the system picks (``ray.cluster_utils`` starts the GCS on
+port 0, never Ray's default 6379, which a user's Ray may hold): the runs join it by that
+address and nothing else. A decoy head started after it is
+the newest Ray on the machine, the one ``address=auto`` would pick; the runs must not land
+there. Its nodes end with that process (Ray's reaper ends them if it is killed).
 """
 
 from __future__ import annotations
@@ -96,6 +99,7 @@ def test_env_rollout_and_learner_run_on_their_own_nodes_of_a_ray_cluster(tmp_pat
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     seen = json.loads((tmp_path / "seen.json").read_text())
     assert seen["train_rc"] == 0 and seen["sac_rc"] == 0
+    assert seen["decoy_actors"] == [], seen  # nothing joined the newest Ray
     assert sorted(seen["nodes"]) == sorted([HEAD, SIM, LEARN])
     assert len(set(seen["nodes"].values())) == 3  # three raylets
     for cls, resource in ON.items():  # Ray's own record of where each actor ran (two runs)
@@ -103,37 +107,53 @@ def test_env_rollout_and_learner_run_on_their_own_nodes_of_a_ray_cluster(tmp_pat
     assert proc.stdout.count("done: 2 iterations, 32 env steps") == 2, proc.stdout[-3000:]
 
 
-def drive(out: Path) -> None:
-    """Starts the cluster, trains with ``cluster=ray_multinode`` (joining it as a user would,
-    by ``address=auto``), then reads from Ray's actor table on which node each worker ran."""
+def actor_nodes(address: str) -> dict[str, list[str]]:
+    """Ray's record of the cluster at ``address``: actor class -> the node ids it ran on."""
     import ray
+
+    ray.init(address=address)
+    try:
+        actors: dict[str, list[str]] = {}
+        for a in ray._private.state.actors().values():
+            actors.setdefault(a["ActorClassName"], []).append(a["Address"]["NodeID"])
+        nodes = {r: n["NodeID"] for n in ray.nodes() if n["Alive"] for r in n["Resources"]
+                 if r in (HEAD, SIM, LEARN)}
+        return {"actors": actors, "nodes": nodes}
+    finally:
+        ray.shutdown()
+
+
+def drive(out: Path) -> None:
+    """Starts the cluster, then a decoy head (the newest Ray here), trains
+    with ``cluster=ray_multinode`` joining the cluster by its address, then reads from Ray's
+    actor tables on which node each worker ran, and that none ran on the decoy."""
     from ray.cluster_utils import Cluster
 
     from m2flow.cli.train import main as train
 
-    small = {"num_cpus": 1, "object_store_memory": 80 * 2**20}
+    small = {"num_cpus": 1, "object_store_memory": 80 * 2**20, "include_dashboard": False}
     cluster = Cluster(initialize_head=True,
-                      head_node_args={**small, "resources": {HEAD: 1}, "include_dashboard": False})
+                      head_node_args={**small, "resources": {HEAD: 1}})
+    decoy = None
     try:
         for resource in (SIM, LEARN):
             cluster.add_node(**small, resources={resource: 1})
         cluster.wait_for_nodes()
-        rc = train(["cluster=ray_multinode", *TINY, f"runner.log_dir={out}"])
+        decoy = Cluster(initialize_head=True, head_node_args=small)
+        join = [f"cluster.address={cluster.address}"]
+        rc = train(["cluster=ray_multinode", *join, *TINY, f"runner.log_dir={out}"])
         # off-policy on the same nodes: SAC's replay buffer on the learner's node, the
         # rollout acting with weights one update old while the learner updates
         sac_rc = train(["--config-name", "maniskill_pushcube_sac_mlp", "cluster=ray_multinode",
-                        *TINY, "algorithm.learning_starts=16", "algorithm.batch_size=8",
+                        *join, *TINY, "algorithm.learning_starts=16", "algorithm.batch_size=8",
                         f"runner.log_dir={out / 'sac'}"])
-        ray.init(address=cluster.address)
-        nodes = {r: n["NodeID"] for n in ray.nodes() if n["Alive"] for r in n["Resources"]
-                 if r in (HEAD, SIM, LEARN)}
-        actors: dict[str, list[str]] = {}
-        for a in ray._private.state.actors().values():
-            actors.setdefault(a["ActorClassName"], []).append(a["Address"]["NodeID"])
-        (out / "seen.json").write_text(json.dumps({"train_rc": rc, "sac_rc": sac_rc,
-                                                   "nodes": nodes, "actors": actors}))
+        seen = actor_nodes(cluster.address)
+        decoy_actors = sorted(actor_nodes(decoy.address)["actors"])
+        (out / "seen.json").write_text(json.dumps({"train_rc": rc, "sac_rc": sac_rc, **seen,
+                                                   "decoy_actors": decoy_actors}))
     finally:
-        ray.shutdown()
+        if decoy is not None:
+            decoy.shutdown()
         cluster.shutdown()
 
 
