@@ -1,5 +1,10 @@
-"""The learner loop every workload shares: a ``Trainer`` owns a model's optimiser and runs
-epochs x minibatches x micro-batches with fp32 master parameters and autocast.
+"""The learner pieces every workload's update calls: a ``Trainer`` owns a model's optimiser
+(fp32 master parameters, autocast) and gives an algorithm's own loop its steps: the
+minibatches of an epoch (:meth:`Trainer.minibatches`), a minibatch's gradients micro-batch by
+micro-batch, summed over data-parallel ranks (:meth:`Trainer.gradients`), and the optimiser
+step (:meth:`Trainer.step`: unscale, clip, step). The loop itself (epochs, early stop, step
+size) is the algorithm's, written top to bottom in its module: the Trainer calls nothing of
+it but the loss function it is handed.
 
 Precision. The parameters the optimiser updates are always fp32 ("masters"), and so is the
 optimiser state: a model whose trainable parameters arrive in bf16/fp16 (a VLA or LM loaded
@@ -20,13 +25,13 @@ permutation of the *global* rows, so each minibatch is the one a single rank wou
 rank computes its share of it (the rows it holds, possibly none), each micro-batch's loss
 weighted by its share of the *global* minibatch; the gradients are summed over the ranks
 (``DataParallel.sum_grads``: an all-reduce in flat buckets) before the clip and the step; the
-minibatch terms are summed likewise, so ``stop_early`` and ``adapt_lr`` see the global values
-on every rank (and every rank sets the same step size).
-Statistics over a whole minibatch (advantage normalisation) are the ``minibatch`` callback's,
-which must take them over the ranks too. The ranks start from rank 0's weights (broadcast when
-the Trainer is built) and, taking identical steps, stay identical. An explicit all-reduce rather
-than DDP's reducer: losses here run through a policy's ``evaluate_actions``, not ``forward``
-(which DDP hooks), and a rank whose share of a minibatch is empty still has to take part.
+minibatch terms are summed likewise, so an algorithm's early stop and step-size rule see the
+global values on every rank (and every rank sets the same step size). Statistics over a whole
+minibatch (advantage normalisation) are the algorithm's, which must take them over the ranks
+too. The ranks start from rank 0's weights (broadcast when the Trainer is built) and, taking
+identical steps, stay identical. An explicit all-reduce rather than DDP's reducer: losses here
+run through a policy's ``evaluate_actions``, not ``forward`` (which DDP hooks), and a rank
+whose share of a minibatch is empty still has to take part.
 
 Sharded (``shard="fsdp"``, :mod:`m2flow.pipelines.fsdp`). The same update, but each rank
 holds 1/N of the parameters, gradients and optimiser state: FSDP2 shards the model's blocks
@@ -47,14 +52,21 @@ Imports ``pipelines``-level things only (torch, tensordict, ``runs.seeding``,
 >>> batch = TensorDict({"x": torch.ones(4, 3), "y": torch.zeros(4)}, batch_size=[4])
 >>> def loss_fn(mb):
 ...     return TensorDict({"loss_mse": ((model(mb["x"]).squeeze(-1) - mb["y"]) ** 2).mean()}, [])
->>> sorted(trainer.run_epochs(batch, loss_fn, epochs=1, num_minibatches=2, seed=0, iteration=0))
-['early_stop', 'grad_norm', 'loss_mse']
+>>> gen, means = minibatch_generator(seed=0, iteration=0), Means()
+>>> for epoch in range(2):
+...     for mb in trainer.minibatches(batch, 2, gen):  # (2,) each
+...         terms = trainer.gradients(mb, loss_fn, micro_batch_size=1)
+...         terms["grad_norm"] = trainer.step()
+...         means.add(terms)
+>>> sorted(means.means())
+['grad_norm', 'loss_mse']
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Optional, Sequence
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 from tensordict import TensorDict
@@ -72,8 +84,6 @@ HALF_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 LossFn = Callable[[TensorDict], TensorDict]
 """A minibatch (or micro-batch) -> a TensorDict (batch_size []) of ``loss_*`` terms (summed
 to train; each a per-sample mean) and diagnostics (averaged into the metrics)."""
-AdaptLr = Callable[[dict], Optional[float]]
-"""A minibatch's terms -> the step size to take its step at (None: keep the current one)."""
 
 
 def resolve_precision(precision: str, model: nn.Module) -> str:
@@ -109,6 +119,22 @@ def to_fp32_masters(model: nn.Module) -> int:
 def total_loss(terms: TensorDict) -> torch.Tensor:
     """Sum of every ``loss_*`` term."""
     return sum(v for k, v in terms.items() if k.startswith("loss_"))
+
+
+@dataclass
+class Minibatch:
+    """One minibatch of an epoch as this rank holds it (:meth:`Trainer.minibatches`)."""
+
+    rows: TensorDict
+    """This rank's rows of the minibatch (B_mb,): with one rank all of them; with several,
+    possibly none. An algorithm may replace it with rows of its own making (normalised
+    advantages) before :meth:`Trainer.gradients`."""
+    total: int
+    """Rows of the whole minibatch over every rank: each micro-batch's loss is weighted by its
+    share of them."""
+    filler: Optional[TensorDict] = None
+    """Sharded: the row this rank runs at weight 0 while the busiest rank still has
+    micro-batches (None: this rank's first)."""
 
 
 class Trainer:
@@ -220,36 +246,53 @@ class Trainer:
         self.zero_grad()
         return grad_norm
 
-    # -- the loop ------------------------------------------------------------------------
-    def train_minibatch(self, mb: TensorDict, loss_fn: LossFn, *,
-                        micro_batch_size: Optional[int] = None,
-                        total: Optional[int] = None,
-                        filler: Optional[TensorDict] = None,
-                        adapt_lr: Optional[AdaptLr] = None) -> dict[str, float]:
-        """One optimiser step on ``mb``: forward/backward micro-batch by micro-batch (None:
-        the whole minibatch at once), each weighted by its share; then clip and step.
-        Returns the minibatch's terms (micro-batches weighted alike) and ``grad_norm``.
+    # -- an update's pieces: the minibatches of an epoch, a minibatch's gradients ----------
+    def minibatches(self, batch: TensorDict, num_minibatches: int,
+                    generator: torch.Generator) -> Iterator[Minibatch]:
+        """One epoch over ``batch`` (B,): ``num_minibatches`` minibatches of one permutation
+        drawn from ``generator`` (one ``randperm`` per call, when the first minibatch is
+        taken). Data parallel: ``batch`` is this rank's part of the global batch; the
+        permutation is of the global batch, and each minibatch is this rank's rows of the one
+        a single rank would take (see the module docstring)."""
+        sizes = self.dp.sizes(batch.shape[0])  # every rank's rows, in rank order
+        size, first = sum(sizes), sum(sizes[: self.dp.rank])  # global rows; this rank's first
+        mb_size = max(1, size // num_minibatches)
+        filler = self._filler(batch, sizes) if self.sharded else None
+        perm = torch.randperm(size, generator=generator)  # over the global batch
+        for start in range(0, size, mb_size):
+            idx = perm[start : start + mb_size]
+            total = idx.numel()
+            if self.dp.active:  # the rows of this minibatch that this rank holds
+                idx = idx[(idx >= first) & (idx < first + batch.shape[0])] - first
+            rows = batch[idx.to(batch.device) if batch.device is not None else idx]
+            yield Minibatch(rows, total, filler)
 
-        ``adapt_lr``: called with the minibatch's terms right before the step; a float it
-        returns is ``set_lr`` for this step and the ones after (rsl-rl's adaptive schedule).
+    def gradients(self, mb: Minibatch | TensorDict, loss_fn: LossFn, *,
+                  micro_batch_size: Optional[int] = None) -> dict[str, float]:
+        """The gradients of ``loss_fn`` on ``mb``, for the :meth:`step` that follows: zeroes
+        them, then runs forward and backward under :meth:`autocast` micro-batch by micro-batch
+        (None: the whole minibatch at once), each loss weighted by its share of the minibatch
+        (of ``mb.total`` rows: with several ranks, of the global minibatch), and sums the
+        gradients over the ranks. Returns the minibatch's terms (micro-batches weighted
+        alike; with several ranks summed over them, the same floats on every rank).
 
-        ``total``: the rows of the global minibatch when ``mb`` is this rank's share of it
-        (data parallel; default ``mb``'s own rows): shares are of ``total``, and gradients and
-        terms are summed over the ranks before the step. ``filler``: sharded, the row a
-        rank whose share is empty runs at weight 0 (default: ``mb``'s first row)."""
-        n_local = mb.shape[0]
-        n = n_local if total is None else total
+        ``mb``: a :class:`Minibatch` of :meth:`minibatches`, or a TensorDict that is the
+        whole minibatch on this rank."""
+        if isinstance(mb, TensorDict):
+            mb = Minibatch(mb, mb.shape[0])
+        rows, filler = mb.rows, mb.filler
+        n_local, n = rows.shape[0], mb.total
         k = max(1, n_local if micro_batch_size is None else micro_batch_size)
         steps = -(-n_local // k)  # this rank's micro-batches
         if self.sharded:  # every forward is a collective: as many as the busiest rank's
             steps = int(self.dp.max(torch.tensor(steps)))
             if filler is None and n_local:
-                filler = mb[:1]
+                filler = rows[:1]
         terms: dict[str, float] = {}
         self.zero_grad()
         for start in range(0, steps * k, k):
             real = start < n_local
-            micro = (mb if k >= n_local else mb[start : start + k]) if real else filler
+            micro = (rows if k >= n_local else rows[start : start + k]) if real else filler
             weight = (1.0 if micro.shape[0] == n else micro.shape[0] / n) if real else 0.0
             with self.autocast():
                 out = loss_fn(micro)
@@ -262,63 +305,7 @@ class Trainer:
             terms = sum_terms(self.dp.gather_objects(terms))
             if not self.sharded:  # (sharded: FSDP summed them in backward)
                 self.dp.sum_grads(self.params)
-        if adapt_lr is not None:
-            lr = adapt_lr(terms)
-            if lr is not None:
-                self.set_lr(lr)
-        terms["grad_norm"] = self.step()
         return terms
-
-    def run_epochs(
-        self, batch: TensorDict, loss_fn: LossFn, *, epochs: int, num_minibatches: int,
-        seed: int, iteration: int, micro_batch_size: Optional[int] = None,
-        minibatch: Optional[Callable[[TensorDict], TensorDict]] = None,
-        stop_early: Optional[Callable[[dict], bool]] = None,
-        adapt_lr: Optional[AdaptLr] = None,
-    ) -> dict[str, float]:
-        """``epochs`` passes over ``batch`` (B,) in ``num_minibatches`` minibatches of a
-        seeded permutation (seed ``seeding.derive(seed, LEARN, iteration, 0)``), one
-        optimiser step each. Data parallel: ``batch`` is this rank's part of the global batch,
-        and the permutation and minibatches are the global batch's (see the module docstring).
-
-        Args:
-            minibatch: applied to each whole minibatch before it is cut into micro-batches
-                (e.g. advantage normalisation).
-            stop_early: called with the last minibatch's terms after each epoch; True ends
-                the loop.
-            adapt_lr: called with each minibatch's terms before its step; a float it returns
-                becomes the step size (:meth:`train_minibatch`).
-
-        Returns the terms averaged over the minibatches run, plus ``early_stop`` (0/1).
-        """
-        gen = torch.Generator().manual_seed(seeding.derive(seed, seeding.LEARN, iteration, 0)[0])
-        sizes = self.dp.sizes(batch.shape[0])  # every rank's rows, in rank order
-        size, first = sum(sizes), sum(sizes[: self.dp.rank])  # global rows; this rank's first
-        mb_size = max(1, size // num_minibatches)
-        filler = self._filler(batch, sizes) if self.sharded else None
-        sums: dict[str, float] = {}
-        count, stopped = 0, False
-        for _ in range(epochs):
-            perm = torch.randperm(size, generator=gen)  # over the global batch
-            for start in range(0, size, mb_size):
-                idx = perm[start : start + mb_size]
-                total = idx.numel()
-                if self.dp.active:  # the rows of this minibatch that this rank holds
-                    idx = idx[(idx >= first) & (idx < first + batch.shape[0])] - first
-                mb = batch[idx.to(batch.device) if batch.device is not None else idx]
-                if minibatch is not None:
-                    mb = minibatch(mb)
-                terms = self.train_minibatch(mb, loss_fn, micro_batch_size=micro_batch_size,
-                                             total=total, filler=filler, adapt_lr=adapt_lr)
-                for key, v in terms.items():
-                    sums[key] = sums.get(key, 0.0) + v
-                count += 1
-            if stop_early is not None and stop_early(terms):
-                stopped = True
-                break
-        out = {key: v / max(count, 1) for key, v in sums.items()}
-        out["early_stop"] = float(stopped)
-        return out
 
     def _filler(self, batch: TensorDict, sizes: list[int]) -> TensorDict:
         """One row of the global batch for this rank's zero-weight forwards: its own first,
@@ -374,6 +361,37 @@ def sum_terms(per_rank: list[dict[str, float]]) -> dict[str, float]:
         for key, v in terms.items():
             out[key] = out.get(key, 0.0) + v
     return out
+
+
+def minibatch_generator(seed: int, iteration: int) -> torch.Generator:
+    """The generator of the minibatch order of the update of ``iteration`` (and of SAC's
+    replay samples): seeded by ``seeding.derive(seed, LEARN, iteration, 0)``, the same on
+    every rank, so a resumed run draws what the uninterrupted one drew."""
+    return torch.Generator().manual_seed(seeding.derive(seed, seeding.LEARN, iteration, 0)[0])
+
+
+class Means:
+    """The running means of an update's minibatch terms, key by key in the order first seen
+    (a key some minibatches lack is still divided by every minibatch added).
+
+    >>> means = Means()
+    >>> means.add({"loss_pi": 1.0, "grad_norm": 2.0}); means.add({"loss_pi": 2.0})
+    >>> means.means()
+    {'loss_pi': 1.5, 'grad_norm': 1.0}
+    """
+
+    def __init__(self):
+        self.sums: dict[str, float] = {}
+        self.count = 0
+
+    def add(self, terms: dict[str, float]) -> None:
+        for key, v in terms.items():
+            self.sums[key] = self.sums.get(key, 0.0) + v
+        self.count += 1
+
+    def means(self) -> dict[str, float]:
+        """Each key's sum over the minibatches added, divided by their count (``{}``: none)."""
+        return {key: v / max(self.count, 1) for key, v in self.sums.items()}
 
 
 @contextlib.contextmanager

@@ -1,6 +1,7 @@
-"""The hooks through which an algorithm shapes the learner's loop (parameter groups, the step
-size's schedule, parameters frozen for an update), and that the learner reads no field of one
-algorithm's config: its own are those of the base AlgorithmConfig."""
+"""The hooks the learner worker calls on an algorithm besides ``prepare`` and ``train``
+(parameter groups, the step size's schedule, the critic warm-up), and that the learner reads
+no field of one algorithm's config: its own are those of the base AlgorithmConfig. The update
+loops themselves: tests/embodied/test_algorithm_updates.py."""
 
 import ast
 import dataclasses
@@ -14,19 +15,18 @@ from tensordict import TensorDict
 from m2flow.embodied.workers import learner_worker
 from m2flow.embodied.algorithms import (
     ALGORITHMS,
-    Algorithm,
     AlgorithmConfig,
     AlgorithmError,
     check_field,
     register_algorithm,
 )
-from m2flow.embodied.algorithms.base import flatten_valid
 from m2flow.embodied.algorithms.grpo import GRPO, GRPOConfig
 from m2flow.embodied.algorithms.ppo import PPO, PPOConfig
 from m2flow.embodied.workers.learner_worker import LearnerWorker
 from m2flow.envs import EnvSpec
 from m2flow.pipelines import RankResources, WorkerInfo
 from m2flow.policies import make_policy, policy_config
+from tests.embodied.test_algorithm_registry import ToyAlgorithm, ToyConfig
 
 SPEC = EnvSpec({"state": (3,)}, 2, (-1.0, -1.0), (1.0, 1.0), 8)
 POLICY = policy_config(name="mlp", hidden_sizes=[8])
@@ -75,9 +75,9 @@ def test_ppos_adaptive_step_size_starts_at_learning_rate_and_is_its_state():
 
 
 def test_a_fixed_schedule_never_adapts_and_carries_no_state():
+    assert PPO(PPOConfig(), action_dim=2, seed=0).adapt_learning_rate({"approx_kl": 9.0}) is None
     for algo in (PPO(PPOConfig(learning_rate=1e-3), action_dim=2, seed=0),
                  GRPO(GRPOConfig(), action_dim=2, seed=0)):  # (the base's defaults)
-        assert algo.adapt_learning_rate({"approx_kl": 9.0}) is None
         assert algo.state_dict() == {}
         algo.load_state_dict({"learning_rate": 5.0})  # (ignored)
         assert algo.learning_rate(0, num_iterations=4) == algo.cfg.learning_rate
@@ -131,23 +131,18 @@ def test_ppo_trains_the_critic_alone_for_critic_warmup_iterations():
     assert PPO(PPOConfig(), action_dim=2, seed=0).trained_parameters(policy, 0) is None
 
 
-# -- the learner takes its groups, step size and frozen parameters from the hooks ------------
+# -- the learner takes its groups and step size from the hooks ------------------------------
 @dataclass
-class HookedConfig(AlgorithmConfig):
+class HookedConfig(ToyConfig):
     name: str = "test/hooked"
     """Registered name."""
-    update_epochs: int = 1
-    """One pass."""
-    num_minibatches: int = 1
-    """One step."""
 
 
-class Hooked(Algorithm):
-    """Raises the log-likelihood of the actions taken; the actor's log-std in a group at half
-    the step size, and the schedule's arguments recorded."""
+class Hooked(ToyAlgorithm):
+    """The toy algorithm (one step raising the log-likelihood of the actions taken); the
+    actor's log-std in a group at half the step size, and the schedule's arguments recorded."""
 
     config_class = HookedConfig
-    trained = None  # what trained_parameters returns
 
     def __init__(self, cfg, *, action_dim, seed):
         super().__init__(cfg, action_dim=action_dim, seed=seed)
@@ -162,15 +157,6 @@ class Hooked(Algorithm):
         self.schedule_calls.append((iteration, num_iterations))
         return super().learning_rate(iteration, num_iterations=num_iterations)
 
-    def trained_parameters(self, policy, iteration):
-        return self.trained
-
-    def prepare(self, policy, traj, *, iteration, staleness):
-        return flatten_valid(traj), {}
-
-    def loss(self, policy, mb):
-        lp = policy.evaluate_actions(mb)["log_prob"]
-        return TensorDict({"loss_toy": -lp.mean()}, batch_size=[])
 
 
 class _OneItem:
@@ -206,33 +192,6 @@ def test_the_learners_adam_groups_and_step_sizes_come_from_the_algorithms_hooks(
     assert metrics["loss/learning_rate"] == pytest.approx(7.5e-3, rel=1e-12)
     assert groups[0]["lr"] == pytest.approx(7.5e-3, rel=1e-12)
     assert groups[1]["lr"] == pytest.approx(3.75e-3, rel=1e-12)
-
-
-def test_the_learner_trains_only_the_parameters_the_algorithm_names(registry):
-    worker = _hooked_learner(learning_rate=1e-2)
-    worker.algorithm.trained = ["actor_log_std"]
-    before = {n: p.detach().clone() for n, p in worker.policy.named_parameters()}
-    metrics = worker.update(_OneItem(_traj()), env_ranks=[0], iteration=0)
-    for n, p in worker.policy.named_parameters():
-        assert torch.equal(p, before[n]) == (n != "actor_log_std"), n
-        assert p.requires_grad, n  # put back after the update
-    assert "loss/critic_only" not in metrics  # (frozen, but not a critic warm-up)
-
-
-def test_an_algorithm_that_trains_the_critic_alone_needs_a_policy_with_one(registry):
-    class CriticOnly(Hooked):
-        def critic_only(self, iteration):
-            return True
-
-        trained_parameters = Algorithm.trained_parameters  # the base's rule
-
-    policy = _NoCritic()
-    algo = CriticOnly(HookedConfig(), action_dim=2, seed=0)
-    with pytest.raises(ValueError, match=r"^algorithm=test/hooked: the update of iteration 3 "
-                                         r"trains the critic alone"):
-        algo.trained_parameters(policy, 3)
-    assert algo.trained_parameters(_policy(), 3) == [
-        "critic.0.weight", "critic.0.bias", "critic.2.weight", "critic.2.bias"]
 
 
 # -- what the learner reads of the config ---------------------------------------------------

@@ -20,7 +20,7 @@ from m2flow.embodied.algorithms import (
     register_schemas,
     registered_algorithms,
 )
-from m2flow.embodied.algorithms.base import flatten_valid
+from m2flow.embodied.algorithms.base import flatten_valid, loss_metrics
 from m2flow.embodied.workers.learner_worker import LearnerWorker
 from m2flow.envs import EnvSpec
 from m2flow.pipelines import RankResources, WorkerInfo
@@ -103,13 +103,18 @@ class ToyConfig(AlgorithmConfig):
 
 
 class ToyAlgorithm(Algorithm):
-    """Raises the log-likelihood of every action taken (no advantages)."""
+    """Raises the log-likelihood of every action taken (no advantages), in one step."""
 
     config_class = ToyConfig
 
     def prepare(self, policy, traj, *, iteration, staleness):
         batch = flatten_valid(traj)
         return batch, {"toy/samples": float(batch.shape[0])}
+
+    def train(self, policy, batch, trainer, *, iteration, seed):
+        terms = trainer.gradients(batch, lambda mb: self.loss(policy, mb))
+        terms["grad_norm"] = trainer.step()
+        return loss_metrics(terms, early_stop=False)
 
     def loss(self, policy, mb):
         lp = policy.evaluate_actions(mb)["log_prob"]

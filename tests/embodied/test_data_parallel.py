@@ -42,9 +42,10 @@ def flat_batch(rows: int = 64) -> TensorDict:
                        "advantage": 3.0 * r(rows) + 2.0, "return": r(rows)}, batch_size=[rows])
 
 
-def ppo_config(target_kl=None) -> PPOConfig:
+def ppo_config(target_kl=None, micro_batch_size=None) -> PPOConfig:
     return PPOConfig(learning_rate=LR, update_epochs=EPOCHS, num_minibatches=MINIBATCHES,
-                     max_grad_norm=MAX_GRAD_NORM, norm_adv=True, target_kl=target_kl)
+                     max_grad_norm=MAX_GRAD_NORM, norm_adv=True, target_kl=target_kl,
+                     micro_batch_size=micro_batch_size)
 
 
 def policy():
@@ -78,23 +79,20 @@ def reference_update(batch: TensorDict, cfg: PPOConfig) -> tuple[dict, int]:
 
 
 def _trainer_rank(rank: int, spec, out_dir: str, target_kl, micro, split) -> None:
-    """A rank of the Trainer test: its rows of the global batch, PPO's minibatch hook."""
+    """A rank of the Trainer test: PPO's update on its rows of the global batch."""
     dp = distributed.join(spec, rank, "cpu")
     try:
         torch.set_num_threads(1)
         pi = policy()
         if rank == 1:  # a different start: the group must begin from rank 0's weights
             torch.nn.init.normal_(pi.actor_mean[0].weight)
-        algo = PPO(ppo_config(target_kl), action_dim=2, seed=SEED)
+        algo = PPO(ppo_config(target_kl, micro), action_dim=2, seed=SEED)
         algo.data_parallel = dp
         trainer = Trainer(pi, lambda p: torch.optim.Adam(p, lr=LR, eps=1e-5), precision="fp32",
                           max_grad_norm=MAX_GRAD_NORM, data_parallel=dp)
         batch = flat_batch()
         mine = batch[:split] if rank == 0 else batch[split:]
-        terms = trainer.run_epochs(mine, lambda mb: algo.loss(pi, mb), epochs=EPOCHS,
-                                   micro_batch_size=micro,
-                                   num_minibatches=MINIBATCHES, seed=SEED, iteration=ITERATION,
-                                   minibatch=algo.minibatch, stop_early=algo.stop_early)
+        terms = algo.train(pi, mine, trainer, iteration=ITERATION, seed=SEED)
         torch.save({"weights": pi.state_dict(), "terms": terms}, f"{out_dir}/rank{rank}.pt")
     finally:
         distributed.leave()
@@ -126,7 +124,7 @@ def test_two_ranks_update_equals_one_process_on_the_global_batch(tmp_path, targe
     want, epochs = reference_update(flat_batch(), ppo_config(target_kl))
     assert (epochs < EPOCHS) == (target_kl is not None)  # the KL stop is really exercised
     for got in ranks:
-        assert got["terms"]["early_stop"] == float(epochs < EPOCHS)
+        assert got["terms"]["loss/early_stop"] == float(epochs < EPOCHS)
         diff = assert_weights_close(got["weights"], want)
         print(f"max |2 ranks - 1 process| = {diff:.2e}")
     for k, w in ranks[0]["weights"].items():  # identical steps: identical weights

@@ -29,7 +29,7 @@ from m2flow.pipelines import PlacementError, RankResources, WorkerInfo, distribu
 from m2flow.pipelines.fsdp import block_units
 from m2flow.pipelines.placement import ComponentPlacement, PlacementConfig, check_placement
 from m2flow.policies import make_policy, policy_config
-from m2flow.runs.learner import Trainer
+from m2flow.runs.learner import Trainer, minibatch_generator
 from tests.embodied.test_data_parallel import (  # noqa: F401
     EPOCHS, ITERATION, LR, MAX_GRAD_NORM, MINIBATCHES, POLICY, SEED, SPEC, Trajectories,
     assert_weights_close, flat_batch, policy, ppo_config, reference_update, spawn,
@@ -37,14 +37,14 @@ from tests.embodied.test_data_parallel import (  # noqa: F401
 
 
 def _trainer_rank(rank: int, spec, out_dir: str, micro, split) -> None:
-    """A rank of the sharded Trainer: its rows of the global batch, PPO's minibatch hook."""
+    """A rank of the sharded Trainer: PPO's update on its rows of the global batch."""
     dp = distributed.join(spec, rank, "cpu")
     try:
         torch.set_num_threads(1)
         pi = policy()
         if rank == 1:  # a different start: the group must begin from rank 0's weights
             torch.nn.init.normal_(pi.actor_mean[0].weight)
-        algo = PPO(ppo_config(), action_dim=2, seed=SEED)
+        algo = PPO(ppo_config(micro_batch_size=micro), action_dim=2, seed=SEED)
         algo.data_parallel = dp
         trainer = Trainer(pi, lambda p: torch.optim.Adam(p, lr=LR, eps=1e-5), precision="fp32",
                           max_grad_norm=MAX_GRAD_NORM, data_parallel=dp, shard="fsdp",
@@ -52,9 +52,7 @@ def _trainer_rank(rank: int, spec, out_dir: str, micro, split) -> None:
         shard_rows = pi.actor_mean[0].weight.to_local().shape[0]  # this rank's shard of it
         batch = flat_batch()
         mine = batch[:split] if rank == 0 else batch[split:]
-        terms = trainer.run_epochs(mine, lambda mb: algo.loss(pi, mb), epochs=EPOCHS,
-                                   micro_batch_size=micro, num_minibatches=MINIBATCHES,
-                                   seed=SEED, iteration=ITERATION, minibatch=algo.minibatch)
+        terms = algo.train(pi, mine, trainer, iteration=ITERATION, seed=SEED)
         weights = trainer.model_state_dict()  # a collective: rank 0 gets the whole tensors
         torch.save({"weights": weights, "terms": terms, "shard_rows": shard_rows},
                    f"{out_dir}/rank{rank}.pt")
@@ -203,8 +201,12 @@ def vla_loss(pi, mb: TensorDict) -> TensorDict:
 
 
 def vla_update(pi, trainer: Trainer, batch: TensorDict) -> dict:
-    return trainer.run_epochs(batch, lambda mb: vla_loss(pi, mb), epochs=1, num_minibatches=2,
-                              micro_batch_size=3, seed=SEED, iteration=0)
+    """One epoch of 2 minibatches in micro-batches of 3, as an algorithm's loop takes them;
+    the last minibatch's terms."""
+    for mb in trainer.minibatches(batch, 2, minibatch_generator(SEED, 0)):
+        terms = trainer.gradients(mb, lambda m: vla_loss(pi, m), micro_batch_size=3)
+        terms["grad_norm"] = trainer.step()
+    return terms
 
 
 def _vla_rank(rank: int, spec, out_dir: str) -> None:

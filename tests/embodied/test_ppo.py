@@ -3,8 +3,9 @@ import torch
 from tensordict import TensorDict
 
 from m2flow.embodied.algorithms import AlgorithmError
-from m2flow.embodied.algorithms.ppo import PPO, PPOConfig, ppo_loss
+from m2flow.embodied.algorithms.ppo import PPO, PPOConfig, normalized_advantages, ppo_loss
 from m2flow.envs import EnvSpec
+from m2flow.pipelines.distributed import DataParallel
 from m2flow.policies import make_policy, policy_config
 
 SPEC = EnvSpec({"state": (5,)}, 2, (-1.0, -1.0), (1.0, 1.0), 50)
@@ -71,16 +72,15 @@ def test_loss_terms_by_hand_at_ratio_one():
     assert terms["loss_entropy"].item() < 0  # an entropy *bonus*
 
 
-def test_minibatch_normalises_advantages_over_the_whole_minibatch():
-    ppo = PPO(PPOConfig(), action_dim=2, seed=0)
+def test_advantages_are_normalised_over_the_whole_minibatch():
     mb = TensorDict({"advantage": torch.tensor([1.0, 2.0, 3.0, 6.0])}, [4])
-    out = ppo.minibatch(mb)
+    out = normalized_advantages(mb, DataParallel())
     # mean 3, sample std sqrt(14/3)
     expected = (torch.tensor([1.0, 2.0, 3.0, 6.0]) - 3.0) / (14 / 3) ** 0.5
     torch.testing.assert_close(out["advantage"], expected)
     assert mb["advantage"][0] == 1.0  # the caller's batch is not changed
-    off = PPO(PPOConfig(norm_adv=False), action_dim=2, seed=0)
-    assert torch.equal(off.minibatch(mb)["advantage"], mb["advantage"])
+    one = mb[:1]  # one row has no std: left as it is
+    assert normalized_advantages(one, DataParallel()) is one
 
 
 class _TokenCritic:

@@ -1,5 +1,7 @@
-"""The shared learner loop (``m2flow.runs.learner.Trainer``) against plain-torch references:
-micro-batching, fp32 masters with bf16 autocast, clipping, the seeded minibatch loop."""
+"""The learner pieces an algorithm's loop calls (``m2flow.runs.learner``: ``Trainer``'s
+minibatches, gradients and step) against plain-torch references: micro-batching, fp32
+masters with bf16 autocast, clipping, the seeded minibatch order; and PPO's loop over them
+against a plain loop written out."""
 
 import copy
 
@@ -12,7 +14,7 @@ from m2flow.embodied.algorithms.ppo import PPO, PPOConfig
 from m2flow.envs import EnvSpec
 from m2flow.policies import make_policy, policy_config
 from m2flow.runs import seeding
-from m2flow.runs.learner import Trainer, total_loss
+from m2flow.runs.learner import Means, Trainer, minibatch_generator, total_loss
 
 SPEC = EnvSpec({"state": (5,)}, 2, (-1.0, -1.0), (1.0, 1.0), 50)
 
@@ -36,36 +38,85 @@ def adam(lr=1e-2):
     return lambda params: torch.optim.Adam(params, lr=lr, eps=1e-5)
 
 
+def ppo_update(policy, batch, *, iteration=3, seed=0, **cfg) -> tuple[torch.nn.Module, dict]:
+    """A copy of ``policy`` after ``PPO.train`` on ``batch`` (Adam, clip 0.5), its metrics."""
+    ppo = PPO(PPOConfig(**{"update_epochs": 2, "num_minibatches": 2, "target_kl": None, **cfg}),
+              action_dim=2, seed=0)
+    pi = copy.deepcopy(policy)
+    trainer = Trainer(pi, adam(), precision="auto", max_grad_norm=0.5)
+    return pi, ppo.train(pi, batch, trainer, iteration=iteration, seed=seed)
+
+
 @pytest.mark.parametrize("micro", [1, 3, 7])
 def test_micro_batches_give_the_unsplit_update(micro):
     policy, batch = ppo_setup()
-    ppo = PPO(PPOConfig(clip_coef=0.2, ent_coef=0.01, target_kl=None), action_dim=2, seed=0)
-    results = []
-    for micro_batch_size in (None, micro):
-        pi = copy.deepcopy(policy)
-        trainer = Trainer(pi, adam(), precision="fp32", max_grad_norm=0.5)
-        terms = trainer.run_epochs(batch, lambda mb: ppo.loss(pi, mb), epochs=2,
-                                   num_minibatches=2, seed=0, iteration=3,
-                                   micro_batch_size=micro_batch_size, minibatch=ppo.minibatch)
-        results.append((pi, terms))
-    (whole, t_whole), (split, t_split) = results
-    assert 0 < t_whole["clip_fraction"] < 1  # the clipped branch is exercised
+    whole, t_whole = ppo_update(policy, batch, clip_coef=0.2, ent_coef=0.01)
+    split, t_split = ppo_update(policy, batch, clip_coef=0.2, ent_coef=0.01,
+                                micro_batch_size=micro)
+    assert 0 < t_whole["loss/clip_fraction"] < 1  # the clipped branch is exercised
     moved = max((a - b).abs().max() for a, b in zip(whole.parameters(), policy.parameters()))
     assert moved > 1e-3
     for (name, a), b in zip(whole.named_parameters(), split.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
     for k in ("loss_policy", "loss_value", "approx_kl", "grad_norm"):
-        assert t_split[k] == pytest.approx(t_whole[k], rel=1e-5, abs=1e-7)
+        assert t_split[f"loss/{k}"] == pytest.approx(t_whole[f"loss/{k}"], rel=1e-5, abs=1e-7)
 
 
-def test_unsplit_epochs_equal_a_plain_loop_bit_for_bit():
-    """The loop the learner worker ran before it was shared: same seeds, same maths."""
+def test_the_trainers_pieces_accumulate_micro_batches_as_one_backward():
+    """``gradients`` with micro-batches of 3 (shares 3/8, 3/8, 2/8) leaves the gradients and
+    terms of one backward of the whole minibatch; ``step`` then clips and steps on them."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    ref = copy.deepcopy(model)
+    trainer = Trainer(model, lambda p: torch.optim.SGD(p, lr=0.1), precision="fp32")
+    mb = TensorDict({"x": torch.randn(8, 3), "y": torch.randn(8, 2)}, [8])
+
+    def loss_fn(m, net=model):
+        err = ((net(m["x"]) - m["y"]) ** 2).sum(-1)
+        return TensorDict({"loss_mse": err.mean(), "err_max": err.max().detach()}, [])
+
+    terms = trainer.gradients(mb, loss_fn, micro_batch_size=3)
+    whole = loss_fn(mb, ref)
+    whole["loss_mse"].backward()
+    for p, r in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, r.grad, rtol=1e-6, atol=1e-7)
+    assert terms["loss_mse"] == pytest.approx(float(whole["loss_mse"]), rel=1e-6)
+    # a diagnostic is weighted like a loss: the shares' maxima, not the minibatch's maximum
+    err = ((ref(mb["x"]) - mb["y"]) ** 2).sum(-1).detach()
+    by_share = sum(float(e.max()) * len(e) / 8 for e in err.split(3))
+    assert terms["err_max"] == pytest.approx(by_share, rel=1e-6)
+
+
+def test_minibatches_are_the_seeded_permutations_one_per_epoch():
+    """Each call draws one ``randperm`` of the whole batch from the generator, cut into
+    ``num_minibatches`` slices (10 rows in 3: 3, 3, 3 and a last one of 1)."""
+    trainer = Trainer(nn.Linear(1, 1), lambda p: torch.optim.SGD(p, lr=0.1))
+    batch = TensorDict({"i": torch.arange(10)}, [10])
+    gen = minibatch_generator(seed=5, iteration=2)
+    got = [[mb.rows["i"].tolist() for mb in trainer.minibatches(batch, 3, gen)]
+           for _ in range(2)]
+    want_gen = torch.Generator().manual_seed(seeding.derive(5, seeding.LEARN, 2, 0)[0])
+    for epoch in got:
+        perm = torch.randperm(10, generator=want_gen).tolist()
+        assert epoch == [perm[0:3], perm[3:6], perm[6:9], perm[9:]]
+    assert got[0] != got[1]
+    assert [mb.total for mb in trainer.minibatches(batch, 3, gen)] == [3, 3, 3, 1]
+
+
+def test_means_divide_each_sum_by_every_minibatch_added():
+    means = Means()
+    for terms in ({"loss_a": 1.0, "kl": 0.5}, {"loss_a": 2.0, "kl": 0.25}, {"loss_a": 6.0}):
+        means.add(terms)
+    assert means.means() == {"loss_a": 3.0, "kl": 0.25}  # (9 / 3, 0.75 / 3)
+    assert list(means.means()) == ["loss_a", "kl"] and Means().means() == {}
+
+
+@pytest.mark.parametrize("norm_adv", [True, False])
+def test_ppos_update_equals_a_plain_loop_bit_for_bit(norm_adv):
+    """PPO's loop over the Trainer's pieces against the loop written out: same seeds, same
+    maths, the same floats."""
     policy, batch = ppo_setup()
-    ppo = PPO(PPOConfig(target_kl=None), action_dim=2, seed=0)
-    pi = copy.deepcopy(policy)
-    trainer = Trainer(pi, adam(), precision="auto", max_grad_norm=0.5)
-    trainer.run_epochs(batch, lambda mb: ppo.loss(pi, mb), epochs=2, num_minibatches=3, seed=7,
-                       iteration=4, minibatch=ppo.minibatch)
+    pi, _ = ppo_update(policy, batch, num_minibatches=3, iteration=4, seed=7, norm_adv=norm_adv)
 
     ref = copy.deepcopy(policy)
     opt = adam()(ref.parameters())
@@ -78,7 +129,7 @@ def test_unsplit_epochs_equal_a_plain_loop_bit_for_bit():
             out = ref.evaluate_actions(mb)
             log_ratio = out["log_prob"] - mb["log_prob"]
             adv = mb["advantage"]
-            if len(mb) > 1:  # 40 = 3 x 13 + 1: the last minibatch has one sample
+            if norm_adv and len(mb) > 1:  # 40 = 3 x 13 + 1: the last minibatch has one sample
                 adv = (adv - adv.mean()) / (adv.std() + 1e-8)
             ratio = log_ratio.exp()
             pg = torch.max(-adv * ratio, -adv * ratio.clamp(0.8, 1.2)).mean()
@@ -106,7 +157,8 @@ def test_bf16_model_gets_fp32_masters_and_a_bf16_forward():
     def loss_fn(mb):
         return TensorDict({"loss_mse": ((model(mb["x"]).float() - mb["y"]) ** 2).mean()}, [])
 
-    trainer.train_minibatch(TensorDict({"x": x, "y": y}, [32]), loss_fn)
+    trainer.gradients(TensorDict({"x": x, "y": y}, [32]), loss_fn)
+    trainer.step()
     assert seen == [torch.bfloat16]
     # plain fp32 torch: SGD with lr 1 moves each weight by its gradient
     ((start(x) - y) ** 2).mean().backward()
@@ -154,21 +206,6 @@ def test_clipping_and_the_grad_divisor_by_hand():
     expected = w0 - torch.tensor([[3.0, -3.0, 1.0]]) * 0.5 / (19 ** 0.5 + 1e-6)
     torch.testing.assert_close(model.weight.detach(), expected)
     assert model.weight.grad is None  # the step zeroes the gradients
-
-
-def test_stop_early_ends_after_the_epoch():
-    model = nn.Linear(2, 1)
-    trainer = Trainer(model, lambda p: torch.optim.SGD(p, lr=0.1), precision="fp32")
-    batch = TensorDict({"x": torch.randn(8, 2)}, [8])
-    calls = []
-
-    def loss_fn(mb):
-        calls.append(mb.shape[0])
-        return TensorDict({"loss_l2": model(mb["x"]).pow(2).mean()}, [])
-
-    out = trainer.run_epochs(batch, loss_fn, epochs=5, num_minibatches=2, seed=0, iteration=0,
-                             stop_early=lambda terms: "loss_l2" in terms)
-    assert calls == [4, 4] and out["early_stop"] == 1.0
 
 
 def test_total_loss_sums_only_loss_terms():

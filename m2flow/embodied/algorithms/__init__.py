@@ -3,12 +3,12 @@
 Names map to ``"module:Class"`` strings imported on lookup; installed packages add names
 through the entry-point group ``m2flow.algorithms``; ``register_algorithm(name, cls)`` (or as a
 decorator) adds one in code, ``override=True`` to replace. A new algorithm is one module (its
-config dataclass, ``prepare`` and ``loss``, and its class), its ``"module:Class"`` line in
-:data:`BUILTINS` and one ``configs/algorithm/<name>.yaml``. The modules beside the algorithms
+config dataclass, and its class with ``prepare`` and ``train``, its own update loop), its
+``"module:Class"`` line in :data:`BUILTINS` and one ``configs/algorithm/<name>.yaml``. The modules beside the algorithms
 are the interface (:mod:`.base`) and the pieces they share (:mod:`.helpers`); a module is an
 algorithm only by its line in :data:`BUILTINS`. Its config's ``validate`` checks its fields with
-:func:`check_field`, and what it changes in the learner's loop (parameter groups, the step
-size's schedule, parameters frozen for an update) it says through :class:`Algorithm`'s hooks.
+:func:`check_field`, and what the learner worker needs of it besides (parameter groups, the
+step size's schedule, checkpointed state) it says through :class:`Algorithm`'s hooks.
 
 >>> algorithm_class("ppo").__name__, algorithm_class("ppo").config_class.__name__
 ('PPO', 'PPOConfig')
@@ -22,7 +22,7 @@ Unknown algorithm 'pp0'. Known: bc, grpo, ppo, sac. Did you mean 'ppo'?
 from __future__ import annotations
 
 from m2flow.embodied.algorithms.base import (
-    Algorithm, AlgorithmConfig, AlgorithmError, check_field)
+    Algorithm, AlgorithmConfig, AlgorithmError, check_field, loss_metrics)
 from m2flow.registry import Registry
 
 ENTRY_POINT_GROUP = "m2flow.algorithms"
@@ -59,6 +59,7 @@ __all__ = [
     "AlgorithmError",
     "algorithm_class",
     "check_field",
+    "loss_metrics",
     "register_algorithm",
     "register_schemas",
     "registered_algorithms",

@@ -1,27 +1,28 @@
 """What an embodied algorithm is: a config, a ``prepare`` (advantages and targets on the env
-workers' trajectories) and a ``loss`` on minibatches; the learner worker runs the loop.
+workers' trajectories) and a ``train`` that runs its own update loop; the learner worker
+calls them, and a handful of hooks besides, once per update.
 
-The generic loop (``m2flow.embodied.workers.learner_worker``): once, Adam on
+The learner worker (``m2flow.embodied.workers.learner_worker``): once, Adam on
 ``algorithm.param_groups(policy, params)``; then per update::
 
     lr = algorithm.learning_rate(i, num_iterations=n)  # each group's: lr x its lr_scale
     batch, metrics = algorithm.prepare(policy, traj, iteration=i, staleness=s)  # (N, T) -> (B,)
-    only algorithm.trained_parameters(policy, i) (None: all) get gradients, while
-    for each epoch, for each minibatch mb of a seeded permutation of batch:
-        mb = algorithm.minibatch(mb)                 # whole-minibatch statistics
-        for each micro-batch of mb:                  # weighted by its share of mb
-            terms = algorithm.loss(policy, micro)    # loss_* terms (summed) + diagnostics
-        lr = algorithm.adapt_learning_rate(terms of mb)  # None: the step size stays
-        clip, optimiser step
-    after each epoch: algorithm.stop_early(last terms) ends the loop
-    metrics |= algorithm.batch_metrics(batch)
+    metrics |= algorithm.train(policy, batch, trainer, iteration=i, seed=seed)
+    policy.observe(batch)  # during algorithm.critic_only(i): the critic's statistics alone
+
+``train`` is the algorithm's loop, read top to bottom in its module (rsl-rl's and cleanRL's
+way): for PPO, for each epoch, for each minibatch of ``trainer.minibatches`` (a seeded
+permutation), its whole-minibatch statistics, ``trainer.gradients`` (micro-batches under
+autocast, summed over the ranks), its step-size rule, ``trainer.step``; its early stop after
+the epoch. The pieces it calls are :mod:`m2flow.runs.learner`'s, and :func:`loss_metrics`
+names what it reports.
 
 The loop's own sizes (step size, epochs, minibatches, micro-batches, clip, precision) are
-the fields of :class:`AlgorithmConfig`, which every algorithm's config has; whatever one
-algorithm adds (PPO's critic step size, warm-up and adaptive step size) reaches the loop only
-through these hooks, so the learner reads no field of any one algorithm. What an algorithm
-learns during a run besides the weights (PPO's adapted step size) is its ``state_dict``, which
-the learner's checkpoints carry.
+the fields of :class:`AlgorithmConfig`, which every algorithm's config has; the learner
+worker reads no other field, so what one algorithm adds (PPO's critic step size, warm-up and
+adaptive step size) reaches it only through the hooks. What an algorithm learns during a run
+besides the weights (PPO's adapted step size) is its ``state_dict``, which the learner's
+checkpoints carry.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from tensordict import TensorDict
 
 from m2flow import keys
 from m2flow.pipelines.distributed import SINGLE, DataParallel
-from m2flow.runs.learner import frozen_but
 
 PRECISIONS = ("auto", "fp32", "bf16")
 
@@ -47,7 +47,8 @@ class AlgorithmError(ValueError):
 
 @dataclass
 class AlgorithmConfig:
-    """The fields the generic learner loop reads; each algorithm's config extends it."""
+    """The fields the learner worker and the update loops read; each algorithm's config
+    extends it."""
 
     name: str = MISSING
     """Registered algorithm name (ppo | grpo | bc | a plugin's)."""
@@ -100,18 +101,19 @@ def check_field(cfg, field: str, ok: bool, fix: str) -> None:
 
 class Algorithm(ABC):
     """One embodied RL (or supervised) algorithm, built by the learner worker as
-    ``cls(cfg, action_dim=..., seed=...)``; ``cfg`` is an instance of ``config_class``."""
+    ``cls(cfg, action_dim=..., seed=...)``; ``cfg`` is an instance of ``config_class``. The
+    learner worker calls ``prepare`` and ``train`` each update, and the hooks below."""
 
     config_class: ClassVar[type] = AlgorithmConfig
     """Its config dataclass: the Hydra schema of ``algorithm=<name>``."""
     needs_critic: ClassVar[bool] = False
-    """Whether ``loss`` trains the policy's ``value`` (PPO) or ignores it (GRPO, BC)."""
+    """Whether its loss trains the policy's ``value`` (PPO) or ignores it (GRPO, BC)."""
     data_parallel: DataParallel = SINGLE
     """The learner ranks training together (set by the learner worker). With several, each
-    ``prepare``s its own trajectories, and ``minibatch`` gets this rank's share of the global
-    minibatch: statistics over the whole minibatch or batch (``minibatch``,
-    ``batch_metrics``) are taken over every rank with its collectives, called on every rank
-    alike (a share may be empty)."""
+    ``prepare``s its own trajectories and its ``train`` sees this rank's share of each global
+    minibatch: statistics over a whole minibatch or batch (advantage normalisation, explained
+    variance) are taken over every rank with its collectives, called on every rank alike (a
+    share may be empty)."""
 
     def __init__(self, cfg, *, action_dim: int, seed: int):
         cfg.validate()
@@ -129,27 +131,14 @@ class Algorithm(ABC):
         steps whose ``valid`` is False dropped, metrics). ``staleness``: how many updates
         the oldest action lags behind the policy now."""
 
-    def minibatch(self, mb: TensorDict) -> TensorDict:
-        """A whole minibatch before it is cut into micro-batches (statistics over the
-        minibatch go here, so micro-batching does not change the update)."""
-        return mb
-
     @abstractmethod
-    def loss(self, policy, mb: TensorDict) -> TensorDict:
-        """``loss_*`` terms (the learner sums them) and diagnostics, batch_size []; each a
-        per-sample mean, so micro-batches weighted by their share add up to the minibatch."""
-
-    def stop_early(self, terms: dict) -> bool:
-        """After an epoch, on its last minibatch's terms: True ends the update."""
-        return False
-
-    def adapt_learning_rate(self, terms: dict) -> Optional[float]:
-        """Before each minibatch's optimiser step, on its terms (micro-batches summed; with
-        several ranks, the global minibatch's, the same on every rank): a new step size
-        (groups with an ``lr_scale`` get that multiple of it; it holds until the next one or
-        the next update's :meth:`learning_rate`), or None to keep the current one. Default:
-        None. PPO's ``lr_schedule=adaptive`` returns rsl-rl's KL-adapted step size."""
-        return None
+    def train(self, policy, batch: TensorDict, trainer, *, iteration: int, seed: int) -> dict:
+        """The update's optimiser steps on the prepared ``batch`` (B,) with ``trainer`` (a
+        :class:`~m2flow.runs.learner.Trainer` over ``policy``, its step size already set by
+        :meth:`learning_rate`): the algorithm's own loop over the Trainer's pieces
+        (``minibatches``, ``gradients``, ``step``; ``minibatch_generator(seed, iteration)``
+        for its order). Returns its metrics (``loss/*``: :func:`loss_metrics`). Called when
+        the global batch has rows."""
 
     def state_dict(self) -> dict:
         """What the algorithm has learned during the run besides the weights (PPO's adapted
@@ -172,69 +161,43 @@ class Algorithm(ABC):
 
     def learning_rate(self, iteration: int, *, num_iterations: int) -> float:
         """The step size of the update of ``iteration`` in a run of ``num_iterations``
-        (groups with an ``lr_scale`` get that multiple of it), set at the start of the
-        update. A fixed or annealed schedule is a function of these two alone; an adaptive
-        one's (:meth:`adapt_learning_rate`) depends on the algorithm's state too, which
-        checkpoints carry (:meth:`state_dict`): either way a resumed run takes the steps the
-        uninterrupted one would have. Default: ``learning_rate``, or with ``anneal_lr``
-        decayed linearly from it towards 0 at ``num_iterations`` (cleanRL's anneal_lr)."""
+        (groups with an ``lr_scale`` get that multiple of it), set before :meth:`train`. A
+        fixed or annealed schedule is a function of these two alone; an adaptive one (PPO's
+        ``lr_schedule=adaptive``, which its ``train`` moves minibatch by minibatch) depends
+        on the algorithm's state too, which checkpoints carry (:meth:`state_dict`): either
+        way a resumed run takes the steps the uninterrupted one would have. Default:
+        ``learning_rate``, or with ``anneal_lr`` decayed linearly from it towards 0 at
+        ``num_iterations`` (cleanRL's anneal_lr)."""
         if not self.cfg.anneal_lr:
             return self.cfg.learning_rate
         return self.cfg.learning_rate * (1.0 - iteration / max(1, num_iterations))
 
     def critic_only(self, iteration: int) -> bool:
-        """Whether the update of ``iteration`` trains the critic alone (the policy's other
-        parameters frozen; the learner reports ``loss/critic_only``): PPO's
-        ``critic_warmup``."""
+        """Whether the update of ``iteration`` trains the critic alone (PPO's
+        ``critic_warmup``): the learner then updates only the critic's running statistics
+        (``Policy.critic_buffer_names``). Default: False."""
         return False
-
-    def trained_parameters(self, policy, iteration: int) -> Optional[list[str]]:
-        """The names of the only parameters of ``policy`` the update of ``iteration`` trains
-        (None: all of them). The learner freezes every other one for the update's length:
-        they get no gradient, so the optimiser leaves them (and their moments) as they are.
-        Default: while :meth:`critic_only`, the critic's (``Policy.critic_parameter_names``),
-        a ValueError when the policy has none (else nothing would train)."""
-        if not self.critic_only(iteration):
-            return None
-        names = policy.critic_parameter_names()
-        if not names:
-            raise ValueError(
-                f"algorithm={self.cfg.name}: the update of iteration {iteration} trains the "
-                f"critic alone (Algorithm.critic_only), but policy {type(policy).__name__} has "
-                "no parameters of its own critic (Policy.critic_parameter_names).")
-        return names
-
-    def train(self, policy, batch: TensorDict, trainer, *, iteration: int, seed: int) -> dict:
-        """The update's optimiser steps on the prepared ``batch`` (B,) with ``trainer`` (a
-        :class:`~m2flow.runs.learner.Trainer` over ``policy``); its metrics (``loss/*``).
-        Default, the on-policy loop (PPO, GRPO, BC): ``update_epochs`` passes of
-        ``num_minibatches`` minibatches of :meth:`loss`, with the hooks above (the minibatch
-        statistics, early stop, the adaptive step size; only :meth:`trained_parameters`
-        train). An off-policy algorithm (SAC) replaces it: its steps sample a replay buffer
-        that ``prepare`` filled."""
-        c = self.cfg
-        with frozen_but(policy, self.trained_parameters(policy, iteration)):
-            terms = trainer.run_epochs(
-                batch, lambda mb: self.loss(policy, mb), epochs=c.update_epochs,
-                num_minibatches=c.num_minibatches, micro_batch_size=c.micro_batch_size,
-                seed=seed, iteration=iteration, minibatch=self.minibatch,
-                stop_early=self.stop_early, adapt_lr=self.adapt_learning_rate,
-            )
-        metrics = {f"loss/{k}": v for k, v in terms.items()}
-        if self.critic_only(iteration):
-            metrics["loss/critic_only"] = 1.0
-        metrics["loss/total"] = sum(v for k, v in metrics.items() if k.startswith("loss/loss_"))
-        metrics.update(self.batch_metrics(batch))
-        return metrics
 
     def resume_note(self) -> str:
         """After a checkpoint's state was loaded: one line on the algorithm state the resumed
         run continues with, for the resume announcement ('': nothing to say)."""
         return ""
 
-    def batch_metrics(self, batch: TensorDict) -> dict:
-        """Metrics of the whole prepared batch after the update (named with their prefix)."""
-        return {}
+
+def loss_metrics(terms: dict, *, early_stop: bool, critic_only: bool = False) -> dict:
+    """What an on-policy update reports: each of its minibatches' mean ``terms`` as
+    ``loss/<term>``, ``loss/early_stop`` (0/1), ``loss/critic_only`` (1, only when it trained
+    the critic alone) and ``loss/total``, the sum of the ``loss_*`` terms in their order.
+
+    >>> loss_metrics({"loss_a": 0.5, "kl": 0.1, "loss_b": 0.25}, early_stop=True)["loss/total"]
+    0.75
+    """
+    metrics = {f"loss/{k}": v for k, v in terms.items()}
+    metrics["loss/early_stop"] = float(early_stop)
+    if critic_only:
+        metrics["loss/critic_only"] = 1.0
+    metrics["loss/total"] = sum(v for k, v in metrics.items() if k.startswith("loss/loss_"))
+    return metrics
 
 
 @torch.no_grad()

@@ -29,10 +29,11 @@ from tensordict import TensorDict
 
 from m2flow import keys
 from m2flow.embodied.algorithms.base import (
-    Algorithm, AlgorithmConfig, AlgorithmError, check_field)
+    Algorithm, AlgorithmConfig, AlgorithmError, check_field, loss_metrics)
 from m2flow.embodied.algorithms.helpers.augment import shift_images
 from m2flow.embodied.algorithms.helpers.expert_data import ExpertData, action_bins
 from m2flow.runs import seeding
+from m2flow.runs.learner import Means, minibatch_generator
 
 BC_LOSSES = ("nll", "mse")
 
@@ -140,7 +141,23 @@ class BC(Algorithm):
             batch[keys.ACTION] = action + eps
         return batch
 
+    def train(self, policy, batch: TensorDict, trainer, *, iteration: int, seed: int) -> dict:
+        """``update_epochs`` passes over the sample in ``num_minibatches`` minibatches of a
+        seeded permutation, one optimiser step each on :meth:`loss`. Reports the
+        minibatches' mean terms (``loss/early_stop`` always 0)."""
+        c = self.cfg
+        gen, means = minibatch_generator(seed, iteration), Means()
+        for _ in range(c.update_epochs):
+            for mb in trainer.minibatches(batch, c.num_minibatches, gen):
+                terms = trainer.gradients(mb, lambda m: self.loss(policy, m),
+                                          micro_batch_size=c.micro_batch_size)
+                terms["grad_norm"] = trainer.step()
+                means.add(terms)
+        return loss_metrics(means.means(), early_stop=False)
+
     def loss(self, policy, mb: TensorDict) -> TensorDict:
+        """The supervised loss of ``algorithm.loss`` on minibatch ``mb`` (see the module
+        docstring)."""
         if self.cfg.loss == "mse":
             action = policy.act(mb, deterministic=True)[keys.ACTION]
             if not action.requires_grad:

@@ -1,4 +1,5 @@
-"""Embodied GRPO: group-relative episode advantages (no critic) and the clipped policy loss.
+"""Embodied GRPO: group-relative episode advantages (no critic), the clipped policy loss and its
+update loop (:meth:`GRPO.train`).
 
 Envs come in groups of ``group_size`` that reset to one initial state; each env's first
 episode of an iteration is one sample of its group, its advantage against the group goes to
@@ -16,9 +17,11 @@ from tensordict import TensorDict
 
 from m2flow import keys
 from m2flow.embodied.algorithms.helpers.advantages import first_episodes, keep_groups
-from m2flow.embodied.algorithms.base import Algorithm, AlgorithmConfig, check_field, flatten_valid
+from m2flow.embodied.algorithms.base import (
+    Algorithm, AlgorithmConfig, check_field, flatten_valid, loss_metrics)
 from m2flow.embodied.algorithms.helpers.demo_term import DemoTerm, DemoTermConfig
 from m2flow.embodied.algorithms.helpers.losses import LOGPROB_LEVELS, level_log_probs, per_ratio
+from m2flow.runs.learner import Means, minibatch_generator
 from m2flow.runs.rl import clipped_surrogate, group_advantages, ratio_stats
 
 
@@ -91,10 +94,6 @@ class GRPO(Algorithm):
         self.demos.start(iteration)
         return flatten_valid(traj), metrics
 
-    def minibatch(self, mb: TensorDict) -> TensorDict:
-        self.demos.next_minibatch()
-        return mb
-
     @torch.no_grad()
     def add_group_advantages(self, traj: TensorDict) -> dict:
         """Writes ``advantage``, ``return`` and ``valid`` into ``traj`` (N, T): each env's
@@ -133,7 +132,27 @@ class GRPO(Algorithm):
         terms.update(self.demos.terms(policy, mb.device))
         return terms
 
+    def train(self, policy, batch: TensorDict, trainer, *, iteration: int, seed: int) -> dict:
+        """``update_epochs`` passes over ``batch`` in ``num_minibatches`` minibatches of a
+        seeded permutation, one optimiser step each on :meth:`loss` (with the demonstrations'
+        next rows); after each epoch, the stop at ``target_kl``. Reports the minibatches'
+        mean terms."""
+        c = self.cfg
+        gen, means, stopped = minibatch_generator(seed, iteration), Means(), False
+        for _ in range(c.update_epochs):
+            for mb in trainer.minibatches(batch, c.num_minibatches, gen):
+                self.demos.next_minibatch()
+                terms = trainer.gradients(mb, lambda m: self.loss(policy, m),
+                                          micro_batch_size=c.micro_batch_size)
+                terms["grad_norm"] = trainer.step()
+                means.add(terms)
+            if self.stop_early(terms):
+                stopped = True
+                break
+        return loss_metrics(means.means(), early_stop=stopped)
+
     def stop_early(self, terms: dict) -> bool:
+        """After an epoch, on its last minibatch's terms: past ``target_kl``."""
         return self.cfg.target_kl is not None and terms["approx_kl"] > self.cfg.target_kl
 
 

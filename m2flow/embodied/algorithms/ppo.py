@@ -1,4 +1,5 @@
-"""Clipped PPO with GAE: its config, advantages on (N, T) trajectories and its loss."""
+"""Clipped PPO with GAE: its config, advantages on (N, T) trajectories, its loss and its update
+loop (:meth:`PPO.train`)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ from m2flow.embodied.algorithms.base import (
     batched_values,
     check_field,
     flatten_valid,
+    loss_metrics,
 )
 from m2flow.embodied.algorithms.helpers.demo_term import DemoTerm, DemoTermConfig
 from m2flow.embodied.algorithms.helpers.losses import LOGPROB_LEVELS, level_log_probs, per_ratio
 from m2flow.pipelines.distributed import DataParallel
+from m2flow.runs.learner import Means, frozen_but, minibatch_generator
 from m2flow.runs.rl import clipped_surrogate, ratio_stats
 
 LR_SCHEDULES = ("fixed", "adaptive")
@@ -149,18 +152,39 @@ class PPO(Algorithm):
         )
         traj[keys.ADVANTAGE], traj[keys.RETURN] = adv, ret
 
-    def minibatch(self, mb: TensorDict) -> TensorDict:
-        """Normalises the advantages over the whole minibatch (before micro-batches; with
-        several learner ranks, over every rank's share of it)."""
-        self.demos.next_minibatch()
+    def train(self, policy, batch: TensorDict, trainer, *, iteration: int, seed: int) -> dict:
+        """``update_epochs`` passes over ``batch`` in ``num_minibatches`` minibatches of a
+        seeded permutation, one optimiser step each; only :meth:`trained_parameters` train.
+        Each minibatch: the demonstrations' next rows, advantages normalised over the whole
+        minibatch (before micro-batches; with several ranks, over every rank's share), the
+        gradients of :meth:`loss`, the adaptive step size on its KL, the step. After each
+        epoch, the stop at ``target_kl``. Reports the minibatches' mean terms and the batch's
+        explained variance."""
+        c = self.cfg
+        gen, means, stopped = minibatch_generator(seed, iteration), Means(), False
+        with frozen_but(policy, self.trained_parameters(policy, iteration)):
+            for _ in range(c.update_epochs):
+                for mb in trainer.minibatches(batch, c.num_minibatches, gen):
+                    self.demos.next_minibatch()
+                    if c.norm_adv:
+                        mb.rows = normalized_advantages(mb.rows, self.data_parallel)
+                    terms = trainer.gradients(mb, lambda m: self.loss(policy, m),
+                                              micro_batch_size=c.micro_batch_size)
+                    lr = self.adapt_learning_rate(terms)
+                    if lr is not None:
+                        trainer.set_lr(lr)
+                    terms["grad_norm"] = trainer.step()
+                    means.add(terms)
+                if self.stop_early(terms):
+                    stopped = True
+                    break
+        metrics = loss_metrics(means.means(), early_stop=stopped,
+                               critic_only=self.critic_only(iteration))
         dp = self.data_parallel
-        if self.cfg.norm_adv and dp.active:
-            mb = mb.clone(recurse=False)
-            mb[keys.ADVANTAGE] = normalize_shared(mb[keys.ADVANTAGE], dp)
-        elif self.cfg.norm_adv and mb.shape[0] > 1:
-            mb = mb.clone(recurse=False)
-            mb[keys.ADVANTAGE] = normalize(mb[keys.ADVANTAGE])
-        return mb
+        pred, target = batch[keys.VALUE], batch[keys.RETURN]
+        metrics["loss/explained_variance"] = (explained_variance_shared(pred, target, dp)
+                                              if dp.active else explained_variance(pred, target))
+        return metrics
 
     def loss(self, policy, mb: TensorDict) -> TensorDict:
         c = self.cfg
@@ -171,6 +195,7 @@ class PPO(Algorithm):
         return terms
 
     def stop_early(self, terms: dict) -> bool:
+        """After an epoch, on its last minibatch's terms: past ``target_kl``."""
         return self.cfg.target_kl is not None and terms["approx_kl"] > self.cfg.target_kl
 
     def learning_rate(self, iteration: int, *, num_iterations: int) -> float:
@@ -181,8 +206,8 @@ class PPO(Algorithm):
         return self.lr
 
     def adapt_learning_rate(self, terms: dict) -> Optional[float]:
-        """rsl-rl's adaptive rule on the minibatch's ``approx_kl`` (None with
-        ``lr_schedule=fixed``). rsl-rl takes the analytic KL between the behaviour and the
+        """The step size of a minibatch's step: rsl-rl's adaptive rule on its ``approx_kl``
+        (None, the step size kept, with ``lr_schedule=fixed`` or while the actor is frozen). rsl-rl takes the analytic KL between the behaviour and the
         current Gaussians, averaged over the minibatch; ``approx_kl`` estimates the same
         KL(old || new) from the log-prob ratios of the actions taken (the k3 estimator,
         :func:`~m2flow.runs.rl.ratio_stats`), so it also works for policies whose
@@ -236,21 +261,19 @@ class PPO(Algorithm):
         return iteration < self.cfg.critic_warmup
 
     def trained_parameters(self, policy, iteration: int) -> Optional[list[str]]:
-        """The base's (the critic's during the warm-up), with the error naming the field to
-        change when the policy has no critic of its own to train alone."""
-        if self.critic_only(iteration) and not policy.critic_parameter_names():
+        """The names of the only parameters of ``policy`` the update of ``iteration`` trains:
+        during the critic warm-up the critic's (``Policy.critic_parameter_names``; every
+        other one frozen for the update's length gets no gradient, so Adam leaves it and its
+        moments as they are), else None (all of them)."""
+        if not self.critic_only(iteration):
+            return None
+        names = policy.critic_parameter_names()
+        if not names:
             raise ValueError(
                 f"algorithm.critic_warmup: policy {type(policy).__name__} has no parameters "
                 "of its own critic to train alone (Policy.critic_parameter_names); set "
                 "algorithm.critic_warmup=0.")
-        return super().trained_parameters(policy, iteration)
-
-    def batch_metrics(self, batch: TensorDict) -> dict:
-        pred, target = batch[keys.VALUE], batch[keys.RETURN]
-        dp = self.data_parallel
-        ev = (explained_variance_shared(pred, target, dp) if dp.active
-              else explained_variance(pred, target))
-        return {"loss/explained_variance": ev}
+        return names
 
 
 def normalize(adv: torch.Tensor) -> torch.Tensor:
@@ -260,6 +283,26 @@ def normalize(adv: torch.Tensor) -> torch.Tensor:
     tensor([-0.7071,  0.7071])
     """
     return (adv - adv.mean()) / (adv.std() + 1e-8)
+
+
+def normalized_advantages(mb: TensorDict, dp: DataParallel) -> TensorDict:
+    """``mb`` with its advantages normalised over the whole minibatch (with several ranks of
+    ``dp``, over every rank's share of it: a collective), as a shallow copy; a minibatch of
+    one row on one rank is returned as it is.
+
+    >>> normalized_advantages(TensorDict({"advantage": torch.tensor([1.0, 3.0])}, [2]),
+    ...                       DataParallel())["advantage"]
+    tensor([-0.7071,  0.7071])
+    """
+    if dp.active:
+        adv = normalize_shared(mb[keys.ADVANTAGE], dp)
+    elif mb.shape[0] > 1:
+        adv = normalize(mb[keys.ADVANTAGE])
+    else:
+        return mb
+    mb = mb.clone(recurse=False)
+    mb[keys.ADVANTAGE] = adv
+    return mb
 
 
 def normalize_shared(adv: torch.Tensor, dp: DataParallel) -> torch.Tensor:

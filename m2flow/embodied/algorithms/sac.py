@@ -2,13 +2,13 @@
 ``sac_continuous_action.py``, ManiSkill's SAC baseline), on the engine's one loop.
 
 Each iteration's trajectories reach the learner as for PPO; ``prepare`` adds them to the
-replay buffer (on the learner's device) and ``train`` takes ``utd`` optimiser updates per
-transition added (fractions carry over to the next iteration), each on a minibatch sampled
-uniformly from everything stored: the twin critics' regression on the soft target, then,
-every ``policy_frequency`` updates, the actor's loss and the temperature's; after each, the
-target critics trail the critics by Polyak averaging at ``tau``. Nothing trains before the
-buffer holds ``learning_starts`` transitions. Collection and learning overlap with
-``runner.overlap_learner=true`` (the rollout acts with weights at most
+replay buffer (on the learner's device) and ``train``, its update loop, takes ``utd``
+optimiser updates per transition added (fractions carry over to the next iteration), each on a
+minibatch sampled uniformly from everything stored: the twin critics' regression on the soft
+target, then, every ``policy_frequency`` updates, the actor's loss and the temperature's;
+after each, the target critics trail the critics by Polyak averaging at ``tau``. Nothing
+trains before the buffer holds ``learning_starts`` transitions. Collection and learning
+overlap with ``runner.overlap_learner=true`` (the rollout acts with weights at most
 ``runner.max_staleness`` updates old). The policy must be a soft actor-critic
 (``policy=sac_mlp``, ``sac_cnn``); the maths is in
 :mod:`~m2flow.embodied.algorithms.helpers.offpolicy`.
@@ -35,8 +35,7 @@ from m2flow.embodied.algorithms.helpers.offpolicy import (
     actor_loss, polyak_update, soft_q_target, temperature_loss)
 from m2flow.embodied.algorithms.helpers.replay import (
     TRANSITION_KEYS, MixedSampler, ReplayBuffer, transitions)
-from m2flow.runs import seeding
-from m2flow.runs.learner import frozen_but
+from m2flow.runs.learner import Means, frozen_but, minibatch_generator
 
 
 @dataclass
@@ -176,13 +175,6 @@ class SAC(Algorithm):
                 {"params": groups["critic"], "lr_scale": c.critic_learning_rate / c.learning_rate},
                 {"params": groups["alpha"], "lr_scale": c.alpha_learning_rate / c.learning_rate}]
 
-    def loss(self, policy, mb: TensorDict) -> TensorDict:
-        """The critics' and the actor's terms of one minibatch together (:meth:`train` steps
-        them apart, each with only its own parameters trainable)."""
-        out = self.critic_loss(policy, mb)
-        out.update(self.actor_loss(policy, mb))
-        return out
-
     def train(self, policy, batch: TensorDict, trainer, *, iteration: int, seed: int) -> dict:
         """``owed`` updates (see the module docstring); the metrics are their means."""
         _check_policy(policy)
@@ -193,24 +185,24 @@ class SAC(Algorithm):
             return metrics
         steps = int(self.owed)
         self.owed -= steps
-        gen = torch.Generator().manual_seed(seeding.derive(seed, seeding.LEARN, iteration, 0)[0])
+        gen, means = minibatch_generator(seed, iteration), Means()
         critic, actor = policy.critic_parameter_names(), policy.actor_parameter_names()
         if c.autotune:
             actor = actor + policy.temperature_parameter_names()
-        sums: dict[str, float] = {}
         for _ in range(steps):
             mb = self.sampler.sample(c.batch_size, generator=gen)
             with frozen_but(policy, critic):
-                terms = trainer.train_minibatch(mb, lambda m: self.critic_loss(policy, m))
-            if self.updates % c.policy_frequency == 0:
+                terms = trainer.gradients(mb, lambda m: self.critic_loss(policy, m))
+                terms["grad_norm"] = trainer.step()
+            if self.updates % c.policy_frequency == 0:  # (its grad_norm replaces the critics')
                 with frozen_but(policy, actor):
-                    terms.update(trainer.train_minibatch(mb, lambda m: self.actor_loss(policy, m)))
+                    terms.update(trainer.gradients(mb, lambda m: self.actor_loss(policy, m)))
+                    terms["grad_norm"] = trainer.step()
             polyak_update(policy.critic_target.parameters(), policy.critic.parameters(),
                           tau=c.tau)
             self.updates += 1
-            for k, v in terms.items():
-                sums[k] = sums.get(k, 0.0) + v
-        metrics.update({f"loss/{k}": v / max(1, steps) for k, v in sums.items()})
+            means.add(terms)
+        metrics.update({f"loss/{k}": v for k, v in means.means().items()})
         metrics["loss/updates"] = float(steps)
         metrics["loss/alpha"] = float(policy.log_alpha.detach().exp())
         return metrics

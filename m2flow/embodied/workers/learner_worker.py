@@ -1,16 +1,17 @@
 """The learner worker: one generic update on trajectories from a channel; what the update
-computes (advantages, losses, and its optimiser steps: ``Algorithm.train``, the on-policy
-epochs loop by default) is the algorithm's (``m2flow.embodied.algorithms``).
+computes (advantages: ``Algorithm.prepare``; its loop of optimiser steps: ``Algorithm.train``)
+is the algorithm's (``m2flow.embodied.algorithms``), which steps through the worker's
+:class:`~m2flow.runs.learner.Trainer`.
 
 Several learner ranks (``cluster.placement.components.learner.workers=N``) train one policy
 data-parallel: their group forms a torch.distributed process group (``forms_process_group``),
 env workers are split among them in contiguous blocks (:func:`learner_rank`: env rank e goes
 to learner rank ``e // (E / N)``, so rank 0 holds the first rows of the global batch, rank 1
 the next, ...), each rank computes advantages on its own trajectories (GAE and GRPO groups
-stay within one env worker, so within one rank), and :class:`~m2flow.runs.learner.Trainer`
-runs the global batch's minibatches with gradients summed over the ranks. What the update
-reports is the global batch's on every rank; weights and checkpoints come from rank 0 (all
-ranks hold the same weights).
+stay within one env worker, so within one rank), and the algorithm's loop takes the global
+batch's minibatches from the Trainer, which sums their gradients over the ranks. What the
+update reports is the global batch's on every rank; weights and checkpoints come from rank 0
+(all ranks hold the same weights).
 
 Sharded (``cluster.placement.components.learner.shard=fsdp``): the same update with the
 policy's parameters, gradients and Adam state split over the ranks by FSDP2 (its transformer

@@ -63,8 +63,8 @@ class DemoTermConfig:
 
 class DemoTerm:
     """The term of a :class:`DemoTermConfig` for one algorithm: call :meth:`start` in
-    ``prepare`` (per iteration), :meth:`next_minibatch` in ``minibatch`` and add
-    :meth:`terms` to ``loss``'s."""
+    ``prepare`` (per iteration), :meth:`next_minibatch` in ``train`` as each minibatch
+    begins, and add :meth:`terms` to ``loss``'s."""
 
     def __init__(self, cfg: DemoTermConfig, *, action_dim: int, seed: int):
         self.cfg, self.seed = cfg, seed
