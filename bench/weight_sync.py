@@ -16,8 +16,9 @@ against two ceilings of the same bytes, in the same run:
 
 Each is the median of ``--repeats`` after a warm-up sync. GB/s is the model's bytes over the
 seconds of one sync (every receiver gets all of them: the bytes moved are M times that).
-Both sync paths run the code the runner runs (``runs.weights``: manifest, buckets, receiver name
-checks and loads; ``pipelines.link``); the receivers check the sum of their weights against
+Both sync paths run the code the runner runs (``runs.weights``: one driver call to the sender,
+which sends the manifest and buckets to the receivers itself; their name checks and loads;
+``pipelines.link``); the receivers check the sum of their weights against
 the sender's after each timed path.
 
     python bench/weight_sync.py [--mb 100 1000] [--rollout-workers 2] [--bucket-mb 256]
@@ -37,7 +38,8 @@ from m2flow.pipelines.link import form_link
 from m2flow.pipelines.placement import ComponentPlacement
 from m2flow.pipelines.futures import gather
 from m2flow.pipelines.worker import WorkerGroup
-from m2flow.runs.weights import WeightReceiver, WeightSender, sync_groups
+from m2flow.runs.weights import (ReceivesWeights, SendsWeights, WeightReceiver, WeightSender,
+                                 sync_groups)
 
 TENSOR_MB = 64  # the model's tensors (a large model's layers are tens to hundreds of MB)
 ROW = 1024  # fp32 values per row: a tensor larger than a bucket is cut in rows
@@ -62,20 +64,11 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-class Sender(Worker):
+class Sender(SendsWeights, Worker):
     def __init__(self, info, mb: float):
         super().__init__(info)
         self.model = Blob(mb, self.device, seed=0)
         self.weights, self.flat = WeightSender(self.model), None
-
-    def prepare_weight_sync(self, *, full: bool, bucket_mb: float):
-        return self.weights.prepare(full=full, cap_bytes=int(bucket_mb * 2**20))
-
-    def weight_bucket(self, *, index: int):
-        return self.weights.bucket(index)
-
-    def broadcast_weight_buckets(self, *, link: str) -> int:
-        return self.weights.broadcast(self.link(link))
 
     def flat_broadcast(self, *, link: str, nbytes: int) -> None:
         self.flat = flat_buffer(self.flat, nbytes, self.link(link).device)
@@ -85,24 +78,20 @@ class Sender(Worker):
         return float(sum(p.detach().double().sum() for p in self.model.parameters()))
 
 
-class Receiver(Worker):
+class Receiver(ReceivesWeights, Worker):
+    stage_delta_syncs = True  # as the runner's rollout (the syncs timed here are full ones)
+
     def __init__(self, info, mb: float):
         super().__init__(info)
         self.model = Blob(mb, self.device, seed=1 + self.rank)  # other weights until synced
         self.receiver, self.flat = WeightReceiver(self.model), None
 
-    def begin_weight_sync(self, manifest, *, version: int) -> None:
-        self.receiver.begin(manifest.keys, full=manifest.full, stage=not manifest.full)
-
-    def receive_weight_bucket(self, bucket) -> None:
-        self.receiver.receive(bucket)
-
-    def receive_weight_broadcast(self, manifest, *, link: str) -> None:
-        self.receiver.receive_broadcast(self.link(link), manifest)
+    def weight_receiver(self) -> WeightReceiver:
+        return self.receiver
 
     def finish_weight_sync(self) -> None:
-        self.receiver.finish()
-        sync(self.device)
+        super().finish_weight_sync()
+        sync(self.device)  # the timing covers the loads queued on a GPU
 
     def flat_broadcast(self, *, link: str, nbytes: int) -> None:
         self.flat = flat_buffer(self.flat, nbytes, self.link(link).device)
@@ -177,8 +166,8 @@ def main() -> None:
         want = sender.call(Sender.checksum).wait()[0]
 
         def full_sync(name):
-            sync_groups(sender, receivers, Sender, Receiver, version=0, full=True,
-                        bucket_mb=args.bucket_mb, link=name)
+            sync_groups(sender, receivers, version=0, full=True, bucket_mb=args.bucket_mb,
+                        link=name)
 
         def flat():
             gather(sender.call(Sender.flat_broadcast, link="weights", nbytes=nbytes),

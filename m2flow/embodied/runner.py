@@ -183,15 +183,15 @@ class EmbodiedRunner(RunLoop):
         what the update changed (trainable tensors, changed buffers), or everything when
         ``full`` (the learner's first sync and the one after a resume are full anyway), one
         bucket of at most ``runner.weight_sync_bucket_mb`` at a time, as a Ray object or
-        broadcast over the weight link (``cluster.weight_sync``; :mod:`m2flow.runs.weights`)."""
-        sync_groups(self.learner, self.rollout, LearnerWorker, RolloutWorker, version=version,
-                    full=full, bucket_mb=self.cfg.runner.weight_sync_bucket_mb,
-                    link=self.weight_link)
+        broadcast over the weight link (``cluster.weight_sync``), from learner rank 0 to the
+        rollout ranks directly: one call from here (:func:`m2flow.runs.weights.sync_groups`)."""
+        sync_groups(self.learner, self.rollout, version=version, full=full,
+                    bucket_mb=self.cfg.runner.weight_sync_bucket_mb, link=self.weight_link)
 
     def send_policy(self, state: dict, version: int = 0) -> None:
         """Sends a whole state dict held here (evaluation: a checkpoint's, or initial weights)
         to the rollout workers, bucket by bucket like ``sync_weights``."""
-        send_state(self.rollout, RolloutWorker, state, version=version,
+        send_state(self.rollout, state, version=version,
                    bucket_mb=self.cfg.runner.weight_sync_bucket_mb)
 
     def run_eval(self, episodes: Optional[int] = None, deterministic: bool = True,

@@ -21,7 +21,7 @@ from m2flow.pipelines.placement import (
 )
 from m2flow.pipelines.timer import Timer
 from m2flow.pipelines.futures import Futures
-from m2flow.pipelines.worker import Worker, WorkerGroup, WorkerInfo
+from m2flow.pipelines.worker import Peers, Worker, WorkerGroup, WorkerInfo
 
 __all__ = [
     "Channel",
@@ -34,6 +34,7 @@ __all__ = [
     "Futures",
     "NodeInfo",
     "OutOfMemory",
+    "Peers",
     "Placement",
     "PlacementConfig",
     "PlacementError",

@@ -326,19 +326,13 @@ class WorkerGroup:
              **kwargs: Any) -> "Futures":
         """Calls ``method`` (a method of this group's worker class, e.g. ``EnvWorker.collect``)
         on the given ranks (default: all); returns :class:`Futures`."""
-        name = _method_name(self.worker_cls, method, self.name)
-        ranks = list(range(self.world_size)) if ranks is None else list(ranks)
-        items = []
-        for r in ranks:
-            h = self.handles[r]
-            if self.backend == "ray":
-                items.append((r, getattr(h, name).remote(*args, **kwargs)))
-            else:
-                fut = self._executor.submit(getattr(h, name), *args, **kwargs)
-                self._running.add(fut)
-                fut.add_done_callback(self._running.discard)
-                items.append((r, fut))
-        return Futures(self.name, name, items, self.backend)
+        return self.peers().call(method, *args, ranks=ranks, **kwargs)
+
+    def peers(self) -> "Peers":
+        """This group's ranks as a value to hand to another group's worker, which then calls
+        them itself (see :class:`Peers`)."""
+        return Peers(self.name, self.worker_cls, self.backend, list(self.handles),
+                     self._executor, self._running)
 
     def kill(self, rank: int, timeout: float = 30.0) -> None:
         """Kills one rank's process (Ray only) and returns once it is gone: for fault tests."""
@@ -393,6 +387,60 @@ class WorkerGroup:
                 timeout=LEAVE_GROUP_WAIT_S, stoppable=False)
         except Exception:  # a dead or stuck rank: its process is killed next
             pass
+
+
+class Peers:
+    """The ranks of one worker group, callable from wherever this value is: the driver
+    (``WorkerGroup.call`` goes through it), or a worker of another group that was handed it
+    (``WorkerGroup.peers()``), which then calls the ranks directly (Ray: actor to actor), with
+    no driver round trip per call. Picklable under Ray (it carries the actor handles); an
+    in-process group's value stays in this process (its calls run on the group's threads)."""
+
+    def __init__(self, name: str, worker_cls: type, backend: str, handles: list,
+                 executor: Optional[cf.ThreadPoolExecutor] = None,
+                 running: Optional[set] = None):
+        self.name, self.worker_cls, self.backend = name, worker_cls, backend
+        self.handles = handles
+        self._executor, self._running = executor, running
+
+    def __getstate__(self) -> dict:
+        if self.backend != "ray":
+            raise TypeError(f"the ranks of in-process group {self.name!r} cannot leave this "
+                            "process; hand them to a worker of the same cluster.backend.")
+        return dict(self.__dict__)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.handles)
+
+    def call(self, method: Callable, /, *args: Any, ranks: Optional[Sequence[int]] = None,
+             **kwargs: Any) -> Futures:
+        """Calls ``method`` (a method of the group's worker class) on the given ranks
+        (default: all); returns :class:`Futures`."""
+        name = _method_name(self.worker_cls, method, self.name)
+        ranks = list(range(self.world_size)) if ranks is None else list(ranks)
+        items = []
+        for r in ranks:
+            h = self.handles[r]
+            if self.backend == "ray":
+                items.append((r, getattr(h, name).remote(*args, **kwargs)))
+            else:
+                fut = self._executor.submit(getattr(h, name), *args, **kwargs)
+                self._running.add(fut)
+                fut.add_done_callback(self._running.discard)
+                items.append((r, fut))
+        return Futures(self.name, name, items, self.backend)
+
+    def share(self, value: Any) -> Any:
+        """``value`` as an argument of calls on these ranks: under Ray one object in this
+        process's object store, which every rank called with it fetches from here (it lives
+        while a reference to it does: the returned one, or a call's); in process the value
+        itself."""
+        if self.backend != "ray":
+            return value
+        import ray
+
+        return ray.put(value)
 
 
 def _launch_ray_actor(cluster: Cluster, worker_cls: type, info: WorkerInfo, args, kwargs):

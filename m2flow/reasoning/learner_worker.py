@@ -17,7 +17,7 @@ from m2flow.reasoning.grpo import completion_advantages, token_loss
 from m2flow.reasoning.model import load_model, resolve_dtype, sequence_logprobs
 from m2flow.runs import seeding
 from m2flow.runs.learner import Trainer
-from m2flow.runs.weights import SyncManifest, WeightBucket, WeightSender
+from m2flow.runs.weights import SendsWeights, WeightSender
 
 WARM_START_MAX_GRAD_NORM = 1.0
 WARM_START_WARMUP_STEPS = 20
@@ -47,7 +47,7 @@ def cpu_copy(obj: Any) -> Any:
     return map_tensors(obj, lambda t: t.detach().to("cpu", copy=True))
 
 
-class ReasoningLearner(Worker):
+class ReasoningLearner(SendsWeights, Worker):
     """Owns the trained model, its ``Trainer`` (AdamW, fp32 masters, autocast in the dtype of
     ``model.dtype``) and (with a KL term) a frozen reference copy in ``model.dtype``."""
 
@@ -78,20 +78,8 @@ class ReasoningLearner(Worker):
     # -- weights -----------------------------------------------------------------------------
     def get_weights(self) -> dict:
         """CPU copies of the weights (fp32 masters), all at once: for checkpoints. The rollout
-        gets them bucket by bucket (``prepare_weight_sync``, ``weight_bucket``)."""
+        gets them bucket by bucket (``SendsWeights.send_weights``)."""
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
-
-    def prepare_weight_sync(self, *, full: bool = False, bucket_mb: float) -> SyncManifest:
-        """Plans a sync of the model to the rollout's engine: everything (``full``; the first
-        sync and the one after ``load_state_dict`` are full whatever is asked) or what an
-        update changes, the trainable parameters (all of them: GRPO here fine-tunes the
-        whole model), in buckets of at most ``bucket_mb`` MB; the buckets come from
-        ``weight_bucket`` (see :mod:`m2flow.runs.weights`)."""
-        return self.weights.prepare(full=full, cap_bytes=max(1, int(bucket_mb * 2**20)))
-
-    def weight_bucket(self, *, index: int) -> WeightBucket:
-        """CPU copies of bucket ``index`` of the prepared sync."""
-        return self.weights.bucket(index)
 
     def state_dict(self) -> dict:
         """Weights, AdamW state and (with a KL term) the reference, as CPU copies: the driver

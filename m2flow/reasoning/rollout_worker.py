@@ -16,10 +16,10 @@ from m2flow.reasoning.data import make_datasets
 from m2flow.reasoning.engine import make_engine
 from m2flow.reasoning.model import load_model
 from m2flow.reasoning.reward import reward_fn
-from m2flow.runs.weights import SyncManifest, WeightBucket
+from m2flow.runs.weights import ReceivesWeights, WeightReceiver
 
 
-class ReasoningRollout(Worker):
+class ReasoningRollout(ReceivesWeights, Worker):
     """Holds the generation engine and the prompts; knows which prompts each step uses."""
 
     def __init__(self, info, cfg: ReasoningConfig):
@@ -30,33 +30,15 @@ class ReasoningRollout(Worker):
         self.engine = make_engine(self.model, self.tokenizer, cfg.rollout, self.device)
         self.train, self.test = make_datasets(cfg.data, cfg.seed)
         self.version = 0
-        self._next_version = 0
         self._perm: tuple[int, list[int]] = (-1, [])
         self.context.register(modules={"model": self.model},
                               caches={"kv_cache": self.engine.release_cache})
 
-    # -- weights, bucket by bucket (m2flow.runs.weights) ---------------------------------------
-    def begin_weight_sync(self, manifest: SyncManifest, *, version: int) -> None:
-        """Announces a sync of ``manifest.keys`` (an unknown name, or a full sync missing one of
-        the model's, is an error here). Nothing generates while weights arrive (the runner
-        syncs between steps), so each bucket is loaded as it arrives and host memory holds
-        one bucket at a time; the groups generated next carry ``version``."""
-        with self.timer("weight_sync"):
-            self.engine.weight_receiver().begin(manifest.keys, full=manifest.full, stage=False)
-            self._next_version = version
-
-    def receive_weight_bucket(self, bucket: WeightBucket) -> None:
-        """Loads one bucket into the engine's model (into host memory while it is offloaded:
-        the next onload carries it to the device)."""
-        with self.timer("weight_sync"):
-            self.engine.weight_receiver().receive(bucket)
-
-    def finish_weight_sync(self) -> None:
-        """Ends the sync: raises if an announced tensor did not arrive whole; the model is now
-        the announced version."""
-        with self.timer("weight_sync"):
-            self.engine.weight_receiver().finish()
-            self.version = self._next_version
+    # -- weights, bucket by bucket (ReceivesWeights): nothing generates while weights arrive
+    # (the runner syncs between steps), so each bucket loads as it arrives and host memory
+    # holds one bucket at a time; the groups generated next carry the new version
+    def weight_receiver(self) -> WeightReceiver:
+        return self.engine.weight_receiver()
 
     def problems_of_step(self, step: int) -> list[int]:
         """Indices of the training problems of ``step``: epochs of seeded permutations."""

@@ -159,17 +159,18 @@ class ReasoningRunner(RunLoop):
         """Sends the learner's weights (the version after ``version`` GRPO steps) to the
         rollout's engine: what an update changed (the trainable parameters), or everything
         when ``full`` (the learner's first sync and the one after a resume are full anyway),
-        one bucket of at most ``runner.weight_sync_bucket_mb`` at a time: the object store
-        holds one bucket, not the model (see :mod:`m2flow.runs.weights`)."""
+        one bucket of at most ``runner.weight_sync_bucket_mb`` at a time, from the learner to
+        the rollout directly: the object store holds one bucket, not the model, and the driver
+        makes one call (see :func:`m2flow.runs.weights.sync_groups`)."""
         t0 = time.perf_counter()
-        sync_groups(self.learner, self.rollout, ReasoningLearner, ReasoningRollout,
-                    version=version, full=full, bucket_mb=self.cfg.runner.weight_sync_bucket_mb)
+        sync_groups(self.learner, self.rollout, version=version, full=full,
+                    bucket_mb=self.cfg.runner.weight_sync_bucket_mb)
         return {"time/driver_weight_sync": time.perf_counter() - t0}
 
     def send_policy(self, state: dict, version: int = 0) -> None:
         """Sends a whole state dict held here (evaluation: a checkpoint's weights) to the
         rollout's engine, bucket by bucket like ``sync_weights``."""
-        send_state(self.rollout, ReasoningRollout, state, version=version,
+        send_state(self.rollout, state, version=version,
                    bucket_mb=self.cfg.runner.weight_sync_bucket_mb)
 
     def iterate(self, it: int) -> dict:

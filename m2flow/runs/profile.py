@@ -18,13 +18,11 @@ def profile_sync(prof: Profile, learner: WorkerGroup, rollout: WorkerGroup, *, s
     partial syncs after one full one, untimed (a run's first sync ships everything, later
     ones what an update changed). ``sync``: the device's synchronize (a GPU), so a timing
     covers the work it started."""
-    learner_cls, rollout_cls = learner.worker_cls, rollout.worker_cls
-    sync_groups(learner, rollout, learner_cls, rollout_cls, version=1, full=True,
-                bucket_mb=bucket_mb)
+    sync_groups(learner, rollout, version=1, full=True, bucket_mb=bucket_mb)
     prof.add_time("learner", "sync", size=size_mb, cores=cores, device=device,
                   seconds=measure.median_seconds(lambda: sync_groups(
-                      learner, rollout, learner_cls, rollout_cls, version=1, full=False,
-                      bucket_mb=bucket_mb), warm=1, sync=sync))
+                      learner, rollout, version=1, full=False, bucket_mb=bucket_mb),
+                      warm=1, sync=sync))
 
 
 def profile_switch(prof: Profile, groups: dict[str, WorkerGroup], *,

@@ -29,7 +29,15 @@ The receiving side checks names exactly (``load_state_dict(strict=False)`` alone
 misspelt name and leave a missing one as it was): every name must be one of its own, and by the
 end of a sync every announced name must have arrived whole.
 
-Imports torch (the driver's side also ``pipelines``): both workloads use it.
+One sync is one protocol between two worker classes, which gain it by a mixin each (no
+method of theirs passes it through): :class:`SendsWeights` (a learner: prepares the sync and
+sends it) and :class:`ReceivesWeights` (a rollout: begins, loads the buckets, finishes). The
+driver asks learner rank 0 once (:func:`sync_groups`); it calls the receivers itself
+(:func:`push_sync`, given them as :class:`~m2flow.pipelines.Peers`), so the buckets go from
+learner to rollout with no driver round trip per bucket.
+
+Imports torch only (the receivers are any value with ``call`` and ``share``, as ``Peers``
+has): both workloads use it.
 
 >>> sender = torch.nn.Linear(2, 2)
 >>> receiver = torch.nn.Linear(2, 2)
@@ -49,7 +57,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Protocol
+from typing import Callable, Mapping, Optional, Protocol
 
 import torch
 from torch import nn
@@ -438,45 +446,141 @@ def _rows(t: torch.Tensor) -> int:
     return t.shape[0] if t.dim() > 0 else 1
 
 
-# -- the driver's side: one sync between two worker groups --------------------------------
+# -- the protocol: a sender, its receivers, one driver call per sync --------------------------
+class SendsWeights:
+    """What a worker class that trains a model gains to send its weights (a mixin of a
+    :class:`~m2flow.pipelines.Worker`): it sets ``self.weights`` to a :class:`WeightSender` of
+    the model. The driver asks its rank 0 once per sync (:func:`sync_groups`), and it sends
+    the sync to the receivers itself (:func:`push_sync`): no bucket passes through the driver,
+    and the driver's calls do not grow with the number of buckets."""
+
+    weights: WeightSender
+
+    def prepare_weight_sync(self, *, full: bool = False, bucket_mb: float) -> SyncManifest:
+        """Plans a sync to the inference copies: everything (``full``; the first sync and the
+        one after a load are full whatever is asked) or what an update changes (the trainable
+        parameters and the buffers changed since the last sync), in buckets of at most
+        ``bucket_mb`` MB; the buckets come from ``weight_bucket``."""
+        return self.weights.prepare(full=full, cap_bytes=max(1, int(bucket_mb * 2**20)))
+
+    def weight_bucket(self, *, index: int) -> WeightBucket:
+        """CPU copies of bucket ``index`` of the prepared sync."""
+        return self.weights.bucket(index)
+
+    def send_weights(self, receivers, *, version: int, full: bool, bucket_mb: float,
+                     link: Optional[str] = None) -> None:
+        """Prepares a sync (``prepare_weight_sync``) and sends it to every rank of
+        ``receivers`` (:class:`~m2flow.pipelines.Peers` of a group of :class:`ReceivesWeights`
+        workers), which then hold weights ``version``: each bucket as one object, or, with
+        ``link`` (a link between this rank and the receivers), broadcast over it."""
+        manifest = self.prepare_weight_sync(full=full, bucket_mb=bucket_mb)
+        broadcast = (None if link is None else
+                     (link, lambda: self.weights.broadcast(self.link(link))))
+        push_sync(receivers, manifest, self.weights.bucket, version=version, broadcast=broadcast)
 
 
-def sync_groups(learner, rollout, sender: type, receiver: type, *, version: int, full: bool,
-                bucket_mb: float, link: Optional[str] = None) -> None:
-    """One sync from rank 0 of ``learner`` (a group of ``sender`` workers, which have
-    ``prepare_weight_sync`` and ``weight_bucket``) to every rank of ``rollout`` (``receiver``
-    workers: ``begin_weight_sync``, ``receive_weight_bucket``, ``finish_weight_sync``), one
-    bucket at a time.
+class ReceivesWeights:
+    """What a worker class that holds an inference copy gains to receive weights (a mixin of a
+    :class:`~m2flow.pipelines.Worker`): it defines ``weight_receiver()`` (what loads buckets
+    into its copy: a :class:`WeightReceiver`, or an engine's own), and may set ``weight_lock``
+    and ``stage_delta_syncs``. Each call is timed as ``weight_sync``; after ``finish_weight_sync``
+    ``self.version`` is the version ``begin_weight_sync`` announced."""
 
-    Without ``link``, each bucket goes as a reference from the learner to the rollout, so the
-    driver never holds it and the object store holds one bucket, not the model. With
-    ``link`` (the name of a link formed between learner rank 0 and the rollout ranks,
-    :func:`m2flow.pipelines.link.form_link`), learner rank 0 broadcasts every bucket over it
-    (``sender.broadcast_weight_buckets``) while each rollout rank receives them
-    (``receiver.receive_weight_broadcast``): two calls, whatever the number of buckets."""
-    from m2flow.pipelines.futures import gather
+    stage_delta_syncs: bool = False
+    """True: a delta sync is held in host memory and loaded at once by ``finish_weight_sync``,
+    so an inference running meanwhile (learner overlap) sees one set of weights; a full sync
+    (at start, after a resume: nothing is being served) still loads each bucket as it arrives,
+    so host memory holds one bucket. False: every bucket loads as it arrives (nothing infers
+    while weights arrive)."""
+    weight_lock: Optional[AbstractContextManager] = None
+    """Held while a bucket loads (and at ``finish_weight_sync``): the lock inference holds."""
+    version: int = 0
+    _next_version: int = 0
 
-    manifest = learner.call(sender.prepare_weight_sync, full=full, bucket_mb=bucket_mb,
-                            ranks=[0]).wait()[0]
-    rollout.call(receiver.begin_weight_sync, manifest, version=version).wait()
-    if link is not None:
-        gather(learner.call(sender.broadcast_weight_buckets, link=link, ranks=[0]),
-               rollout.call(receiver.receive_weight_broadcast, manifest, link=link))
+    def weight_receiver(self) -> WeightReceiver:
+        """What loads the buckets into this worker's inference copy."""
+        raise NotImplementedError(f"{type(self).__name__} receives weights: define "
+                                  "weight_receiver() (runs.weights.ReceivesWeights).")
+
+    def _weight_lock(self) -> AbstractContextManager:
+        return nullcontext() if self.weight_lock is None else self.weight_lock
+
+    def begin_weight_sync(self, manifest: SyncManifest, *, version: int) -> None:
+        """Announces a sync of ``manifest.keys`` (an unknown name, or a full sync missing one
+        of this copy's, is a :class:`WeightSyncError` here)."""
+        with self.timer("weight_sync"):
+            self.weight_receiver().begin(manifest.keys, full=manifest.full,
+                                         stage=self.stage_delta_syncs and not manifest.full)
+            self._next_version = version
+
+    def receive_weight_bucket(self, bucket: WeightBucket) -> None:
+        """Loads (or stages) one bucket into the copy's own tensors: into host memory while it
+        is offloaded (the next onload carries them to the device)."""
+        with self.timer("weight_sync"), self._weight_lock():
+            self.weight_receiver().receive(bucket)
+
+    def receive_weight_broadcast(self, manifest: SyncManifest, *, link: str) -> None:
+        """Receives every bucket of ``manifest`` over link ``link`` (broadcast by the sender,
+        :meth:`WeightSender.broadcast`) and loads (or stages) each as ``receive_weight_bucket``
+        does; inference goes on while a bucket is in flight."""
+        with self.timer("weight_sync"):
+            self.weight_receiver().receive_broadcast(self.link(link), manifest,
+                                                     lock=self.weight_lock)
+
+    def finish_weight_sync(self) -> None:
+        """Loads the staged buckets; the copy is now the announced version. Raises
+        :class:`WeightSyncError` if an announced tensor did not arrive whole."""
+        with self.timer("weight_sync"), self._weight_lock():
+            self.weight_receiver().finish()
+            self.version = self._next_version
+
+
+def push_sync(receivers, manifest: SyncManifest, bucket: Callable[[int], WeightBucket], *,
+              version: int, broadcast: Optional[tuple[str, Callable[[], object]]] = None
+              ) -> None:
+    """Sends the sync ``manifest`` to every rank of ``receivers`` (:class:`~m2flow.pipelines.Peers`
+    of :class:`ReceivesWeights` workers), from wherever this runs: a learner rank
+    (``SendsWeights.send_weights``) or the driver (:func:`send_state`). The receivers are
+    called directly: ``begin_weight_sync``; then each bucket (``bucket(i)``) as one object
+    that every receiver fetches from this process, the next made once the receivers have
+    loaded the last (the object store holds one bucket at a time); or, with ``broadcast``
+    (a link's name and the call that broadcasts the buckets over it as member 0),
+    ``receive_weight_broadcast`` on every receiver while this process broadcasts;
+    ``finish_weight_sync``. A receiver's failure or death is raised here; waits have no
+    time limit, as a driver's wait on the receivers has none (a broadcast has the link's)."""
+    receivers.call(ReceivesWeights.begin_weight_sync, manifest, version=version).wait()
+    if broadcast is not None:
+        link, send = broadcast
+        arriving = receivers.call(ReceivesWeights.receive_weight_broadcast, manifest, link=link)
+        send()
+        arriving.wait()
     else:
         for i in range(len(manifest.buckets)):
-            bucket = learner.call(sender.weight_bucket, index=i, ranks=[0]).as_arg()
-            rollout.call(receiver.receive_weight_bucket, bucket).wait()
-    rollout.call(receiver.finish_weight_sync).wait()
+            receivers.call(ReceivesWeights.receive_weight_bucket,
+                           receivers.share(bucket(i))).wait()
+    receivers.call(ReceivesWeights.finish_weight_sync).wait()
 
 
-def send_state(rollout, receiver: type, state: Mapping[str, torch.Tensor], *, version: int,
+# -- the driver's side: one call per sync ------------------------------------------------------
+def sync_groups(learner, rollout, *, version: int, full: bool, bucket_mb: float,
+                link: Optional[str] = None) -> None:
+    """One sync from rank 0 of ``learner`` (a group of :class:`SendsWeights` workers) to every
+    rank of ``rollout`` (:class:`ReceivesWeights` workers): one call, on learner rank 0
+    (``send_weights``), whatever the number of buckets; the buckets go from it to the rollout
+    ranks directly (:func:`push_sync`), each as one Ray object, or with ``link`` (the name of a
+    link formed between learner rank 0 and the rollout ranks,
+    :func:`m2flow.pipelines.link.form_link`) broadcast over it."""
+    learner.call(SendsWeights.send_weights, rollout.peers(), version=version, full=full,
+                 bucket_mb=bucket_mb, link=link, ranks=[0]).wait()
+
+
+def send_state(rollout, state: Mapping[str, torch.Tensor], *, version: int,
                bucket_mb: float) -> None:
     """A whole state dict held by the driver (a checkpoint's weights, for evaluation) to every
-    rank of ``rollout``, in buckets as :func:`sync_groups` sends them."""
+    rank of ``rollout`` (:class:`ReceivesWeights` workers), in buckets as a learner sends them
+    (:func:`push_sync`, from the driver)."""
     cap = max(1, int(bucket_mb * 2**20))
     manifest = SyncManifest(list(state), cut_buckets(state, list(state), cap), full=True,
                             specs=tensor_specs(state, list(state)))
-    rollout.call(receiver.begin_weight_sync, manifest, version=version).wait()
-    for pieces in manifest.buckets:
-        rollout.call(receiver.receive_weight_bucket, make_bucket(state, pieces)).wait()
-    rollout.call(receiver.finish_weight_sync).wait()
+    push_sync(rollout.peers(), manifest, lambda i: make_bucket(state, manifest.buckets[i]),
+              version=version)

@@ -37,13 +37,13 @@ from m2flow.pipelines.fsdp import GatheredModel
 from m2flow.policies import PolicyConfig, make_policy
 from m2flow.runs.checkpoint import missing_weights
 from m2flow.runs.learner import Trainer
-from m2flow.runs.weights import SyncManifest, WeightBucket, WeightSender
+from m2flow.runs.weights import SendsWeights, WeightSender
 
 ADAM_EPS = 1e-5  # cleanRL's PPO value
 POLICY_METHODS = ("act", "evaluate_actions", "value")  # a sharded policy gathers around these
 
 
-class LearnerWorker(Worker):
+class LearnerWorker(SendsWeights, Worker):
     """Owns the trained policy, its ``Trainer`` (optimiser, fp32 masters) and the algorithm.
 
     ``algo_cfg`` is the config of algorithm ``algo_cfg.name`` (its registered config class).
@@ -79,7 +79,7 @@ class LearnerWorker(Worker):
         if self.trainer.sharded:
             self.gathered = GatheredModel(self.policy)
             self.gathered.gather()
-        # what the rollout copies were sent
+        # what the rollout copies were sent (SendsWeights: rank 0 sends the syncs)
         self.weights = WeightSender(self.gathered or self.policy)
         if not self.trainer.sharded:  # (FSDP's shards do not move with the context: offload)
             # Adam's moments appear at its first step; the context finds them in its state then
@@ -106,22 +106,6 @@ class LearnerWorker(Worker):
         if self.gathered is not None:
             return dict(self.gathered.state)
         return self.trainer.model_state_dict()
-
-    def prepare_weight_sync(self, *, full: bool, bucket_mb: float) -> SyncManifest:
-        """Plans a sync of the policy to the rollout copies: everything (``full``; the first
-        sync and the one after a load are full whatever is asked) or the trainable parameters
-        and the buffers changed since the last sync, in buckets of ``bucket_mb`` MB; the
-        buckets come from ``weight_bucket`` (see :mod:`m2flow.runs.weights`)."""
-        return self.weights.prepare(full=full, cap_bytes=max(1, int(bucket_mb * 2**20)))
-
-    def weight_bucket(self, *, index: int) -> WeightBucket:
-        """CPU copies of bucket ``index`` of the prepared sync."""
-        return self.weights.bucket(index)
-
-    def broadcast_weight_buckets(self, *, link: str) -> int:
-        """Broadcasts every bucket of the prepared sync over link ``link`` (to the rollout
-        ranks, which call ``RolloutWorker.receive_weight_broadcast``); the bytes sent."""
-        return self.weights.broadcast(self.link(link))
 
     def state_dict(self) -> Optional[dict]:
         """Weights, optimiser state and the algorithm's (``Algorithm.state_dict``: PPO's

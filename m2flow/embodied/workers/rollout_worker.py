@@ -9,17 +9,21 @@ import torch
 
 from m2flow import keys
 from m2flow.runs import seeding
-from m2flow.runs.weights import SyncManifest, WeightBucket, WeightReceiver
+from m2flow.runs.weights import ReceivesWeights, WeightReceiver
 from m2flow.pipelines import Channel, Worker
 from m2flow.policies import PolicyConfig, make_policy
 
 
-class RolloutWorker(Worker):
+class RolloutWorker(ReceivesWeights, Worker):
     """Holds an inference copy of the policy; serves the stages (env rank, stage) routed to it.
 
     Weights may arrive while it serves (learner overlap): a lock keeps each inference on one
-    set of weights, and every action records the version of the weights that chose it.
+    set of weights (``weight_lock``; a delta sync is staged and loaded at once, see
+    :class:`~m2flow.runs.weights.ReceivesWeights`), and every action records the version of the
+    weights that chose it.
     """
+
+    stage_delta_syncs = True
 
     def __init__(self, info, cfg: PolicyConfig, env_spec, *, seed: int,
                  channel_timeout: float = 600.0):
@@ -33,9 +37,8 @@ class RolloutWorker(Worker):
         self.timeout = channel_timeout
         self.version = 0
         self.receiver = WeightReceiver(self.policy)
-        self._next_version = 0
         self.served: Counter = Counter()  # requests answered per stage (env rank, stage)
-        self._lock = threading.Lock()
+        self.weight_lock = threading.Lock()
 
     def chunk(self) -> int:
         """Env steps per policy call (action chunks; 1 for single actions)."""
@@ -43,38 +46,11 @@ class RolloutWorker(Worker):
 
     def get_weights(self) -> dict:
         """CPU copies of the inference copy's weights (to compare with the learner's)."""
-        with self._lock:
+        with self.weight_lock:
             return {k: v.detach().to("cpu", copy=True) for k, v in self.policy.state_dict().items()}
 
-    def begin_weight_sync(self, manifest: SyncManifest, *, version: int) -> None:
-        """Announces a sync of ``manifest.keys`` (an unknown name, or a full sync missing one of
-        this policy's, is an error here). A delta sync is staged and loaded at once by
-        ``finish_weight_sync``, so an inference running meanwhile (learner overlap) sees one
-        set of weights; a full sync (at start, after a resume: nothing is being served) loads
-        each bucket as it arrives, so host memory holds one bucket at a time."""
-        with self.timer("weight_sync"):
-            self.receiver.begin(manifest.keys, full=manifest.full, stage=not manifest.full)
-            self._next_version = version
-
-    def receive_weight_bucket(self, bucket: WeightBucket) -> None:
-        """Loads (or stages) one bucket into the policy's own tensors: into host memory while
-        it is offloaded (the next onload carries them to the device)."""
-        with self.timer("weight_sync"), self._lock:
-            self.receiver.receive(bucket)
-
-    def receive_weight_broadcast(self, manifest: SyncManifest, *, link: str) -> None:
-        """Receives every bucket of ``manifest`` over link ``link`` (broadcast by learner rank 0,
-        ``LearnerWorker.broadcast_weight_buckets``) and loads (or stages) each as
-        ``receive_weight_bucket`` does; inference goes on while a bucket is in flight."""
-        with self.timer("weight_sync"):
-            self.receiver.receive_broadcast(self.link(link), manifest, lock=self._lock)
-
-    def finish_weight_sync(self) -> None:
-        """Loads the staged buckets; the policy is now the announced version. Raises if an
-        announced tensor did not arrive whole."""
-        with self.timer("weight_sync"), self._lock:
-            self.receiver.finish()
-            self.version = self._next_version
+    def weight_receiver(self) -> WeightReceiver:
+        return self.receiver
 
     def serve(
         self, obs_ch: Channel, act_ch: Channel, *, stage_keys: list, num_steps: int,
@@ -97,7 +73,7 @@ class RolloutWorker(Worker):
                 for key in mine:
                     with self.timer("wait"):
                         batch = obs_ch.get(key=key, timeout=self.timeout)
-                    with self.timer("infer"), torch.no_grad(), self._lock:
+                    with self.timer("infer"), torch.no_grad(), self.weight_lock:
                         out = self._act(batch.to(self.device), deterministic, one_env_at_a_time)
                         version = self.version
                     out = out.to("cpu")
