@@ -20,6 +20,7 @@ from m2flow.pipelines.errors import (
     failure_cause,
     mark_raised_by,
     oom_summary,
+    raised_by,
 )
 
 WAIT_SLICE_S = 0.2  # the driver looks for a stop request at least this often while it waits
@@ -188,6 +189,11 @@ def _result(fut, f: Futures, rank: int):
         cause = e.cause if isinstance(e.cause, BaseException) else None
         if cause is None:
             raise WorkerError(f"{where}: {e}") from None
+        if isinstance(cause, WorkerDied) and raised_by(cause) is None:
+            # the worker called a peer itself (weight sync's buckets) and saw it die: the
+            # death is the failure, named as such, not the call that waited on it
+            _note(cause, f"(seen by {where}, which was calling it)")
+            raise cause from None
         _note(cause, f"(raised by {where}; there:)\n{_remote_traceback(e)}")
         mark_raised_by(cause, where)
         raise cause from None

@@ -7,8 +7,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from m2flow.cli.train import main as train
-from m2flow.embodied.demos import maniskill as demos_mod
 from m2flow.runs import checkpoint
+from tests.planner_demos import logged, one_demo
 
 TINY = ["env.num_envs=2", "runner.eval_interval=0", "runner.eval_episodes=2",
         "runner.progress_bar=false", "policy.hidden_sizes=[64,64]"]
@@ -17,22 +17,7 @@ TINY = ["env.num_envs=2", "runner.eval_interval=0", "runner.eval_episodes=2",
 @pytest.fixture(scope="module")
 def pickcube_demos(tmp_path_factory):
     """One PickCube-v1 planner demonstration (state obs) written by m2flow-demos."""
-    out = tmp_path_factory.mktemp("demos") / "pick"
-    cfg = demos_mod.load_demos_config(overrides=[
-        "env=maniskill_pickcube", "env.obs_mode=state", "env.max_episode_steps=100",
-        "demos.episodes=1", "demos.max_tries=3", f"demos.output={out}"])
-    kept, _, spec = demos_mod.generate(cfg, log=lambda line: None)
-    assert kept, "the planner solved no episode"
-    h5_path, _ = demos_mod.save(demos_mod.output_stem(cfg), kept, cfg.env, spec)
-    return h5_path
-
-
-def logged(run_dir, tag):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
-    acc.Reload()
-    return [e.value for e in acc.Scalars(tag)]
+    return one_demo(tmp_path_factory.mktemp("demos"), ["env=maniskill_pickcube", "env.obs_mode=state"])
 
 
 def test_bc_flow_matching_on_pickcube_demos_lowers_its_loss(tmp_path, pickcube_demos):

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from m2flow.cli.train import main as train
-from m2flow.embodied.demos import maniskill as demos_mod
 from m2flow.runs import checkpoint
+from tests.planner_demos import logged, one_demo
 
 TINY = ["env.num_envs=2", "runner.eval_interval=0", "runner.eval_episodes=2",
         "runner.progress_bar=false", "env.max_episode_steps=16",
@@ -18,22 +18,7 @@ TINY = ["env.num_envs=2", "runner.eval_interval=0", "runner.eval_episodes=2",
 @pytest.fixture(scope="module")
 def pushcube_demos(tmp_path_factory):
     """One PushCube-v1 planner demonstration (64 px rgb + state) written by m2flow-demos."""
-    out = tmp_path_factory.mktemp("demos") / "push"
-    cfg = demos_mod.load_demos_config(overrides=[
-        "env=maniskill_pushcube_rgb", "env.max_episode_steps=100", "demos.episodes=1",
-        "demos.max_tries=3", f"demos.output={out}"])
-    kept, _, spec = demos_mod.generate(cfg, log=lambda line: None)
-    assert kept, "the planner solved no episode"
-    h5_path, _ = demos_mod.save(demos_mod.output_stem(cfg), kept, cfg.env, spec)
-    return h5_path
-
-
-def logged(run_dir, tag):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
-    acc.Reload()
-    return [e.value for e in acc.Scalars(tag)]
+    return one_demo(tmp_path_factory.mktemp("demos"), ["env=maniskill_pushcube_rgb"])
 
 
 def test_bc_flow_matching_on_a_pushcube_demo_lowers_its_loss(tmp_path, pushcube_demos):

@@ -326,7 +326,7 @@ def test_a_policy_class_without_a_device_argument_is_built_then_moved(monkeypatc
             super().__init__()
             self.head = torch.nn.Linear(env_spec.obs_shapes["state"][0], env_spec.action_dim)
 
-    monkeypatch.setattr(registry, "policy_class", lambda name: Legacy)
+    monkeypatch.setattr(registry.POLICIES, "require", lambda name: Legacy)
     p = registry.make_policy(PolicyConfig(name="legacy"), spec(), device="meta")
     assert p.head.weight.device.type == "meta"
 

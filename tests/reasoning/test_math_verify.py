@@ -65,5 +65,5 @@ def test_a_child_that_does_not_answer_is_replaced(caplog):
 def test_a_child_that_cannot_start_is_one_clear_error(monkeypatch):
     monkeypatch.setattr("sys.executable", "/bin/false")
     verifier = MathVerifier()
-    with pytest.raises(RuntimeError, match="pip install math-verify"):
+    with pytest.raises(RuntimeError, match=r"install math-verify \(pip install 'm2flow\[reasoning\]'\)"):
         verifier.score("\\boxed{4}", "4")
