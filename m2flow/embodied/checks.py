@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Optional
 
 from m2flow.configs import ConfigError
+from m2flow.embodied.algorithms.base import AlgorithmConfig
 from m2flow.embodied.config import TrainConfig
 from m2flow.runs.checks import (
     Rule,
@@ -123,6 +124,13 @@ def check_names(cfg: TrainConfig) -> None:
         raise ConfigError(f"config error: {e}") from None
 
 
+def update_samples(algo, collected: int) -> tuple[int, str]:
+    """``algo.update_samples(collected)``; a plugin's config that does not extend
+    AlgorithmConfig trains on what was collected."""
+    own = getattr(algo, "update_samples", None)
+    return own(collected) if own else AlgorithmConfig.update_samples(algo, collected)
+
+
 def check_config(cfg: TrainConfig, offloads: Optional[dict[str, list[str]]] = None) -> None:
     """Config errors that only show in combination, before any worker starts. ``offloads``:
     who offloads for whom in the run (``offloads_for``), when it has a learner."""
@@ -141,13 +149,13 @@ def check_config(cfg: TrainConfig, offloads: Optional[dict[str, list[str]]] = No
     _check_rollout_ranks(cfg)
     env = cfg.cluster.placement.components.get("env")
     env_workers = 1 if env is None else env.workers
-    samples = n * env_workers * cfg.runner.rollout_steps
+    samples, source = update_samples(cfg.algorithm, n * env_workers * cfg.runner.rollout_steps)
     minibatches = getattr(cfg.algorithm, "num_minibatches", 1)
     if minibatches > samples:
         raise field_error(
             "algorithm.num_minibatches", minibatches,
-            f"must be <= the {samples} samples of an iteration (env.num_envs x env workers x "
-            "runner.rollout_steps); lower it or collect more.")
+            f"must be <= the {samples} samples an update trains on ({source}); lower it or "
+            "raise that.")
     r = cfg.runner
     if r.stagger_episodes and r.reset_every_iteration:
         raise field_error("runner.stagger_episodes", True,
@@ -354,7 +362,7 @@ def memory_hint(cfg: TrainConfig) -> str:
     sims = "" if cfg.env.sim_backend == "gpu" else ": a simulator process each"
     per = f" per env worker, {workers} workers" if workers > 1 else ""
     algo = cfg.algorithm
-    samples = n * workers * cfg.runner.rollout_steps
+    samples, _ = update_samples(algo, n * workers * cfg.runner.rollout_steps)
     mini = samples // max(1, getattr(algo, "num_minibatches", 1))
     micro = getattr(algo, "micro_batch_size", None)
     now = (f"now {micro}" if micro else

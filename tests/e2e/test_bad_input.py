@@ -176,6 +176,10 @@ def case_table() -> list[tuple[str, str, list[str], str]]:
          "rollout.env_groups"),
         ("num_minibatches", TRAIN, ["algorithm.num_minibatches=100000"],
          "algorithm.num_minibatches"),
+        ("bc_num_minibatches", TRAIN, ["--config-name", "maniskill_pickcube_bc_mlp",
+                                       "algorithm.num_minibatches=1000"],
+         "algorithm.num_minibatches=1000: must be <= the 512 samples an update trains on "
+         "(algorithm.batch_size, drawn from the dataset)"),
         ("grpo_filters", TRAIN,
          ["algorithm=grpo", "algorithm.filter_low=0.8", "algorithm.filter_high=0.2"],
          "algorithm.filter_low"),
@@ -317,6 +321,22 @@ def test_console_script_exits_2_with_one_line_before_starting_anything(cid, all_
     assert fragment in lines[0], lines[0]
     assert proc.stdout == ""
     assert list(tmp_path.iterdir()) == [], "nothing may be written before the config is checked"
+
+
+def test_behaviour_clonings_minibatches_are_checked_against_its_dataset_batch_not_the_envs():
+    """BC's update draws ``algorithm.batch_size`` dataset rows; its env collection only logs,
+    so one env may feed 4 minibatches (refused before: 1 sample collected < 4)."""
+    from m2flow.cli.common import load_run_config
+    from m2flow.configs import ConfigError
+    from m2flow.embodied import checks as embodied_checks
+
+    cfg = load_run_config("maniskill_pickcube_bc_mlp", ["env.num_envs=1",
+                                                       "algorithm.num_minibatches=4"])
+    embodied_checks.check_config(cfg)
+    with pytest.raises(ConfigError, match="must be <= the 2 samples an update trains on "
+                                          r"\(env.num_envs x env workers x runner.rollout_steps"):
+        load_run_config("maniskill_pickcube_ppo_mlp", ["env.num_envs=1", "runner.rollout_steps=2",
+                                                       "algorithm.num_minibatches=4"])
 
 
 def test_the_checks_know_the_runners_components():

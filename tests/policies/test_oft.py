@@ -139,7 +139,7 @@ def test_forward_equals_openvla_ofts_predict_action_on_a_published_layout(oft_ch
         assert torch.equal(p.proprio.state_dict()[name], t)
     o = obs()
     with torch.no_grad():
-        logits, _ = p._forward(o)  # a padded batch: the two tasks' prompts differ in length
+        logits = p._forward(o)[0]  # a padded batch: the two tasks' prompts differ in length
         det = p.act(TensorDict({"obs": o}, batch_size=[3]), deterministic=True)
         sampled = p.act(TensorDict({"obs": o}, batch_size=[3]))
         for i in range(3):
@@ -382,3 +382,52 @@ def test_gradient_checkpointing_recomputes_layers_and_gives_the_same_gradients(n
         torch.testing.assert_close(grads[1][k], g, atol=1e-6, rtol=1e-4)
         # lora_B starts at zero, so only lora_B has a gradient at the first step
         assert (g.abs().sum() > 0) == (".lora_B." in k), k
+
+
+@pytest.mark.parametrize("name", ["openvla_oft", "openvla"])
+def test_state_aux_predicts_the_normalised_state_from_the_value_heads_input_and_needs_the_env(
+        name):
+    """``state_aux``: coef x the mean squared error of a linear head on the LM's state at the
+    last prompt token, against the running-normalised ("obs", "privileged") vector. Worked by
+    hand: with the head set to the value head (for every state dim), its prediction is the
+    value ``act`` reports, so the loss is coef x mean((value - z)^2) with z normalised here.
+    Its gradient alone reaches the vision tower; acting neither reads nor needs the state."""
+    from m2flow.envs import env_config
+
+    torch.manual_seed(0)
+    priv_spec = EnvSpec({"rgb": (32, 32, 3), "state": (8,), "task": (), "privileged": (11,)}, 7,
+                        (-1.0,) * 7, (1.0,) * 7, 10, tasks=TASKS)
+    kw = {**KW, "chunk": 1} if name == "openvla" else KW
+    p = make_policy(policy_config(name=name, **{**kw, "state_aux": 0.5}), priv_spec)
+    o = obs(4)
+    o["privileged"] = torch.randn(4, 11) * 3 + 1
+    batch = TensorDict({"obs": o}, batch_size=[4])
+    p.observe(batch)
+    with torch.no_grad():
+        p.state_aux.head.weight.copy_(p.value_head.weight.expand(11, -1))
+        p.state_aux.head.bias.fill_(p.value_head.bias.item())
+    acted = p.act(batch, deterministic=True)
+    x = o["privileged"]
+    z = ((x - x.mean(0)) / torch.sqrt(x.var(0, unbiased=False) + 1e-8)).clamp(-10, 10)
+    by_hand = 0.5 * ((acted["value"][:, None] - z) ** 2).mean(-1)
+    batch["action_tokens"] = acted["action_tokens"]
+    out = p.evaluate_actions(batch)
+    torch.testing.assert_close(out["aux_loss"], by_hand)
+    out["aux_loss"].sum().backward()
+    assert any(q.grad is not None and q.grad.abs().sum() > 0 for q in p.vlm.backbones.parameters())
+
+    plain = make_policy(policy_config(name=name, **kw), priv_spec)
+    plain.load_state_dict({k: v for k, v in p.state_dict().items()
+                           if not k.startswith("state_aux.")})
+    blind = TensorDict({"obs": obs(4)}, batch_size=[4])  # no "privileged" key at all
+    a, b = p.act(blind, deterministic=True), plain.act(blind, deterministic=True)
+    assert torch.equal(a["action_tokens"], b["action_tokens"])
+    torch.testing.assert_close(a["log_prob"], b["log_prob"])
+    assert "aux_loss" not in plain.evaluate_actions(batch).keys()
+
+    with pytest.raises(PolicyError, match="policy.state_aux=-1.0: must be >= 0"):
+        make_policy(policy_config(name=name, **{**kw, "state_aux": -1.0}), priv_spec)
+    with pytest.raises(PolicyError, match="policy.state_aux=0.5.*env.privileged_state=true"):
+        registry.policy_class(name).check_config(
+            policy_config(name=name, **{**kw, "state_aux": 0.5}),
+            env_config(name="ManiSkill/PushCube-v1", obs_mode="rgb"))

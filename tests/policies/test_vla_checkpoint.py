@@ -42,8 +42,8 @@ def test_published_layout_loads_and_the_logits_equal_the_originals(tmp_path):
     loaded = tiny(seed=1, checkpoint=str(tmp_path), unnorm_key="libero_spatial_no_noops")
     o = obs(b=2)
     tokens = torch.randint(0, 256, (2, 7))
-    a, _ = original._forward(o, tokens)
-    b, _ = loaded._forward(o, tokens)
+    a = original._forward(o, tokens)[0]
+    b = loaded._forward(o, tokens)[0]
     assert torch.equal(a, b)  # fp32, the same modules: identical
     # the checkpoint's dataset statistics un-normalise the actions
     out = loaded.act(TensorDict({"obs": o}, batch_size=[2]), deterministic=True)

@@ -71,6 +71,11 @@ class AlgorithmConfig:
     and optimiser state are fp32 either way. auto: bf16 when the policy's own parameters are
     bf16 (e.g. a VLA built with dtype bfloat16), else fp32."""
 
+    def update_samples(self, collected: int) -> tuple[int, str]:
+        """(the samples one update trains on, where that number comes from, for a config
+        error's line): by default those the iteration collected (``collected``)."""
+        return collected, "env.num_envs x env workers x runner.rollout_steps"
+
     def validate(self) -> None:
         """Raises AlgorithmError (a ValueError) naming the first field out of range."""
         check_field(self, "learning_rate", self.learning_rate > 0, "must be > 0.")

@@ -91,6 +91,11 @@ class BCConfig(AlgorithmConfig):
     Keeps a small image encoder from memorising a few thousand expert frames pixel by pixel
     (m2flow.embodied.algorithms.helpers.augment)."""
 
+    def update_samples(self, collected: int) -> tuple[int, str]:
+        """An update trains on ``batch_size`` dataset rows, whatever the env collected (the
+        collection only logs the cloned policy's success)."""
+        return self.batch_size, "algorithm.batch_size, drawn from the dataset"
+
     def validate(self) -> None:
         super().validate()
         check_field(self, "loss", self.loss in BC_LOSSES, f"use one of {', '.join(BC_LOSSES)}.")

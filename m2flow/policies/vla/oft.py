@@ -33,6 +33,7 @@ Outputs of ``act``: ``action`` (B, chunk, action_dim) float, in the env's units;
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -92,6 +93,14 @@ class OFTPolicyConfig(PolicyConfig):
     (``("obs", "privileged")``, env.privileged_state=true), so the policy knows the object
     poses without seeing them. Behaviour cloning with and without it tells whether the vision
     tower is what limits the policy."""
+    state_aux: float = 0.0
+    """> 0: an auxiliary loss in training, this coefficient x the mean squared error of a
+    linear head predicting the running-normalised simulator state (``("obs", "privileged")``,
+    env.privileged_state=true; a demos file recorded with it) from the LM's state at the last
+    prompt token, where the value head reads and the first action token is predicted. The
+    vision tower then learns where the objects are from a dense, supervised signal as well as
+    from the action tokens' (as ``policy.state_aux`` of the CNN); the policy still reads only
+    its images, proprio and prompt, and acting never calls the head. 0: off."""
     chunk: int = 8
     """Actions decoded per forward pass (openvla-oft's ``NUM_ACTIONS_CHUNK``: 8 for LIBERO;
     must be the checkpoint's)."""
@@ -166,6 +175,8 @@ def _check(o: OFTPolicyConfig) -> None:
     for name, allowed in choices.items():
         if getattr(o, name) not in allowed:
             raise PolicyError(f"policy.{name}={getattr(o, name)!r}: use one of {list(allowed)}.")
+    if not (o.state_aux >= 0 and math.isfinite(o.state_aux)):
+        raise PolicyError(f"policy.state_aux={o.state_aux}: must be >= 0 (0: off).")
     if o.critic not in CRITICS:
         raise PolicyError(f"policy.critic={o.critic!r}: use one of {list(CRITICS)} "
                           "('head': a value head on the LM; 'privileged': the simulator state).")
@@ -227,6 +238,9 @@ class OpenVLAOFTPolicy(Policy):
             critics.check_env(env_cfg, "policy.critic=privileged", "use policy.critic=head")
         if o.proprio_privileged:
             critics.check_env(env_cfg, "policy.proprio_privileged=true", "drop it")
+        if o.state_aux > 0:
+            critics.check_env(env_cfg, f"policy.state_aux={o.state_aux}",
+                              "set policy.state_aux=0")
         if o.checkpoint is not None:
             oft_checkpoint.check_options(o)
 
@@ -281,6 +295,9 @@ class OpenVLAOFTPolicy(Policy):
             self.critic = (critics.PrivilegedCritic(
                 critics.privileged_dim(shapes, "policy.critic=privileged"), PRIVILEGED_HIDDEN)
                 if privileged else None)
+            self.state_aux = (critics.StateAux(
+                h, critics.privileged_dim(shapes, f"policy.state_aux={o.state_aux}"),
+                o.state_aux) if o.state_aux > 0 else None)
         if self.proprio is not None and proprio_file is not None:
             self.proprio.load_state_dict(oft_checkpoint.load_proprio(proprio_file))
         ranges = hidden_state.ranges(o.proprio_hidden,
@@ -295,6 +312,8 @@ class OpenVLAOFTPolicy(Policy):
         if o.lora_rank > 0:
             self.vlm.add_lora(o.lora_rank, o.lora_alpha)
             self._freeze_all_but(o.trainable)
+            if self.state_aux is not None:  # new, and only a training signal: always trains
+                self.state_aux.requires_grad_(True)
         if o.gradient_checkpointing:
             self.vlm.checkpoint_layers()
         self._set_prompts(env_spec, o, device)
@@ -357,8 +376,10 @@ class OpenVLAOFTPolicy(Policy):
         )
 
     # -- the forward pass ------------------------------------------------------------------
-    def _forward(self, obs: TensorDict) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """(bin logits (B, Q, 256), value (B,) or None): the placeholders decoded at once."""
+    def _forward(self, obs: TensorDict
+                 ) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+        """(bin logits (B, Q, 256), value (B,) or None, the LM's state at the last prompt
+        token (B, h)): the placeholders decoded at once."""
         b, q = obs.batch_size[0], self.num_queries
         tail = self.queries.expand(b, -1, -1)
         if self.opts.stop_token:
@@ -372,7 +393,7 @@ class OpenVLAOFTPolicy(Policy):
         first = embeds.shape[1] - tail.shape[1] - 1
         hidden = hidden[:, first : first + q]  # (B, Q, h)
         logits = self.vlm.action_logits(hidden, self.actions.first_id, N_BINS).float()
-        return logits, self._value(obs, hidden[:, 0])
+        return logits, self._value(obs, hidden[:, 0]), hidden[:, 0]
 
     def _value(self, obs: TensorDict, hidden_last_prompt: torch.Tensor) -> Optional[torch.Tensor]:
         """The critic's (B,) values: the privileged critic's, the value head's on the last
@@ -474,7 +495,7 @@ class OpenVLAOFTPolicy(Policy):
     # -- Policy ----------------------------------------------------------------------------
     @torch.no_grad()
     def act(self, batch: TensorDict, deterministic: bool = False) -> TensorDict:
-        logits, value = self._forward(batch[keys.OBS])
+        logits, value, _ = self._forward(batch[keys.OBS])
         logp = self._log_probs(logits)
         bins = self._sample(logits, deterministic)
         tok_logp = logp.gather(-1, bins[..., None]).squeeze(-1)
@@ -488,18 +509,25 @@ class OpenVLAOFTPolicy(Policy):
         }, batch_size=[b])
 
     def evaluate_actions(self, batch: TensorDict) -> TensorDict:
-        logits, value = self._forward(batch[keys.OBS])
+        logits, value, features = self._forward(batch[keys.OBS])
         logp = self._log_probs(logits)
         bins = batch[keys.ACTION_TOKENS].long()
         tok_logp = logp.gather(-1, bins[..., None]).squeeze(-1)
         entropy = -(logp.exp() * logp).sum(-1)  # per token
         b = bins.shape[0]
-        return TensorDict({
+        out = TensorDict({
             keys.TOKEN_LOG_PROB: tok_logp,
             keys.LOG_PROB: tok_logp.sum(-1),
             keys.ENTROPY: entropy.mean(-1),
             keys.VALUE: value if value is not None else torch.zeros(b, device=bins.device),
         }, batch_size=[b])
+        return self._with_aux(out, batch[keys.OBS], features)
+
+    def _with_aux(self, out: TensorDict, obs: TensorDict, features: torch.Tensor) -> TensorDict:
+        """``out`` with ``policy.state_aux``'s per-sample loss on ``features`` (if it is on)."""
+        if self.state_aux is not None:
+            out[keys.AUX_LOSS] = self.state_aux.loss(obs, features.float())
+        return out
 
     def value(self, obs: TensorDict) -> torch.Tensor:
         if self.critic is not None:  # no LM forward for it
@@ -511,6 +539,8 @@ class OpenVLAOFTPolicy(Policy):
     def observe(self, batch: TensorDict) -> None:
         if self.critic is not None:
             self.critic.observe(batch)
+        if self.state_aux is not None:
+            self.state_aux.observe(batch)
 
 
 def weights_dtype(name: str, device="cpu") -> torch.dtype:

@@ -53,13 +53,14 @@ class OpenVLAPolicy(OpenVLAOFTPolicy):
         return hidden, self.vlm.action_logits(hidden, self.actions.first_id, N_BINS).float()
 
     def _forward(self, obs: TensorDict, bins: Optional[torch.Tensor] = None):
-        """Teacher-forced: logits (B, A, 256) of each of ``bins``' tokens, and the value."""
+        """Teacher-forced: logits (B, A, 256) of each of ``bins``' tokens, the value, and the
+        LM's state at the last prompt token (B, h)."""
         b, a = obs.batch_size[0], self.action_dim
         dev = self.vlm.projector.fc1.weight.device
         if bins is None:
             bins = torch.zeros(b, a, dtype=torch.long, device=dev)
         hidden, logits = self._step(obs, bins[:, : a - 1].to(dev), keep=a)
-        return logits, self._value(obs, hidden[:, 0])
+        return logits, self._value(obs, hidden[:, 0]), hidden[:, 0]
 
     @torch.no_grad()
     def act(self, batch: TensorDict, deterministic: bool = False) -> TensorDict:
@@ -85,7 +86,7 @@ class OpenVLAPolicy(OpenVLAOFTPolicy):
             logits = self.vlm.action_logits(hidden, self.actions.first_id, N_BINS).float()
             chosen.append(self._sample(logits[:, 0], deterministic))
         bins = torch.stack(chosen, dim=1)
-        logits, _ = self._forward(obs, bins)  # the same numbers the learner will compute
+        logits, _, _ = self._forward(obs, bins)  # the same numbers the learner will compute
         tok_logp = self._log_probs(logits).gather(-1, bins[..., None]).squeeze(-1)
         return TensorDict({
             keys.ACTION: self._to_actions(bins),
@@ -97,16 +98,16 @@ class OpenVLAPolicy(OpenVLAOFTPolicy):
 
     def evaluate_actions(self, batch: TensorDict) -> TensorDict:
         bins = batch[keys.ACTION_TOKENS].long()
-        logits, value = self._forward(batch[keys.OBS], bins)
+        logits, value, features = self._forward(batch[keys.OBS], bins)
         logp = self._log_probs(logits)
         tok_logp = logp.gather(-1, bins[..., None]).squeeze(-1)
         b = bins.shape[0]
-        return TensorDict({
+        return self._with_aux(TensorDict({
             keys.TOKEN_LOG_PROB: tok_logp,
             keys.LOG_PROB: tok_logp.sum(-1),
             keys.ENTROPY: -(logp.exp() * logp).sum(-1).mean(-1),
             keys.VALUE: value if value is not None else torch.zeros(b, device=bins.device),
-        }, batch_size=[b])
+        }, batch_size=[b]), batch[keys.OBS], features)
 
 
 def _check_chunk(chunk: int) -> None:
