@@ -18,6 +18,7 @@ import dataclasses
 import difflib
 import importlib
 import importlib.util
+import inspect
 import re
 from importlib.metadata import entry_points
 from typing import Callable, Optional, Union
@@ -113,10 +114,16 @@ class Registry:
             ) from e
 
     def require(self, name: str):
-        """``load(name)``, refused in one line (``self.error``) when a package its class's
-        ``requires`` (a :class:`Requires`) names is not installed; for a run that is about to
-        build it, not for reading its settings class."""
+        """``load(name)``, refused in one line (``self.error``) when its class leaves an
+        abstract method unimplemented or a package its class's ``requires`` (a
+        :class:`Requires`) names is not installed; for a run that is about to build it, not
+        for reading its settings class."""
         cls = self.load(name)
+        if inspect.isabstract(cls):  # a plugin written for an interface that has grown
+            missing = ", ".join(sorted(cls.__abstractmethods__))
+            raise self.error(
+                f"{self.kind} {name!r} ({cls.__module__}.{cls.__qualname__}) does not implement "
+                f"{missing}, which every {self.kind} must; see docs/extending.md.")
         requires = getattr(cls, "requires", None)
         if isinstance(requires, Requires):  # (a class of a plugin may use the name otherwise)
             requires.check(f"{self.kind} {name!r}", self.error)

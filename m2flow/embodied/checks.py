@@ -94,11 +94,16 @@ def check_names(cfg: TrainConfig) -> None:
     env's and the policy's settings are their classes' (a group file of another simulator,
     given another ``name``, is not), and their own ``check_config`` hooks (the policy's gets
     the env config too: the obs modes it can read)."""
+    from m2flow.embodied.algorithms import ALGORITHMS, AlgorithmError
     from m2flow.envs import EnvError
     from m2flow.envs.registry import ENVS
     from m2flow.policies import PolicyError
     from m2flow.policies.registry import POLICIES
 
+    try:
+        ALGORITHMS.require(cfg.algorithm.name)
+    except AlgorithmError as e:
+        raise ConfigError(f"config error: algorithm.name: {e}") from None
     try:
         cls = ENVS.require(cfg.env.name)
         ENVS.check_settings(cfg.env, cls, "env")

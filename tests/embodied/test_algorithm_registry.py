@@ -167,3 +167,31 @@ def test_algorithm_groups_compose_with_their_own_schema():
                         ["algorithm=grpo", "algorithm.gae_lambda=0.5"])
     bc = load_run_config("maniskill_pushcube_ppo_mlp", ["algorithm=bc", "algorithm.dataset=x.pt"])
     assert type(bc.algorithm).__name__ == "BCConfig" and bc.algorithm.loss == "nll"
+
+
+def test_a_plugin_algorithm_without_train_is_refused_at_start_up_in_one_line(registry):
+    """An algorithm written for the interface before it owned its update loop (``prepare`` and
+    ``loss``, no ``train``) is named, with what it lacks, by the start-up checks; before, the
+    learner worker died on Python's abstract-class TypeError after every worker had started."""
+    from m2flow.cli.common import load_run_config
+    from m2flow.configs import ConfigError
+    from m2flow.embodied.checks import check_names
+
+    class OldStyle(Algorithm):
+        config_class = ToyConfig
+
+        def prepare(self, policy, traj, *, iteration, staleness):
+            return traj, {}
+
+        def loss(self, policy, mb):
+            return TensorDict({}, batch_size=[])
+
+    register_algorithm("test/toy", OldStyle)
+    cfg = load_run_config("maniskill_pushcube_ppo_mlp", [])
+    cfg.algorithm = ToyConfig()
+    with pytest.raises(ConfigError, match=r"^config error: algorithm.name: algorithm 'test/toy' "
+                                          r"\(.*OldStyle\) does not implement train, which every "
+                                          r"algorithm must; see docs/extending.md\.$"):
+        check_names(cfg)
+    register_algorithm("test/toy", ToyAlgorithm, override=True)
+    check_names(cfg)  # a complete one passes
