@@ -22,6 +22,17 @@ class WorkerDied(WorkerError):
     on it times out): this is the failure to report."""
 
 
+class WorkerStalled(WorkerError):
+    """A worker made no progress for longer than its phase's limit without dying (stopped,
+    deadlocked, stuck in native code; :mod:`m2flow.pipelines.watchdog`): the message names the
+    worker itself (not one that waited on it), the seconds and the limit; ``worker`` is
+    ``"group[rank r]"``."""
+
+    def __init__(self, message: str, worker: str = ""):
+        super().__init__(message)
+        self.worker = worker
+
+
 class OutOfMemory(WorkerDied):
     """A worker was killed because its machine ran out of memory (Ray's memory monitor); the
     message names the worker and, where Ray said, the node's memory used and its limit."""

@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Optional, Sequence
 
+from m2flow.pipelines import watchdog
 from m2flow.pipelines.errors import (
     OutOfMemory,
     WorkerDied,
@@ -81,7 +82,10 @@ def gather(*futures: Futures, timeout: Optional[float] = None,
            stoppable: bool = True) -> list[list]:
     """Waits for several calls at once, raising the first failure as soon as it happens; a
     failure that a peer's death caused (a channel to it broke) gives way to that death if it
-    shows within ``DEATH_GRACE_S`` (Ray).
+    shows within ``DEATH_GRACE_S`` (Ray), and one that a stalled peer caused (a channel
+    timed out waiting on it) to that stall. While it waits, the installed watchdog
+    (:mod:`m2flow.pipelines.watchdog`) raises ``WorkerStalled`` for a worker that makes no
+    progress.
 
     Waiting on env and rollout together matters: if the env worker dies, the rollout worker
     would otherwise block on its channel and the run would hang instead of failing.
@@ -101,6 +105,8 @@ def gather(*futures: Futures, timeout: Optional[float] = None,
     if len(backends) > 1:
         raise ValueError("gather() takes calls of one backend at a time.")
     backend = backends.pop() if backends else "local"
+    watch = watchdog.current()
+    progress_at = time.monotonic()  # the wait's start, or its last call that finished
     while pending:
         if stoppable:
             check_stop(list(dict.fromkeys(f"{f.group}.{f.method}()"
@@ -108,6 +114,11 @@ def gather(*futures: Futures, timeout: Optional[float] = None,
         left = WAIT_SLICE_S if deadline is None else max(0.0, min(WAIT_SLICE_S,
                                                                   deadline - time.monotonic()))
         done = _wait_any(list(pending), left, backend)
+        if done:
+            progress_at = time.monotonic()
+        elif watch is not None:  # a stalled worker ends the wait (pipelines.watchdog)
+            watch.tick([f"{f.group}[rank {rank}] in {f.method}()"
+                        for _, _, rank, f in pending.values()], progress_at)
         if not done and deadline is not None and time.monotonic() >= deadline:
             _, _, rank, f = next(iter(pending.values()))
             raise WorkerError(
@@ -118,11 +129,13 @@ def gather(*futures: Futures, timeout: Optional[float] = None,
             try:
                 results[i][j] = _result(fut, f, rank)
             except Exception as e:
-                death = None if isinstance(e, WorkerDied) else _death_among(pending, backend)
-                if death is None:
+                cause = None
+                if not isinstance(e, WorkerDied):  # a peer that died or stopped caused it?
+                    cause = _death_among(pending, backend) or (watch and watch.behind())
+                if cause is None:
                     raise
-                _note(death, f"(and with it: {failure_cause(e)})")
-                raise death from None
+                _note(cause, f"(and with it: {failure_cause(e)})")
+                raise cause from None
     return results
 
 

@@ -36,6 +36,7 @@ from m2flow.pipelines.errors import PlacementError, WorkerError
 from m2flow.pipelines.futures import Futures, check_stop
 from m2flow.pipelines.placement import RankResources
 from m2flow.pipelines.timer import Timer
+from m2flow.pipelines.watchdog import WATCH_GROUP
 
 MAX_CONCURRENT_CALLS = 16  # a worker serves channel puts while its own loop runs
 SHUTDOWN_WAIT_S = 5.0  # in-process calls of a worker with close() get this long to end
@@ -131,6 +132,12 @@ class Worker:
         return self.timer.pop()
 
     def pid(self) -> int:
+        return os.getpid()
+
+    def _m2flow_alive(self) -> int:
+        """The driver's watchdog asks this about every second (:mod:`~m2flow.pipelines.
+        watchdog`); under Ray it runs in a concurrency group of its own, so a worker busy in
+        a long call answers at once, and one that answers nothing is stopped or stuck."""
         return os.getpid()
 
     def link(self, name: str) -> distributed.Link:
@@ -461,7 +468,8 @@ def _launch_ray_actor(cluster: Cluster, worker_cls: type, info: WorkerInfo, args
         # (bench/README.md#reasoning_memorysh).
         "MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX", "2"),
     }
-    actor_cls = ray.remote(worker_cls)
+    # the watchdog's question is answered on a thread of its own (pipelines.watchdog)
+    actor_cls = ray.remote(concurrency_groups={WATCH_GROUP: 1})(worker_cls)
     return actor_cls.options(
         # Resources are accounted by Placement, not by Ray's logical counts, so that
         # collocated components may share cores and GPUs.

@@ -111,6 +111,8 @@ RUNNER_BASE_RULES: list[Rule] = [
     ("runner.progress_interval_s", at_least(0),
      "give the seconds between progress lines of a long phase (0: every round)"),
     ("runner.channel_timeout_s", above(0), "give the seconds a worker may be silent (default 600)"),
+    ("runner.stall_timeout_s", optional(above(0), "limits from each phase's measured durations"),
+     "give the seconds a worker may make no progress, or null"),
 ]
 
 

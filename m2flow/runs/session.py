@@ -16,8 +16,9 @@ A runner (embodied, reasoning, or a new workload) opens a :class:`RunSession` an
   lines in the log;
 - Ctrl-C (or SIGTERM) that stops the run within seconds in any phase (``stop_on_ctrl_c``,
   ``stopped``);
-- a failure (a worker that died or raised, a channel that stopped delivering) as one line,
-  its traceback in the run's ``train.log`` (``failed``, :func:`run_failed`).
+- a failure (a worker that died or raised, a channel that stopped delivering, a worker that
+  stalled: :mod:`m2flow.pipelines.watchdog`, limited by ``runner.stall_timeout_s``) as one
+  line, its traceback in the run's ``train.log`` (``failed``, :func:`run_failed`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from m2flow.pipelines import (
 )
 from m2flow.pipelines.link import LinkGroup, form_link, weight_sync_transport
 from m2flow.pipelines.errors import OutOfMemory, failure_cause
+from m2flow.pipelines import watchdog
 from m2flow.pipelines.futures import Stopped, clear_stop, request_stop
 from m2flow.runs import checkpoint
 from m2flow.runs.logger import LOG_FILE, LogField, Progress, RunLogger, announce, log, terminal
@@ -67,8 +69,11 @@ class RunSession:
         self.best_metric = best_metric
         self.best_score: Optional[float] = None  # best_metric of best.pt
         self.logger: Optional[RunLogger] = None
+        # a worker that stops making progress ends the run (pipelines.watchdog)
+        self.watchdog = watchdog.Watchdog(cfg.runner.stall_timeout_s)
         self.cluster = Cluster(cfg.cluster)
         self.placement = Placement(cfg.cluster.placement, self.cluster.nodes)
+        watchdog.install(self.watchdog)
         self.groups: list[WorkerGroup] = []
         self.links: list[LinkGroup] = []
         self.switcher = ContextSwitcher({}, {})  # nobody takes turns until take_turns()
@@ -82,6 +87,7 @@ class RunSession:
         """Starts the ranks of component ``name`` (as placed) as workers of class ``cls``."""
         group = WorkerGroup(self.cluster, name, cls, self.placement.ranks(name), *args, **kwargs)
         self.groups.append(group)
+        self.watchdog.add(group)
         return group
 
     def weight_link(self, learner: WorkerGroup, rollout: WorkerGroup) -> Optional[str]:
@@ -181,6 +187,7 @@ class RunSession:
     @phase.setter
     def phase(self, value: str) -> None:
         _PHASE[0] = value
+        self.watchdog.enter(value)  # measures the phase left: its stall limit
 
     def stopped(self, exc: BaseException, iteration: int, *, start: int,
                 save: Callable[[], Any], learner: str = "learner", unit: str = "iterations",
@@ -236,6 +243,7 @@ class RunSession:
     def close(self) -> None:
         """Ends the workers (calls still running are abandoned) and the cluster."""
         _ENDING.set()  # a Ctrl-C now would leave processes behind (see stop_on_ctrl_c)
+        watchdog.uninstall(self.watchdog)  # (a stalled worker is ended with its group)
         for link in self.links:
             link.close()
         self.links = []

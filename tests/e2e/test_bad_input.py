@@ -143,6 +143,8 @@ def case_table() -> list[tuple[str, str, list[str], str]]:
          "runner.success_metric='success_end': must be one of success_once, success_at_end"),
         ("rollout_steps", TRAIN, ["runner.rollout_steps=0"], "runner.rollout_steps"),
         ("channel_timeout", TRAIN, ["runner.channel_timeout_s=0"], "runner.channel_timeout_s"),
+        ("stall_timeout", TRAIN, ["runner.stall_timeout_s=-5"],
+         "runner.stall_timeout_s=-5.0: must be > 0, or null"),
         ("image_size", TRAIN, ["env.image_size=0"], "env.image_size"),
         ("step_timeout", TRAIN, ["env.step_timeout_s=0"], "env.step_timeout_s"),
         ("visual_mesh_fraction", TRAIN, ["env.visual_mesh_fraction=0"],
