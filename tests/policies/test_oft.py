@@ -293,17 +293,30 @@ def test_proprio_privileged_feeds_the_simulator_state_to_the_proprio_token_and_n
             cfg, env_config(name="ManiSkill/PushCube-v1", obs_mode="rgb"))
 
 
-def test_patch_size_sets_the_tiny_vits_grid_and_is_refused_with_a_checkpoint(tmp_path):
-    """At 32 px, patch 8 gives 16 patch tokens per image where the name's patch 16 gives 4."""
+@pytest.mark.parametrize("key, value", [("patch_size", 8), ("vision_depth", 3)])
+def test_patch_size_and_depth_shape_the_tiny_vit_and_are_refused_with_a_checkpoint(tmp_path, key,
+                                                                                 value):
+    """At 32 px, patch 8 gives 16 patch tokens per image where the name's patch 16 gives 4;
+    vision_depth sets the blocks (vit_tiny_patch16_224 has 12), and the tokens are then the
+    output of the second-to-last block: block 1 of 3, worked here through timm's own blocks."""
     from m2flow.envs import env_config
 
-    assert tiny_policy().vlm.num_patches == 4
-    p = tiny_policy(patch_size=8)
-    assert p.vlm.num_patches == 16
-    assert p.vlm.image_tokens(obs(2)["rgb"][:, None]).shape[1] == 16
-    cfg = policy_config(name="openvla_oft", **{**KW, "patch_size": 8,
-                                                "checkpoint": str(tmp_path)})
-    with pytest.raises(PolicyError, match="policy.patch_size.*drop policy.patch_size"):
+    assert tiny_policy().vlm.num_patches == 4 and len(tiny_policy().vlm.backbones[0].blocks) == 12
+    p = tiny_policy(**{key: value})
+    if key == "patch_size":
+        assert p.vlm.num_patches == 16
+        assert p.vlm.image_tokens(obs(2)["rgb"][:, None]).shape[1] == 16
+    else:
+        bb = p.vlm.backbones[0]
+        assert len(bb.blocks) == 3
+        x = (obs(2)["rgb"].permute(0, 3, 1, 2).float() / 255 - p.vlm.mean0) / p.vlm.std0
+        h = bb.patch_drop(bb.pos_drop(bb._pos_embed(bb.patch_embed(x))))
+        h = bb.blocks[1](bb.blocks[0](bb.norm_pre(h)))[:, bb.num_prefix_tokens:]
+        torch.testing.assert_close(p.vlm.image_tokens(obs(2)["rgb"][:, None]), p.vlm.projector(h))
+        with pytest.raises(PolicyError, match="policy.vision_depth=1: must be >= 2"):
+            tiny_policy(vision_depth=1)
+    cfg = policy_config(name="openvla_oft", **{**KW, key: value, "checkpoint": str(tmp_path)})
+    with pytest.raises(PolicyError, match=f"policy.{key}.*drop policy.{key}"):
         registry.policy_class("openvla_oft").check_config(
             cfg, env_config(name="ManiSkill/PushCube-v1", obs_mode="rgb"))
 

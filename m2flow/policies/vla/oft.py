@@ -76,6 +76,9 @@ class OFTPolicyConfig(PolicyConfig):
     """The tiny ViT's patch size (None: the model name's, 16 for vit_tiny_patch16_224). At
     64 px, 16 gives a 4 x 4 grid of patches per image, 8 an 8 x 8 one (four times the image
     tokens)."""
+    vision_depth: Optional[int] = None
+    """The tiny ViT's number of blocks (None: the model name's, 12 for vit_tiny_patch16_224);
+    the image tokens are read after the second-to-last, as OpenVLA reads its towers'."""
     image_keys: List[str] = field(default_factory=lambda: ["rgb", "wrist_rgb"])
     """Image observations to read, in this order (those the env has): openvla-oft's
     ``num_images_in_input`` images (the published LIBERO RL checkpoints read one: [rgb])."""
@@ -175,6 +178,9 @@ def _check(o: OFTPolicyConfig) -> None:
     for name, allowed in choices.items():
         if getattr(o, name) not in allowed:
             raise PolicyError(f"policy.{name}={getattr(o, name)!r}: use one of {list(allowed)}.")
+    if o.vision_depth is not None and o.vision_depth < 2:
+        raise PolicyError(f"policy.vision_depth={o.vision_depth}: must be >= 2 (the image "
+                          "tokens are read after the second-to-last block).")
     if not (o.state_aux >= 0 and math.isfinite(o.state_aux)):
         raise PolicyError(f"policy.state_aux={o.state_aux}: must be >= 0 (0: off).")
     if o.critic not in CRITICS:
@@ -226,9 +232,10 @@ class OpenVLAOFTPolicy(Policy):
                 f"policy.hidden_size={o.hidden_size}: must be a multiple of "
                 f"policy.num_heads={o.num_heads}."
             )
-        if o.checkpoint is not None and o.patch_size is not None:
-            raise PolicyError("policy.patch_size is the tiny ViT's; a checkpoint brings its own "
-                              "vision tower: drop policy.patch_size.")
+        for key in ("patch_size", "vision_depth"):
+            if o.checkpoint is not None and getattr(o, key) is not None:
+                raise PolicyError(f"policy.{key} is the tiny ViT's; a checkpoint brings its "
+                                  f"own vision tower: drop policy.{key}.")
         if o.lora_rank < 0:
             raise PolicyError(f"policy.lora_rank={o.lora_rank}: must be >= 0 (0: no LoRA).")
         if o.lora_rank > 0:
@@ -273,9 +280,11 @@ class OpenVLAOFTPolicy(Policy):
         else:
             self.tokenizer = tiny_tokenizer(o.text_vocab)
             with torch.device(device):
-                patch = [{"patch_size": o.patch_size}] * len(o.vision) if o.patch_size else None
+                shape = {k: v for k, v in (("patch_size", o.patch_size),
+                                           ("depth", o.vision_depth)) if v is not None}
                 self.vlm = Prismatic(list(o.vision), o.image_size,
-                                     self._tiny_llm(len(self.tokenizer)), vision_kwargs=patch)
+                                     self._tiny_llm(len(self.tokenizer)),
+                                     vision_kwargs=[shape] * len(o.vision))
             self.vlm.to(dtype)
             use_proprio = o.use_proprio is not False
         self.use_proprio = use_proprio and "state" in shapes
