@@ -18,8 +18,6 @@ import pytest
 from tests.runs.test_ctrl_c import _tagged
 from tests.stderr import run_lines
 
-STOP_BOUND_S = 30.0  # generous on a loaded 2-core machine; the table in docs/results.md has figures
-
 
 def _start(tmp_path: Path, module: str, args: list[str]):
     tag = f"M2FLOW_STOP_TEST={tmp_path.name}"
@@ -42,19 +40,15 @@ def _wait_for(proc, path: Path, text: str, timeout: float = 240.0) -> None:
 
 
 def _stopped(proc, err: Path, tag: str, sig: int) -> str:
-    t0 = time.monotonic()
     if sig == signal.SIGINT:
         os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole group
     else:
         os.kill(proc.pid, sig)  # kill PID: the command alone
-    proc.wait(timeout=120)
-    seconds = time.monotonic() - t0
+    proc.wait(timeout=120)  # the seconds: docs/results.md's failure table, not asserted
     text = err.read_text()
     assert "Traceback" not in text, text
     lines = run_lines(text)
     assert proc.returncode == 128 + sig, (proc.returncode, lines)
-    assert seconds < STOP_BOUND_S, f"{seconds:.1f} s"
-    print(f"stopped by signal {sig} in {seconds:.1f} s")  # for the failure table (pytest -s)
     deadline = time.monotonic() + 10
     while (left := _tagged(tag)) and time.monotonic() < deadline:
         time.sleep(0.2)

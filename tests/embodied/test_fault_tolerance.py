@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 
 from tests import fakes
+from tests.failure_notes import note
 import numpy as np
 import pytest
 import torch
@@ -98,6 +99,8 @@ def rollout_with_fault(fault, iteration, step_timeout_s=300.0) -> Outcome:
                         raise result["error"] from None
                     assert time.monotonic() - start < 120, f"no obs for step {t}"
             waits.append(time.monotonic() - start)
+            if t == FAULT_AT + 1:
+                note("line", line="(none: the next step came, the env process replaced)")
             if t == FAULT_AT:
                 fault(pids[VICTIM])
             act = TensorDict({"action": torch.tensor(MOVE)}, batch_size=[2])
@@ -164,6 +167,7 @@ def test_an_env_process_killed_mid_rollout_is_replaced_and_its_episode_discarded
     # process must switch to task 3 as well
     out = rollout_with_fault(lambda pid: os.kill(pid, signal.SIGKILL), iteration=1)
     check_one_lost_episode(out, iteration=1)
+    note("kept", discarded=out.stats.discarded, restarts=out.restarts)
     assert out.waits[FAULT_AT + 1] < 60  # a dead process is noticed at once (restart: ~5 s)
 
 
@@ -174,6 +178,7 @@ def test_a_hung_env_process_is_killed_after_the_step_timeout_and_replaced():
     out = rollout_with_fault(lambda pid: os.kill(pid, signal.SIGSTOP), iteration=0,
                              step_timeout_s=timeout)
     check_one_lost_episode(out, iteration=0)
+    note("kept", discarded=out.stats.discarded, restarts=out.restarts)
     assert timeout <= out.waits[FAULT_AT + 1] < timeout + 60, out.waits
 
 

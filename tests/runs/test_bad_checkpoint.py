@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 
 import pytest
 
 import m2flow
 
 from m2flow.cli.train import main as train
+from tests.failure_notes import note
 
 COMMON = ["env=gym_pendulum", "cluster=inprocess", "env.num_envs=2", "runner.rollout_steps=8",
           "runner.eval_interval=0", "runner.eval_episodes=2", "runner.progress_bar=false"]
@@ -27,8 +29,11 @@ def run_dir(tmp_path_factory):
 
 def _refused(capsys, args, logs) -> str:
     before = set(logs.rglob("*"))
-    assert train([*COMMON, "runner.num_iterations=3", f"runner.log_dir={logs}", *args]) == 2
+    start = time.time()  # for the failure table (bench/failure_timings.py); not asserted
+    code = train([*COMMON, "runner.num_iterations=3", f"runner.log_dir={logs}", *args])
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    note("line", line=err[-1] if err else "", code=code, start=start)
+    assert code == 2, err
     assert len(err) == 1, err
     assert set(logs.rglob("*")) == before  # no run directory written: nothing started
     return err[0]

@@ -15,6 +15,7 @@ import torch
 
 from m2flow.cli.train import main as train
 from m2flow.runs import checkpoint
+from tests.failure_notes import note
 
 COMMON = ["env=gym_pendulum", "cluster=inprocess", "env.num_envs=2", "runner.rollout_steps=8",
           "runner.eval_interval=0", "runner.eval_episodes=2", "runner.progress_bar=false",
@@ -36,6 +37,7 @@ class FillingFile(io.RawIOBase):
         self.f.write(bytes(b[:fit]))
         self.room -= fit
         if fit < len(b):
+            note("injected", what="ENOSPC on a checkpoint write")
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return fit
 
@@ -82,8 +84,10 @@ def test_a_full_disk_ends_the_run_in_one_line_and_the_last_checkpoint_resumes(
         tmp_path, monkeypatch, capsys):
     logs = tmp_path / "runs"
     fill_disk_after(monkeypatch, saves_ok=1)  # iteration 1's checkpoint fits, 2's does not
-    assert train([*COMMON, "runner.num_iterations=3", f"runner.log_dir={logs}"]) == 1
+    code = train([*COMMON, "runner.num_iterations=3", f"runner.log_dir={logs}"])
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    note("line", line=err[-1] if err else "", code=code)
+    assert code == 1, err
     assert len(err) == 1, err
     folder = next(logs.glob("*/*/checkpoints"))
     line = err[0]
@@ -95,3 +99,4 @@ def test_a_full_disk_ends_the_run_in_one_line_and_the_last_checkpoint_resumes(
     monkeypatch.undo()
     assert train([*COMMON, "runner.num_iterations=3", f"runner.log_dir={logs}",
                   f"resume={folder / 'last.pt'}"]) == 0
+    note("kept", resumed="from last.pt to the end, exit 0")
