@@ -444,3 +444,25 @@ def test_state_aux_predicts_the_normalised_state_from_the_value_heads_input_and_
         registry.policy_class(name).check_config(
             policy_config(name=name, **{**kw, "state_aux": 0.5}),
             env_config(name="ManiSkill/PushCube-v1", obs_mode="rgb"))
+
+
+def test_image_positions_add_a_learned_embedding_to_each_image_token():
+    """Zero at the start (the policy acts as without it); then each image token's input to
+    the LM is its projected patch plus its own row, worked here from the parts."""
+    torch.manual_seed(0)
+    p = tiny_policy(image_positions=True)
+    plain = tiny_policy()
+    plain.load_state_dict({k: v for k, v in p.state_dict().items() if k != "image_pos"})
+    o = TensorDict({"obs": obs(3)}, batch_size=[3])
+    torch.testing.assert_close(p.act(o, deterministic=True)["log_prob"],
+                               plain.act(o, deterministic=True)["log_prob"])
+    with torch.no_grad():
+        p.image_pos.normal_()
+    embeds = p._sequence(o["obs"], p.queries[:0].expand(3, -1, -1), bidirectional_tail=False)[0]
+    patches = p.vlm.image_tokens(p._images(o["obs"]))
+    n = patches.shape[1]
+    # row 1 has the longer prompt, so no padding moved before its <s>, then its images
+    torch.testing.assert_close(embeds[1, 1:1 + n], patches[1] + p.image_pos)
+    assert p.image_pos.requires_grad
+    assert not torch.allclose(p.act(o, deterministic=True)["log_prob"],
+                              plain.act(o, deterministic=True)["log_prob"])

@@ -79,6 +79,11 @@ class OFTPolicyConfig(PolicyConfig):
     vision_depth: Optional[int] = None
     """The tiny ViT's number of blocks (None: the model name's, 12 for vit_tiny_patch16_224);
     the image tokens are read after the second-to-last, as OpenVLA reads its towers'."""
+    image_positions: bool = False
+    """Add a learned embedding per image token (starting at zero) to the projected patches,
+    so the LM reads where in the image each token is from the token itself and not only
+    from the tower's own position embedding and the LM's rotary positions (not in OpenVLA's
+    layout; always trains)."""
     image_keys: List[str] = field(default_factory=lambda: ["rgb", "wrist_rgb"])
     """Image observations to read, in this order (those the env has): openvla-oft's
     ``num_images_in_input`` images (the published LIBERO RL checkpoints read one: [rgb])."""
@@ -304,6 +309,8 @@ class OpenVLAOFTPolicy(Policy):
             self.critic = (critics.PrivilegedCritic(
                 critics.privileged_dim(shapes, "policy.critic=privileged"), PRIVILEGED_HIDDEN)
                 if privileged else None)
+            self.image_pos = (nn.Parameter(torch.zeros(
+                len(self.image_keys) * self.vlm.num_patches, h)) if o.image_positions else None)
             self.state_aux = (critics.StateAux(
                 h, critics.privileged_dim(shapes, f"policy.state_aux={o.state_aux}"),
                 o.state_aux) if o.state_aux > 0 else None)
@@ -321,8 +328,9 @@ class OpenVLAOFTPolicy(Policy):
         if o.lora_rank > 0:
             self.vlm.add_lora(o.lora_rank, o.lora_alpha)
             self._freeze_all_but(o.trainable)
-            if self.state_aux is not None:  # new, and only a training signal: always trains
-                self.state_aux.requires_grad_(True)
+            for new in (self.state_aux, self.image_pos):  # not a checkpoint's: always train
+                if new is not None:
+                    new.requires_grad_(True)
         if o.gradient_checkpointing:
             self.vlm.checkpoint_layers()
         self._set_prompts(env_spec, o, device)
@@ -455,7 +463,10 @@ class OpenVLAOFTPolicy(Policy):
         task = obs.get(keys.leaf(keys.TASK), None)
         task = torch.zeros(b, dtype=torch.long, device=dev) if task is None else task.long().to(dev)
         bos = self.vlm.embed_tokens(torch.full((b, 1), self.tokenizer.bos_token_id, device=dev))
-        parts = [bos, self.vlm.image_tokens(images.to(dev)).to(bos.dtype)]
+        patches = self.vlm.image_tokens(images.to(dev))
+        if self.image_pos is not None:
+            patches = patches + self.image_pos
+        parts = [bos, patches.to(bos.dtype)]
         if self.proprio is not None:
             parts.append(self.proprio(self._state(obs, dev))[:, None].to(bos.dtype))
         n_prefix = sum(p.shape[1] for p in parts)
