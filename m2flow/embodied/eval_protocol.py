@@ -17,6 +17,10 @@ success_once).
 Each figure comes twice, as ManiSkill's evaluation reports it: ``success_once`` (the goal
 held at some step of the episode) and ``success_at_end`` (at its last step); an episode
 still running when its round ends fails by both.
+
+A first Ctrl-C or SIGTERM (``runs.session.stop_on_ctrl_c``) abandons the round in flight; the
+report then holds the rounds completed before it, says so (``interrupted``) and is written as
+a partial report, so an evaluation of hours stopped near its end keeps what it measured.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from m2flow.pipelines.futures import Stopped
 from m2flow.runs import seeding
 from m2flow.embodied.workers.env_eval import EvalRound
 from m2flow.embodied.workers.episodes import EvalEpisode
@@ -115,7 +120,9 @@ def run_protocol(runner, cfg, progress: bool = True) -> dict:
 
     After each round, the episodes done of the total, the success so far and (multi-task
     envs) the task reached show in a bar on a terminal (``progress``, and
-    ``runner.progress_bar``), else as a line every ``runner.progress_interval_s`` seconds."""
+    ``runner.progress_bar``), else as a line every ``runner.progress_interval_s`` seconds.
+    A stop requested meanwhile (``Stopped``: Ctrl-C, SIGTERM) ends it after the rounds
+    completed: the report's ``interrupted`` is then True, its ``episodes_asked`` the total."""
     spec = runner.spec
     ev = cfg.eval
     tasks = list(spec.tasks)
@@ -138,13 +145,18 @@ def run_protocol(runner, cfg, progress: bool = True) -> dict:
     total = len(names) * per_task
     bar = runner.session.progress(f"eval {cfg.env.name}", total, bar=progress)
     t0 = time.perf_counter()
+    interrupted = False
     for rnd in rounds:
         per_rank = [
             EvalRound(seeds=[s.seed for s in row], tasks=[s.task for s in row] if multi else None,
                       max_steps=max_steps, video=[s.video for s in row])
             for row in rnd
         ]
-        episodes = runner.eval_round(per_rank, deterministic=ev.deterministic)
+        try:
+            episodes = runner.eval_round(per_rank, deterministic=ev.deterministic)
+        except Stopped:  # the round in flight is abandoned; the rounds before it are kept
+            interrupted = True
+            break
         for row, eps in zip(rnd, episodes):
             for slot, ep in zip(row, eps):
                 if slot.episode is None:
@@ -181,6 +193,8 @@ def run_protocol(runner, cfg, progress: bool = True) -> dict:
         "mean_success_once": sum(r["success_once"] for r in counted) / max(1, len(counted)),
         "mean_success_at_end": sum(r["success_at_end"] for r in counted) / max(1, len(counted)),
         "episodes": sum(r.episodes for r in results),
+        "episodes_asked": total,
+        "interrupted": interrupted,
         "discarded": sum(r.discarded for r in results),
         "wall_s": time.perf_counter() - t0,
         "per_episode": sorted(per_episode, key=lambda e: (e["task"], e["episode"])),
@@ -215,6 +229,9 @@ def markdown(report: dict) -> str:
         f"{'mean' if report['deterministic'] else 'sampled'} actions; "
         f"{report['discarded']} episodes discarded (simulator restarts)",
         "",
+        *([f"**Interrupted** (Ctrl-C or SIGTERM) after {report['episodes']} of "
+           f"{report['episodes_asked']} episodes: a partial report.", ""]
+          if report.get("interrupted") else []),
         "| task | instruction | success_once | success_at_end | episodes | mean length |",
         "|---:|---|---:|---:|---:|---:|",
     ]

@@ -92,9 +92,13 @@ def train(cfg: TrainConfig) -> int:
 
 
 def evaluate(cfg: TrainConfig, state: Optional[dict]) -> int:
-    """N episodes per task (the eval protocol), a report and videos."""
+    """N episodes per task (the eval protocol), a report and videos. Stopped by Ctrl-C or
+    SIGTERM (``run_protocol``'s ``interrupted``), it writes the episodes of the rounds it
+    completed as a partial report (none: no report) and raises ``EvalInterrupted``, whose
+    line says how many episodes of how many it kept and where."""
     from m2flow.embodied.eval_protocol import run_protocol, write_report
     from m2flow.embodied.runner import EmbodiedRunner
+    from m2flow.runs.session import EvalInterrupted
 
     runner = EmbodiedRunner(cfg, train=False)
     try:
@@ -104,6 +108,11 @@ def evaluate(cfg: TrainConfig, state: Optional[dict]) -> int:
     finally:
         runner.close()
     out_dir = _eval_dir(cfg)
+    if report["interrupted"]:
+        if report["per_episode"]:
+            write_report(report, out_dir)
+        raise EvalInterrupted(report["episodes"], report["episodes_asked"],
+                              out_dir if report["per_episode"] else None)
     paths = write_report(report, out_dir)
     print(paths["markdown"].read_text())
     print(f"eval: mean success_once {report['mean_success_once']:.3f} success_at_end "

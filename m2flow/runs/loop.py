@@ -20,18 +20,29 @@ the order, which is the same for both:
 what the learner holds, what a checkpoint is numbered by and what a resumed run starts from.
 A first Ctrl-C saves the last completed iteration and ends the run with one line saying how to
 resume (``RunSession.stopped``); an error ends it with one line naming the worker and the cause
-(``RunSession.failed``, the traceback in the run's ``train.log``).
+(``RunSession.failed``, the traceback in the run's ``train.log``). An error that leaves the
+learner alive and idle (another worker died or stalled during collection, weight sync or
+evaluation) first saves the last completed iteration too, within a bound
+(:meth:`RunLoop.save_on_failure`), so a failure loses no more than Ctrl-C would.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+from m2flow.pipelines.errors import failure_cause
 from m2flow.pipelines.futures import Stopped
+from m2flow.runs import checkpoint
 from m2flow.runs.logger import LogField, RunLogger
 from m2flow.runs.session import RunSession
+
+FAILURE_SAVE_MIN_S = 20.0
+"""The least time a save after a failure gets (``RunLoop.save_on_failure``); more when this
+run's own saves took longer (``FAILURE_SAVE_FACTOR`` times the longest)."""
+FAILURE_SAVE_FACTOR = 3.0
 
 
 class RunLoop:
@@ -45,6 +56,12 @@ class RunLoop:
     """What an iteration is called in the end line (reasoning: its GRPO "steps")."""
     checkpoint_prefix = "iter"
     """Checkpoint file names: ``<prefix>_<iteration>.pt``."""
+    learner_group = "learner"
+    """The worker group whose state a checkpoint holds (a failure it caused saves nothing)."""
+    learner_idle_phases: Sequence[str] = ("collection", "generation", "weight sync", "evaluation")
+    """Phases (``RunSession.phase``) past ``iterate``'s update: no learner update is in flight,
+    and the learner holds exactly ``self.iteration``'s state (weight sync only reads it)."""
+    _longest_save_s = 0.0
     log_fields: Sequence[LogField] = ()
     bar_fields: Sequence[LogField] = ()
     cfg: object
@@ -116,8 +133,52 @@ class RunLoop:
 
     def save(self, metrics: Optional[dict] = None) -> Path:
         """A checkpoint of the iterations done, named by ``checkpoint_prefix``."""
-        return self.session.save(self.iteration, self.checkpoint_state(), metrics,
+        t0 = time.monotonic()
+        path = self.session.save(self.iteration, self.checkpoint_state(), metrics,
                                  prefix=self.checkpoint_prefix)
+        self._longest_save_s = max(self._longest_save_s, time.monotonic() - t0)
+        return path
+
+    def save_on_failure(self, exc: BaseException, start: int) -> None:
+        """After the error ``exc`` ended the loop: saves the last completed iteration, as a
+        first Ctrl-C does, when it has no checkpoint yet, the run got past ``start``, the
+        error struck in one of ``learner_idle_phases`` (not mid-update: the learner's state
+        would be half of the next iteration), the error is not the learner's own (its death,
+        stall or exception) and not a checkpoint write that failed (a full disk).
+
+        The save (the learner's state fetched, then written by ``checkpoint.save``:
+        atomically, never half a file) runs in a thread the driver waits on for
+        ``FAILURE_SAVE_MIN_S``, or ``FAILURE_SAVE_FACTOR`` times this run's longest save if
+        longer: a learner that answers nothing (stalled too, or blocked behind a weight sync
+        to a dead peer) or a disk that hangs leaves the last checkpoint on disk the one to
+        resume from, as before. A save given up before it writes writes nothing later (a
+        write under way when given up is atomic: its file appears whole, or not at all). A
+        second Ctrl-C meanwhile gives it up too. The session's ``last_checkpoint`` names the
+        newer checkpoint once it is written."""
+        if (self.iteration <= start or self.session.saved_iteration == self.iteration
+                or self.session.phase not in self.learner_idle_phases
+                or isinstance(exc, checkpoint.CheckpointWriteError)
+                or f"worker {self.learner_group}[" in failure_cause(exc)):
+            return
+        given_up = threading.Event()
+
+        def save() -> None:
+            try:
+                state = self.checkpoint_state()
+                if not given_up.is_set():
+                    t0 = time.monotonic()
+                    self.session.save(self.iteration, state, prefix=self.checkpoint_prefix)
+                    self._longest_save_s = max(self._longest_save_s, time.monotonic() - t0)
+            except BaseException:  # the learner (or the disk) failed too: the last one stays
+                pass
+
+        thread = threading.Thread(target=save, name="m2flow-save-on-failure", daemon=True)
+        thread.start()
+        try:
+            thread.join(max(FAILURE_SAVE_MIN_S, FAILURE_SAVE_FACTOR * self._longest_save_s))
+        except KeyboardInterrupt:  # a second Ctrl-C: the last checkpoint stays
+            pass
+        given_up.set()
 
     def train(self) -> dict:
         """Iterates to ``total()``, or until a stop reason or the budget; returns a summary:
@@ -160,6 +221,7 @@ class RunLoop:
                                        unit=self.unit, resumed_from=cfg.resume) from None
         except Exception as e:  # a worker died or raised, a channel stopped: one line
             self.abandon()
+            self.save_on_failure(e, start)
             raise self.session.failed(e, self.iteration, hint=self.memory_hint(),
                                       unit=self.unit, resumed_from=cfg.resume) from e
         finally:

@@ -274,6 +274,22 @@ class RunInterrupted(Exception):
                          f"{self.note}", self.checkpoint, command)
 
 
+class EvalInterrupted(RunInterrupted):
+    """An evaluation (``m2flow-eval``) ended by Ctrl-C or SIGTERM: the episodes it counted of
+    those asked, and the folder of the partial report holding them (None: none was written)."""
+
+    def __init__(self, episodes: int, asked: int, report: Optional[Path]):
+        super().__init__(episodes, None, "evaluation", f"of {asked} episodes")
+        self.report = report
+
+    def describe(self, command: Optional[Callable[[Optional[Path]], str]] = None) -> str:
+        """``interrupted during evaluation after 6 of 2000 episodes; partial report in
+        eval/<time>.`` (or ``; no report was written.``)."""
+        kept = (f"partial report in {self.report}" if self.report is not None
+                else "no report was written")
+        return f"interrupted during {self.phase} after {self.iteration} {self.unit}; {kept}."
+
+
 class RunFailed(RuntimeError):
     """A run ended by an error: a worker that died (killed or crashed), a channel that stopped
     delivering, an exception raised in a worker (or in the driver). ``cause`` names the worker,

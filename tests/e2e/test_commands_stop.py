@@ -1,10 +1,11 @@
-"""``m2flow-demos`` and ``m2flow-plan`` stop on Ctrl-C and on SIGTERM as ``m2flow-train`` does
-(tests/runs/test_ctrl_c.py): one line on stderr saying where, no traceback, exit code 130 or
-143, no process left behind. The demos kept before the stop are written, and load. Real
-ManiSkill, real Ray."""
+"""``m2flow-demos``, ``m2flow-plan`` and ``m2flow-eval`` stop on Ctrl-C and on SIGTERM as
+``m2flow-train`` does (tests/runs/test_ctrl_c.py): one line on stderr saying where, no
+traceback, exit code 130 or 143, no process left behind. The demos kept before the stop are
+written, and load; so are the evaluated episodes. Real ManiSkill, real Ray."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 import h5py
 import pytest
 
+from m2flow.runs import seeding
 from tests.runs.test_ctrl_c import _tagged
 from tests.stderr import run_lines
 
@@ -78,3 +80,28 @@ def test_plan_stops_in_one_line_while_it_measures(tmp_path, sig=signal.SIGTERM):
     line = _stopped(proc, err, tag, sig)
     assert line == "m2flow-plan: interrupted; no plan written.", line
     assert not (tmp_path / "plans").exists() or not list((tmp_path / "plans").iterdir())
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)],
+                         ids=["sigterm", "ctrl_c"])
+def test_eval_stops_in_one_line_and_writes_the_episodes_it_counted(tmp_path, sig):
+    """2000 episodes of the MLP's initial weights, 2 at a time; stopped after the first rounds,
+    the report holds exactly the episodes the line counts: episodes 0..n-1, each from its own
+    seed (the seeds a full evaluation gives them), marked as a partial report."""
+    proc, out, err, tag = _start(tmp_path, "eval", [
+        "env=maniskill_pushcube", "policy=mlp", "episodes=2000", "env.num_envs=2",
+        "runner.progress_bar=false", "runner.progress_interval_s=0"])
+    _wait_for(proc, out, "eval ManiSkill/PushCube-v1: 4/2000 ep")
+    line = _stopped(proc, err, tag, sig)
+    head, _, kept = line.partition(" of 2000 episodes; partial report in ")
+    assert head.startswith("m2flow-eval: interrupted during evaluation after ") and kept, line
+    done = int(head.rsplit(" ", 1)[1])
+    assert done >= 4 and kept.endswith("."), line
+    report = json.loads((tmp_path / kept[:-1] / "results.json").read_text())
+    assert report["interrupted"] and report["episodes_asked"] == 2000
+    assert report["episodes"] == done
+    episodes = report["per_episode"]
+    assert [e["episode"] for e in episodes] == list(range(len(episodes)))
+    assert len([e for e in episodes if not e["discarded"]]) == done
+    assert [e["seed"] for e in episodes] == seeding.eval_seeds(0, len(episodes))
+    assert "**Interrupted**" in (tmp_path / kept[:-1] / "results.md").read_text()

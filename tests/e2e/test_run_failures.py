@@ -19,6 +19,10 @@ import time
 import uuid
 from pathlib import Path
 
+import psutil
+import pytest
+import torch
+
 from m2flow.runs import checkpoint
 from tests.stderr import run_lines
 
@@ -27,6 +31,8 @@ TINY = ["env.num_envs=2", "runner.rollout_steps=8", "runner.eval_interval=0",
         "runner.checkpoint_interval=1", "runner.stop_at_success=null", "seed=0"]
 PLUGIN = Path(__file__).parents[1] / "fault_plugin"
 GONE_BOUND_S = 10.0  # Ray's daemons and the simulator processes end this soon after the driver
+BUSY_CPU_S = 0.02  # CPU seconds per BUSY_WINDOW_S of a worker that computes
+BUSY_WINDOW_S = 0.25
 
 
 class Run:
@@ -84,6 +90,17 @@ class Run:
         return [cmd[:200] for _, cmd in left.values()]
 
 
+def wait_until_busy(pid: int, timeout: float = 120.0) -> None:
+    """Returns once ``pid`` used the CPU in two windows in a row (it is computing)."""
+    proc, in_a_row = psutil.Process(pid), 0
+    deadline = time.monotonic() + timeout
+    while in_a_row < 2:
+        assert time.monotonic() < deadline, f"pid {pid} never got busy"
+        t0 = sum(proc.cpu_times()[:2])
+        time.sleep(BUSY_WINDOW_S)
+        in_a_row = in_a_row + 1 if sum(proc.cpu_times()[:2]) - t0 > BUSY_CPU_S else 0
+
+
 def check_resume(line: str, run: Run) -> Path:
     """The line's checkpoint (loadable) and its resume command (the run's own, resumed)."""
     saved = line.split("; checkpoint ")[1].split("; resume with: ")[0]
@@ -119,15 +136,74 @@ def test_a_rollout_worker_killed_mid_run_ends_the_run_with_one_line(tmp_path):
     assert run.processes_left() == []
 
 
-def test_an_exception_in_a_learner_step_ends_the_run_with_one_line(tmp_path):
+def test_a_rollout_worker_killed_while_the_learner_learns_keeps_the_learners_iteration(tmp_path):
+    """The rollout worker killed during iteration 2's update (of many epochs: the learner
+    computes for most of each iteration), after iteration 1's checkpoint: the learner finishes
+    the update unharmed and the weight sync that follows finds the rollout dead. The learner,
+    alive and idle, holds iteration 2: the failure saves it, as a first Ctrl-C would, and the
+    line names that checkpoint, not iteration 1's (which the run would otherwise resume from,
+    losing an iteration)."""
+    run = Run(tmp_path, TINY + ["runner.num_iterations=1000", "algorithm.update_epochs=300",
+                                "algorithm.target_kl=null"])
+    run.wait_for_checkpoint("iter_00001.pt")
+    (learner,) = run.processes("ray::LearnerWorker")
+    (pid,) = run.processes("ray::RolloutWorker")
+    wait_until_busy(learner)  # iteration 2's update (iteration 1's ended with its checkpoint)
+    assert not list(run.runs.rglob("iter_00002.pt"))
+    os.kill(pid, signal.SIGKILL)
+    line = run.end_line()
+    assert re.match(r"m2flow-train: failed during weight sync after 2 iterations: worker "
+                    rf"rollout\[rank 0\] in \w+\(\): the worker's process died \(pid {pid}\)",
+                    line), line
+    saved = check_resume(line, run)
+    assert saved.name == "iter_00002.pt", line
+    state, first = checkpoint.load(saved), checkpoint.load(saved.with_name("iter_00001.pt"))
+    assert state["iteration"] == 2 and state["global_step"] == 2 * first["global_step"]
+    changed = [k for k, v in state["learner"]["policy"].items()
+               if not torch.equal(v, first["learner"]["policy"][k])]
+    assert changed, "iteration 2's checkpoint holds iteration 1's weights"
+    assert run.processes_left() == []
+
+
+def with_fault_plugin(tmp_path: Path) -> dict:
+    """The environment in which a run finds the algorithms of ``tests/fault_plugin``
+    (pip-installed into ``tmp_path``)."""
     site, src = tmp_path / "site", tmp_path / "plugin"
     # a copy: the build's files stay out of the repository
     shutil.copytree(PLUGIN, src, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
                     "--no-build-isolation", "--target", str(site), str(src)],
                    check=True, capture_output=True, text=True)
+    return {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+
+
+@pytest.mark.slow  # a minute, most of it the bound waited out: CI's time is kept down
+def test_a_failure_whose_save_hangs_gives_the_save_up(tmp_path):
+    """As above, with a learner whose state, once iteration 2's update is done, never comes
+    (``algorithm.name=ppo_save_hangs_at_2``): the failure's save is given up after its bound
+    (``runs.loop.FAILURE_SAVE_MIN_S``), the line names iteration 1's checkpoint, the last on
+    disk, and nothing is written later (no iteration 2, no temp file)."""
+    run = Run(tmp_path, TINY + ["runner.num_iterations=1000", "algorithm.update_epochs=300",
+                                "algorithm.target_kl=null", "algorithm.name=ppo_save_hangs_at_2"],
+              env=with_fault_plugin(tmp_path))
+    run.wait_for_checkpoint("iter_00001.pt")
+    (learner,) = run.processes("ray::LearnerWorker")
+    (pid,) = run.processes("ray::RolloutWorker")
+    wait_until_busy(learner)
+    os.kill(pid, signal.SIGKILL)
+    line = run.end_line()
+    assert line.startswith("m2flow-train: failed during weight sync after 2 iterations: worker "
+                           "rollout[rank 0] in "), line
+    saved = check_resume(line, run)
+    assert saved.name == "iter_00001.pt", line
+    assert run.processes_left() == []
+    names = [p.name for p in saved.parent.iterdir()]
+    assert "iter_00002.pt" not in names and not [n for n in names if "tmp" in n], names
+
+
+def test_an_exception_in_a_learner_step_ends_the_run_with_one_line(tmp_path):
     run = Run(tmp_path, TINY + ["runner.num_iterations=3", "algorithm.name=ppo_fails_at_2"],
-              env={"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])})
+              env=with_fault_plugin(tmp_path))
     line = run.end_line(timeout=300)
     assert line.startswith(
         "m2flow-train: failed during learning after 1 iterations: worker learner[rank 0] in "

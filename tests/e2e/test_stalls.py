@@ -13,27 +13,19 @@ tests' business)."""
 import os
 import re
 import signal
-import time
 
 import psutil
 import pytest
 
-from tests.e2e.test_run_failures import TINY, Run, check_log, check_resume
+from m2flow.runs import checkpoint
+from tests.e2e.test_run_failures import TINY, Run, check_log, check_resume, wait_until_busy
 
 STALL = ["runner.stall_timeout_s=10"]
-BUSY_CPU_S = 0.02  # CPU seconds per BUSY_WINDOW_S of a worker that computes
-BUSY_WINDOW_S = 0.25
 
 
 def stop_when_busy(pid: int, timeout: float = 120.0) -> None:
     """SIGSTOPs ``pid`` once it used the CPU in two windows in a row (it is computing)."""
-    proc, in_a_row = psutil.Process(pid), 0
-    deadline = time.monotonic() + timeout
-    while in_a_row < 2:
-        assert time.monotonic() < deadline, f"pid {pid} never got busy"
-        t0 = sum(proc.cpu_times()[:2])
-        time.sleep(BUSY_WINDOW_S)
-        in_a_row = in_a_row + 1 if sum(proc.cpu_times()[:2]) - t0 > BUSY_CPU_S else 0
+    wait_until_busy(pid, timeout)
     os.kill(pid, signal.SIGSTOP)
 
 
@@ -90,4 +82,11 @@ def test_an_env_worker_stopped_while_it_evaluates_ends_the_run_naming_it(tmp_pat
     run.wait_for_checkpoint("iter_00001.pt")
     (pid,) = run.processes("ray::EnvWorker")
     stop_when_busy(pid)
-    stalled_line(run, "env", pid, "evaluation")
+    line = stalled_line(run, "env", pid, "evaluation")
+    # the evaluation comes before its iteration's checkpoint; the learner, alive and idle,
+    # holds that iteration: the failure saved it, and the line names it
+    done = int(re.search(r" after (\d+) iterations", line)[1])
+    saved = check_resume(line, run)
+    assert saved.name == f"iter_{done:05d}.pt", line
+    assert checkpoint.load(saved)["iteration"] == done
+
