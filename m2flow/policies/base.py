@@ -35,6 +35,18 @@ from m2flow.registry import Requires
 CRITIC_MODULES = frozenset({"critic", "value_head"})
 
 
+def critic_tensor(name: str) -> bool:
+    """Whether state-dict entry ``name`` belongs to a critic: it lies under a module named
+    ``critic`` or ``value_head``, at any depth (a LoRA wrapper's prefixes do not matter).
+
+    >>> critic_tensor("value_head.0.weight"), critic_tensor("base.critic.net.2.bias")
+    (True, True)
+    >>> critic_tensor("actor_mean.weight"), critic_tensor("critic_scale")
+    (False, False)
+    """
+    return bool(CRITIC_MODULES & set(name.split(".")[:-1]))
+
+
 class PolicyError(ValueError):
     """Bad policy input: unknown name, an env whose observations the policy cannot read."""
 
@@ -75,11 +87,10 @@ class Policy(nn.Module, ABC):
         a value head on a shared backbone): what trains during PPO's ``critic_warmup``.
         Default: those under a module named ``critic`` or ``value_head`` (at any depth, so
         a LoRA wrapper's prefixes do not matter)."""
-        return [n for n, _ in self.named_parameters()
-                if CRITIC_MODULES & set(n.split(".")[:-1])]
+        return [n for n, _ in self.named_parameters() if critic_tensor(n)]
 
     def critic_buffer_names(self) -> list[str]:
         """Names of the buffers only ``value`` reads (a privileged critic's observation
         statistics), by the rule of :meth:`critic_parameter_names`; the others (a shared
         observation normaliser) feed the actor."""
-        return [n for n, _ in self.named_buffers() if CRITIC_MODULES & set(n.split(".")[:-1])]
+        return [n for n, _ in self.named_buffers() if critic_tensor(n)]

@@ -44,3 +44,28 @@ def test_ppo_through_the_vlas_chain_runs_two_iterations_on_ray_workers(tmp_path,
     metrics = checkpoint.load(next(tmp_path.glob("*/*/checkpoints/last.pt")))["metrics"]
     assert all(math.isfinite(metrics[f"loss/{k}"]) for k in ("approx_kl", "loss_policy"))
     assert metrics["loss/entropy"] == 0  # Flow-SDE's σ is fixed: no entropy term
+
+
+def test_ppo_starts_from_the_bc_recipes_checkpoint(tmp_path, pushcube_demos, capsys):
+    """README's π0 recipe: BC (its policy has a value head, which BC does not train), then PPO
+    with a privileged critic ``init_from`` that checkpoint: the head is not loaded, every
+    other weight is, and the first deterministic actions are BC's."""
+    import torch
+
+    bc = tmp_path / "bc"
+    assert train(["--config-name", "maniskill_pushcube_bc_pi0_tiny", *TINY, "cluster=inprocess",
+                  f"algorithm.dataset={pushcube_demos}", "algorithm.batch_size=16",
+                  "runner.num_iterations=1", f"runner.log_dir={bc}"]) == 0
+    bc_ckpt = next(bc.glob("*/*/checkpoints/last.pt"))
+    bc_weights = checkpoint.load(bc_ckpt)["learner"]["policy"]
+    assert any(k.startswith("value_head.") for k in bc_weights)
+    rl = tmp_path / "rl"
+    assert train(["--config-name", "maniskill_pushcube_ppo_pi0_tiny", *TINY, "cluster=inprocess",
+                  f"init_from={bc_ckpt}", "runner.rollout_steps=2", "runner.num_iterations=1",
+                  "algorithm.critic_warmup=1", f"runner.log_dir={rl}"]) == 0
+    assert f"policy weights from {bc_ckpt}" in capsys.readouterr().out
+    rl_weights = checkpoint.load(next(rl.glob("*/*/checkpoints/last.pt")))["learner"]["policy"]
+    assert not any(k.startswith("value_head.") for k in rl_weights)
+    actor = [k for k in rl_weights if k in bc_weights]
+    assert len(actor) > 100  # the whole VLA; the warm-up iteration trains only the critic
+    assert all(torch.equal(rl_weights[k], bc_weights[k]) for k in actor)

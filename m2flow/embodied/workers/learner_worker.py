@@ -35,6 +35,7 @@ from m2flow.pipelines import Channel, Worker
 from m2flow.pipelines.distributed import DataParallel
 from m2flow.pipelines.fsdp import GatheredModel
 from m2flow.policies import PolicyConfig, make_policy
+from m2flow.policies.base import critic_tensor
 from m2flow.runs.checkpoint import missing_weights
 from m2flow.runs.learner import Trainer
 from m2flow.runs.weights import SendsWeights, WeightSender
@@ -140,9 +141,14 @@ class LearnerWorker(SendsWeights, Worker):
         """Starts from another run's policy weights (``init_from``: every rank the same;
         sharded, a collective): the optimiser stays fresh. Tensors ``state`` lacks (a value
         head a BC run had no use for) keep their initial values; their names are returned.
+        Critic tensors of ``state`` this policy has no place for (a BC run's value head, with
+        ``policy.critic=privileged`` here) are not loaded.
         A tensor this policy has no place for, or of another shape, is one
         :class:`~m2flow.runs.checkpoint.CheckpointError` naming ``source``."""
         own = {k: v.shape for k, v in self.policy.state_dict().items()}  # (sharded: global)
+        # a critic this policy does not have (BC's value head, where RL reads the simulator
+        # state instead) is the checkpoint's only: BC never trains one
+        state = {k: v for k, v in state.items() if k in own or not critic_tensor(k)}
         missing = missing_weights(own, state, source)
         self.trainer.load_model_state_dict(state, strict=not missing)
         if self.gathered is not None:
