@@ -13,12 +13,14 @@ tests' business)."""
 import os
 import re
 import signal
+import time
 
 import psutil
 import pytest
 
 from m2flow.runs import checkpoint
-from tests.e2e.test_run_failures import TINY, Run, check_log, check_resume, wait_until_busy
+from tests.e2e.test_run_failures import (TINY, Run, check_log, check_resume, wait_until_busy,
+                                         with_fault_plugin)
 
 STALL = ["runner.stall_timeout_s=10"]
 
@@ -64,12 +66,24 @@ def test_a_learner_stopped_while_it_learns_ends_the_run_naming_it(tmp_path):
 def test_a_rollout_worker_stopped_while_it_collects_ends_the_run_naming_it(tmp_path):
     """The env worker waiting on its actions fails first (its channel times out: the
     automatic limit is far longer); the line names the rollout worker, which answers
-    nothing, not the env worker; the channel's failure is in the log."""
+    nothing, not the env worker; the channel's failure is in the log. The rollout worker
+    spends most of a collection waiting on the simulator, so it is stopped when its policy
+    (``policy.name=mlp_marks_collection``, the fault plugin's MLP) marks that it sampled its
+    80th action, in the middle of iteration 2's collection: stopped when merely busy, it
+    could be stopped in a weight sync, whose automatic limit is minutes."""
+    mark = tmp_path / "collecting"
     run = Run(tmp_path, TINY + ["runner.num_iterations=1000", "runner.rollout_steps=64",
-                                "runner.channel_timeout_s=5", "algorithm.update_epochs=1"])
-    run.wait_for_checkpoint("iter_00001.pt")
-    (pid,) = run.processes("ray::RolloutWorker")
-    stop_when_busy(pid)
+                                "runner.channel_timeout_s=5", "algorithm.update_epochs=1",
+                                "policy.name=mlp_marks_collection"],
+              env={**with_fault_plugin(tmp_path), "M2FLOW_MARK_COLLECTION": str(mark)})
+    deadline = time.monotonic() + 180.0
+    while not mark.exists() or not mark.read_text():
+        assert run.proc.poll() is None, f"the run ended early:\n{run.err.read_text()}"
+        assert time.monotonic() < deadline, "the rollout never sampled its 80th action"
+        time.sleep(0.01)
+    pid = int(mark.read_text())
+    os.kill(pid, signal.SIGSTOP)
+    assert list(run.processes("ray::RolloutWorker")) == [pid]  # the rollout worker wrote it
     line = stalled_line(run, "rollout", pid, "collection", limit="")
     check_log(line, "(and with it: worker env[rank 0] in collect(): ChannelTimeout")
 
