@@ -21,7 +21,8 @@ from tensordict import TensorDict
 from m2flow import keys
 from m2flow.policies.action_tokenizer import N_BINS
 from m2flow.policies.base import PolicyError
-from m2flow.policies.vla.oft import OFTPolicyConfig, OpenVLAOFTPolicy
+from m2flow.policies.vla.oft import OpenVLAOFTPolicy
+from m2flow.policies.vla.oft_config import OFTPolicyConfig
 
 
 @dataclass

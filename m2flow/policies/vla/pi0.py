@@ -55,7 +55,7 @@ from m2flow.policies.layers import CRITIC_OUT_GAIN, mlp
 from m2flow.policies.normalizer import RunningNorm
 from m2flow.policies.vla import pi0_checkpoint
 from m2flow.policies.vla import pi0_model as pm
-from m2flow.policies.vla.oft import weights_dtype
+from m2flow.policies.vla.oft_config import weights_dtype
 from m2flow.registry import Requires
 
 VARIANTS = ("pi0", "pi05")
