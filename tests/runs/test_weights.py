@@ -1,19 +1,12 @@
-"""Weight shipping (m2flow.runs.weights): what a sync selects, how it cuts buckets, and that a
+"""Weight shipping (m2flow.runs.weights, m2flow.runs.buckets): what a sync selects, how it cuts buckets, and that a
 receiving copy ends up equal to the sender, against hand-worked sizes and peft's own naming."""
 
 import pytest
 import torch
 from torch import nn
 
-from m2flow.runs.weights import (
-    Piece,
-    WeightReceiver,
-    WeightSender,
-    WeightSyncError,
-    cut_buckets,
-    make_bucket,
-    sync_manifest,
-)
+from m2flow.runs.buckets import Piece, cut_buckets, make_bucket, sync_manifest
+from m2flow.runs.weights import WeightReceiver, WeightSender, WeightSyncError
 
 
 class Net(nn.Module):
