@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -135,6 +136,86 @@ def probe_checkpoint(path: str, eps) -> str:
             f"goal x, y = {np.round(r2(pred, target), 3).tolist()} over {len(pred)} frames")
 
 
+LM_VARIANTS = {"lm": {}, "lm_imgpos": {"image_positions": True},
+               "lm_p8d2": {"patch_size": 8, "vision_depth": 2},
+               "lm_sincos": {}, "lm_p8d2_sincos": {"patch_size": 8, "vision_depth": 2}}
+"""The whole tiny OpenVLA-OFT policy (``policy=openvla_oft_tiny``) with these settings."""
+
+
+def sincos_2d(bb) -> torch.Tensor:
+    """MAE's fixed 2-D sine-cosine position embedding for ``bb``'s patch grid, unit scale."""
+    gh, gw = bb.patch_embed.grid_size
+    dim = bb.pos_embed.shape[-1]
+    y, x = torch.meshgrid(torch.arange(gh, dtype=torch.float32),
+                          torch.arange(gw, dtype=torch.float32), indexing="ij")
+    omega = 1.0 / 10000 ** (torch.arange(dim // 4, dtype=torch.float32) / (dim // 4))
+    parts = [f(c.flatten()[:, None] * omega[None]) for c in (y, x) for f in (torch.sin, torch.cos)]
+    emb = torch.cat(parts, dim=1)
+    extra = bb.pos_embed.shape[1] - emb.shape[0]  # the class token's (and registers'): zero
+    return torch.cat([torch.zeros(extra, dim), emb])[None]
+
+
+def _spec_obs(n_state: int, n_priv: int, shape):
+    from m2flow.envs.base import EnvSpec
+
+    return EnvSpec({"rgb": shape, "state": (n_state,), "task": (), "privileged": (n_priv,)},
+                   4, (-1.0,) * 4, (1.0,) * 4, 100, tasks=("push the cube",))
+
+
+def probe_lm(name: str, eps, steps: int, batch: int, lr: float) -> str:
+    """The whole policy trained, with a linear head on the LM's state at the last prompt
+    token (where the first action token is read), to regress the cube's and the goal's xy:
+    whether the LM can carry what the tower sees to where the actions are read at all."""
+    import yaml
+    from tensordict import TensorDict
+
+    import m2flow.configs
+    from m2flow.policies import make_policy, policy_config
+
+    train, test = eps[:-HELD_OUT], eps[-HELD_OUT:]
+    data = {split: {k: stack(e, k) for k in ("rgb", "state", "privileged")}
+            for split, e in (("train", train), ("test", test))}
+    y = {s: d["privileged"][:, CUBE_GOAL_XY] for s, d in data.items()}
+    mu, sd = y["train"].mean(0), y["train"].std(0) + 1e-6
+    y = {s: (v - mu) / sd for s, v in y.items()}
+    cfg = yaml.safe_load((Path(m2flow.configs.__file__).parent / "policy"
+                           / "openvla_oft_tiny.yaml").read_text())
+    cfg = {k: v for k, v in cfg.items() if k != "defaults"} | LM_VARIANTS[name]
+    torch.manual_seed(0)
+    d = data["train"]
+    spec = _spec_obs(d["state"].shape[1], d["privileged"].shape[1],
+                     tuple(d["rgb"].shape[1:]))
+    pol = make_policy(policy_config(**cfg), spec)
+    if name.endswith("_sincos"):
+        for bb in pol.vlm.backbones:
+            with torch.no_grad():
+                bb.pos_embed.copy_(sincos_2d(bb))
+    head = nn.Linear(pol.vlm.hidden_size, y["train"].shape[1])
+    params = [*pol.parameters(), *head.parameters()]
+    opt = torch.optim.Adam(params, lr=lr)
+
+    def obs(split, i):
+        d = data[split]
+        return TensorDict({"rgb": d["rgb"][i], "state": d["state"][i],
+                           "privileged": d["privileged"][i],
+                           "task": torch.zeros(len(i), dtype=torch.long)}, batch_size=[len(i)])
+
+    gen, t0 = torch.Generator().manual_seed(0), time.time()
+    for _ in range(steps):
+        i = torch.randint(0, len(y["train"]), (batch,), generator=gen)
+        loss = F.mse_loss(head(pol._forward(obs("train", i))[2].float()), y["train"][i])
+        opt.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+    with torch.no_grad():
+        n = len(y["test"])
+        pred = torch.cat([head(pol._forward(obs("test", torch.arange(j, min(j + 256, n))))[2])
+                          for j in range(0, n, 256)])
+    return (f"{name}: {steps} steps of {batch} at lr {lr:g}: held-out R^2 cube x, y, goal x, "
+            f"y = {np.round(r2(pred, y['test']), 3).tolist()}; {time.time() - t0:.0f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--demos", required=True, help="an m2flow-demos file with obs/privileged")
@@ -142,14 +223,19 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("towers", nargs="*", choices=["cnn", *TOWERS], default=[])
+    names = ["cnn", *TOWERS, *LM_VARIANTS]
+    ap.add_argument("towers", nargs="*", default=[], help=f"any of {names}")
     a = ap.parse_args()
+    bad = [t for t in a.towers if t not in names]
+    if bad:
+        ap.error(f"{bad[0]!r} is not a probe; use any of {names}")
     torch.set_num_threads(2)
     eps = episodes(a.demos)
     if a.checkpoint:
         print(probe_checkpoint(a.checkpoint, eps), flush=True)
     for name in a.towers:
-        print(probe_tower(name, eps, a.steps, a.batch, a.lr), flush=True)
+        probe = probe_lm if name in LM_VARIANTS else probe_tower
+        print(probe(name, eps, a.steps, a.batch, a.lr), flush=True)
 
 
 if __name__ == "__main__":

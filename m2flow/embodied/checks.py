@@ -161,6 +161,13 @@ def check_config(cfg: TrainConfig, offloads: Optional[dict[str, list[str]]] = No
             "algorithm.num_minibatches", minibatches,
             f"must be <= the {samples} samples an update trains on ({source}); lower it or "
             "raise that.")
+    pretrain = getattr(cfg.algorithm, "aux_pretrain_iterations", 0)
+    if pretrain and not getattr(cfg.policy, "state_aux", 0) > 0:
+        raise field_error(
+            "algorithm.aux_pretrain_iterations", pretrain,
+            f"trains the policy's auxiliary loss, which policy={cfg.policy.name} has off "
+            "(policy.state_aux=0 or no such setting); set policy.state_aux > 0 (e.g. 1.0), "
+            "or algorithm.aux_pretrain_iterations=0.")
     r = cfg.runner
     if r.stagger_episodes and r.reset_every_iteration:
         raise field_error("runner.stagger_episodes", True,

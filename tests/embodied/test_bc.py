@@ -252,3 +252,62 @@ def test_target_noise_moves_each_target_by_a_gaussian_of_that_std(demos_h5, poli
 def test_negative_target_noise_is_refused():
     with pytest.raises(AlgorithmError, match=r"algorithm.target_noise=-0.1: must be >= 0"):
         BCConfig(dataset="x.h5", target_noise=-0.1).validate()
+
+
+RGB_SPEC = EnvSpec({"rgb": (64, 64, 3), "state": (5,), "privileged": (7,)}, 2,
+                   (-1.0, -1.0), (1.0, 1.0), 8)
+
+
+def test_aux_pretraining_trains_the_auxiliary_loss_alone_then_clones(tmp_path):
+    """``algorithm.aux_pretrain_iterations=2`` on the CNN with ``policy.state_aux``: in
+    iterations 0 and 1 the actor's own layers (its mean head and log-std, which only the
+    expert actions' loss reaches) stay bit for bit as built, while the encoder and the
+    auxiliary head move; from iteration 2 on the actor moves too. Fails if the expert
+    actions' loss is trained during pretraining, or never after it."""
+    g = torch.Generator().manual_seed(0)
+    n, t = 8, 4
+    o = TensorDict({"rgb": torch.randint(0, 256, (n, t, 64, 64, 3), generator=g,
+                                         dtype=torch.uint8),
+                    "state": torch.randn(n, t, 5, generator=g),
+                    "privileged": torch.randn(n, t, 7, generator=g)}, batch_size=[n, t])
+    torch.save(TensorDict({"obs": o, "action": torch.rand(n, t, 2, generator=g) - 0.5},
+                          batch_size=[n, t]), tmp_path / "demos.pt")
+
+    class Trajectories:
+        def get(self, key=0, timeout=None):
+            return TensorDict({"obs": o[:2, :1].clone(), "action": torch.zeros(2, 1, 2)},
+                              batch_size=[2, 1])
+
+    info = WorkerInfo("learner", 0, 1, RankResources(0, 1.0, ()), "local")
+    worker = LearnerWorker(info, policy_config(name="cnn", state_aux=1.0),
+                           BCConfig(dataset=str(tmp_path / "demos.pt"), batch_size=16,
+                                    aux_pretrain_iterations=2), RGB_SPEC, seed=0,
+                           num_iterations=10)
+    params = lambda: {k: v.detach().clone() for k, v in worker.policy.named_parameters()}
+    built = params()
+    actor = [k for k in built if k.startswith(("actor_mean.", "actor_log_std"))]
+    for i in range(2):
+        metrics = worker.update(Trajectories(), env_ranks=[0], iteration=i)
+        assert "loss/loss_aux" in metrics and "loss/loss_bc" not in metrics, metrics
+        assert metrics["loss/bc_nll"] > 0
+    now = params()
+    assert all(torch.equal(now[k], built[k]) for k in actor)
+    moved = [k for k in built if not torch.equal(now[k], built[k])]
+    assert any(k.startswith("encoder.") for k in moved) and "state_aux.head.weight" in moved
+    metrics = worker.update(Trajectories(), env_ranks=[0], iteration=2)
+    assert "loss/loss_bc" in metrics and "loss/loss_aux" in metrics
+    after = params()
+    assert all(not torch.equal(after[k], built[k]) for k in actor)
+
+
+def test_aux_pretraining_without_an_auxiliary_loss_is_refused_at_start_up():
+    from m2flow.cli.workloads import register_schemas
+    from m2flow.configs import load_config, to_object
+    from m2flow.embodied.checks import check_config
+
+    register_schemas()
+    cfg = to_object(load_config("maniskill_pushcube_bc_cnn",
+                                ["algorithm.aux_pretrain_iterations=5", "policy.state_aux=0"]))
+    with pytest.raises(ValueError, match=r"algorithm\.aux_pretrain_iterations=5: .*"
+                                         r"set policy\.state_aux > 0"):
+        check_config(cfg)

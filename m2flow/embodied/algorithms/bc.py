@@ -91,6 +91,15 @@ class BCConfig(AlgorithmConfig):
     Keeps a small image encoder from memorising a few thousand expert frames pixel by pixel
     (m2flow.embodied.algorithms.helpers.augment)."""
 
+    aux_pretrain_iterations: int = 0
+    """The first N iterations train the policy's auxiliary loss alone (``policy.state_aux``:
+    the simulator state predicted from what the policy sees), the expert actions' loss logged
+    but not trained; cloning starts after them, the auxiliary loss still on. As a VLA starts
+    from a vision-language model that already grounds objects in its image, a model built
+    from random weights first learns where the objects are before it learns what to do about
+    them; cloning alone, whose loss a few thousand frames can lower by memorising them, may
+    never route that into the action tokens. 0: clone from the start."""
+
     def update_samples(self, collected: int) -> tuple[int, str]:
         """An update trains on ``batch_size`` dataset rows, whatever the env collected (the
         collection only logs the cloned policy's success)."""
@@ -108,6 +117,8 @@ class BCConfig(AlgorithmConfig):
                     "must be >= 0 (0: keep every step).")
         check_field(self, "num_demos", self.num_demos is None or self.num_demos >= 1,
                     "must be >= 1, or null for every episode of the dataset.")
+        check_field(self, "aux_pretrain_iterations", self.aux_pretrain_iterations >= 0,
+                    "must be >= 0 (0: clone from the first iteration).")
 
 
 class BC(Algorithm):
@@ -120,6 +131,7 @@ class BC(Algorithm):
         super().__init__(cfg, action_dim=action_dim, seed=seed)
         self.expert = ExpertData(cfg.dataset, action_dim, num_demos=cfg.num_demos,
                                  noop_threshold=cfg.noop_threshold)
+        self.aux_only = False  # this iteration trains the auxiliary loss alone
 
     @torch.no_grad()
     def prepare(self, policy, traj: TensorDict, *, iteration: int,
@@ -151,6 +163,7 @@ class BC(Algorithm):
         seeded permutation, one optimiser step each on :meth:`loss`. Reports the
         minibatches' mean terms (``loss/early_stop`` always 0)."""
         c = self.cfg
+        self.aux_only = iteration < c.aux_pretrain_iterations
         gen, means = minibatch_generator(seed, iteration), Means()
         for _ in range(c.update_epochs):
             for mb in trainer.minibatches(batch, c.num_minibatches, gen):
@@ -180,4 +193,11 @@ class BC(Algorithm):
                  "entropy": out[keys.ENTROPY].mean().detach()}
         if keys.AUX_LOSS in out.keys():  # the policy's own, as PPO and GRPO add it
             terms["loss_aux"] = out[keys.AUX_LOSS].mean()
+        if self.aux_only:
+            if "loss_aux" not in terms:
+                raise AlgorithmError(
+                    f"algorithm.aux_pretrain_iterations={self.cfg.aux_pretrain_iterations} "
+                    f"trains the policy's auxiliary loss, but {type(policy).__name__} has none "
+                    "on; set policy.state_aux > 0, or algorithm.aux_pretrain_iterations=0.")
+            terms["bc_nll"] = terms.pop("loss_bc").detach()  # logged, not trained
         return TensorDict(terms, batch_size=[])
