@@ -245,7 +245,8 @@ def _plain(value):
 
 
 def check_init_from(cfg: TrainConfig) -> None:
-    """``init_from`` is an embodied checkpoint of a run with this config's policy."""
+    """``init_from`` is an embodied checkpoint of a run with this config's policy, whose
+    tensors fit the policy this run builds (``_check_init_shapes``)."""
     if cfg.init_from is None or cfg.resume is not None:
         return
     state = check_resume(cfg.init_from, "embodied", name="init_from")
@@ -259,6 +260,92 @@ def check_init_from(cfg: TrainConfig) -> None:
                           f"{cfg.policy.name}; start from a checkpoint of the same policy.")
     if cfg.init_skip:
         _check_skip(list(cfg.init_skip), list(state["learner"]["policy"]), cfg.init_from)
+    _check_init_shapes(cfg, state)
+
+
+def _check_init_shapes(cfg: TrainConfig, state: dict) -> None:
+    """``init_from``'s policy tensors fit the policy this run builds, names and shapes, as the
+    learner loads them once every worker started (``LearnerWorker.init_weights``): those
+    ``init_skip`` names aside, and a critic tensor the new policy has no place for dropped.
+    The first tensor that does not fit is the line, with the policy settings that differ.
+
+    The policy is built on the meta device (no memory, no arithmetic) for the env spec the
+    checkpoint's run saw (its ``env_spec``). For another env (a field of ``RESUME_IDENTITY``'s
+    ``env.*`` differs) this run's spec is not known before its env worker starts: only the
+    tensors whose shapes do not depend on the env are compared (those a second build, for a
+    spec of other sizes, gives the same shape); the learner checks the others when it loads.
+    Not checked here: a checkpoint without ``env_spec`` (written before it was saved), and a
+    policy built on a device it is given (a VLA: its constructor loads pretrained files)."""
+    spec = state.get("env_spec")
+    if spec is None:
+        return
+    from omegaconf import OmegaConf
+
+    from m2flow.envs.base import EnvSpec
+    from m2flow.policies.base import critic_tensor
+    from m2flow.runs.checkpoint import CheckpointError, missing_weights
+
+    written = OmegaConf.create(state["config"])
+    ours = OmegaConf.structured(cfg) if not OmegaConf.is_config(cfg) else cfg
+    spec = EnvSpec(**spec)
+    own = _meta_shapes(cfg, spec)
+    if own is None:
+        return
+    same_env = all(_plain(OmegaConf.select(written, key)) == _plain(OmegaConf.select(ours, key))
+                   for key in RESUME_IDENTITY if key.startswith("env."))
+    if not same_env:  # only the shapes a spec of other sizes does not change
+        other = _meta_shapes(cfg, _resized(spec))
+        if other is None:
+            return
+        own = {k: v for k, v in own.items() if other.get(k) == v}
+    skip = set(cfg.init_skip)
+    given = {k: v for k, v in state["learner"]["policy"].items()
+             if k not in skip and (k in own or not critic_tensor(k))}
+    if not same_env:
+        given = {k: v for k, v in given.items() if k in own or k not in other}
+    source = "init_from"
+    try:
+        missing_weights(own, given, source)
+    except CheckpointError as e:  # "init_from: its tensor ...; start from ..."
+        theirs, mine = _plain(written.policy), _plain(ours.policy)
+        differ = [f"policy.{k}={theirs[k]} there, {mine[k]} here" for k in theirs
+                  if k in mine and theirs[k] != mine[k]]
+        what = str(e)[len(source) + 2:]
+        if differ:  # the settings that made the shapes differ
+            what = what.replace("; start from", f" (its run's {'; '.join(differ)}); start "
+                                "from", 1)
+        raise field_error("init_from", cfg.init_from, what) from None
+
+
+def _meta_shapes(cfg: TrainConfig, spec) -> Optional[dict]:
+    """Tensor shapes by name of ``cfg.policy`` built for ``spec`` on the meta device; None
+    when it cannot be built so (see ``_check_init_shapes``)."""
+    import torch
+
+    from m2flow.policies.registry import POLICIES, make_policy, takes_device
+
+    if takes_device(POLICIES.require(cfg.policy.name)):
+        return None
+    try:
+        with torch.device("meta"):
+            policy = make_policy(cfg.policy, spec, device="meta")
+    except Exception:  # noqa: BLE001 - one that computes on its tensors: the learner checks
+        return None
+    return {k: v.shape for k, v in policy.state_dict().items()}
+
+
+def _resized(spec):
+    """``spec`` with every size one larger (an image's channels kept): what changes a shape
+    that depends on the env."""
+    from dataclasses import replace
+
+    def grow(shape):
+        return tuple(d + 1 for d in shape) if len(shape) < 3 else (
+            tuple(d + 1 for d in shape[:-1]) + tuple(shape[-1:]))
+
+    return replace(spec, obs_shapes={k: grow(v) for k, v in spec.obs_shapes.items()},
+                   action_dim=spec.action_dim + 1, action_low=(*spec.action_low, -1.0),
+                   action_high=(*spec.action_high, 1.0))
 
 
 def _check_skip(skip: list[str], names: list[str], source: str) -> None:

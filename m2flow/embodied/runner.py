@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Optional, Sequence
 
 from tensordict import TensorDict
@@ -382,7 +382,10 @@ class EmbodiedRunner(RunLoop):
         # a save under way finishes even after Ctrl-C (stop_on_ctrl_c); every rank takes part
         # (a sharded learner gathers the state to rank 0), rank 0 returns it
         learner = self.learner.call(LearnerWorker.state_dict).wait(stoppable=False)[0]
-        return {"global_step": self.global_step, "learner": learner}
+        # the env's spec: init_from's start-up check builds the new policy for it
+        # (embodied.checks._check_init_shapes)
+        return {"global_step": self.global_step, "learner": learner,
+                "env_spec": asdict(self.spec)}
 
     def load(self, path: str) -> None:
         state = self.session.load(path)

@@ -10,8 +10,12 @@ answers on a thread of its own (``Worker._m2flow_alive``, in the Ray concurrency
 - a worker that has not answered for longer than the phase's limit is stalled: the worker
   itself, not one that waits on it (that one answers);
 - a wait of the driver in which no call has finished for longer than the limit, while every
-  worker answers (a deadlock; a constructor that never returns), is stalled on a call still
-  pending.
+  worker answers (a deadlock), is stalled on a call still pending.
+
+A group's ranks are watched from their launch on (``WorkerGroup`` adds them before it waits on
+their constructors): Ray runs no call on a worker before its constructor returns, so one whose
+constructor does not return (stopped, stuck, slow) answers nothing, and is named as having
+answered nothing since it was launched (``NOT_STARTED``).
 
 And when a call fails (a channel timed out waiting on a peer), a worker that does not answer
 within ``FAILURE_GRACE_S`` is named as the failure instead (:meth:`Watchdog.behind`).
@@ -19,8 +23,9 @@ within ``FAILURE_GRACE_S`` is named as the failure instead (:meth:`Watchdog.behi
 The limit (:func:`stall_limit`) comes from the phase's own measured durations, so that a long
 step is never cut: ``STALL_FACTOR`` times the longest completed instance of the phase, at least
 ``STALL_FLOOR_S``; a phase not completed yet (start-up, a first learning step that compiles or
-allocates for minutes) gets ``FIRST_ALLOWANCE_S``. ``runner.stall_timeout_s`` replaces the
-measured limit (and the allowance, where it is longer). Only the thread that installed the
+allocates for minutes) gets ``FIRST_ALLOWANCE_S``. ``runner.stall_timeout_s``, when set, is the
+limit of every phase, start-up and phases not completed before included: the operator who sets
+it knows the run's slowest step. Only the thread that installed the
 watchdog (the driver's) consults it: the waits of in-process workers' own threads are theirs.
 """
 
@@ -41,35 +46,46 @@ FAILURE_GRACE_S = 2.0  # after a failure, a worker that answers nothing this lon
 WATCH_GROUP = "m2flow_watch"  # the Ray concurrency group the question is answered in
 SILENT = ("it answers nothing (stopped, e.g. by SIGSTOP, or stuck in native code holding its "
           "interpreter); it was ended")
+# a worker asked from its launch on answers nothing until its constructor returns (Ray runs
+# no call before): stopped, stuck, or slow are alike from outside
+NOT_STARTED = ("it has answered nothing since it was launched: its constructor has not "
+               "returned (stopped, e.g. by SIGSTOP, stuck, or slower than the limit); it was "
+               "ended")
 
 
 def stall_limit(phase: str, longest: dict[str, float], override: Optional[float]) -> float:
-    """Seconds without progress after which phase ``phase`` counts as stalled:
-    ``STALL_FACTOR`` x the longest completed instance of the phase (``longest``), at least
-    ``STALL_FLOOR_S``, or ``override`` (``runner.stall_timeout_s``) when set. A phase never
+    """Seconds without progress after which phase ``phase`` counts as stalled: ``override``
+    (``runner.stall_timeout_s``) when set, in every phase; else ``STALL_FACTOR`` x the longest
+    completed instance of the phase (``longest``), at least ``STALL_FLOOR_S``. A phase never
     completed (start-up, building every worker; a first learning step that compiles) has no
-    duration to go by: it gets ``FIRST_ALLOWANCE_S``, or ``override`` if that is longer.
+    duration to go by: without ``override`` it gets ``FIRST_ALLOWANCE_S``.
 
     >>> stall_limit("learning", {"learning": 42.0}, None)
     420.0
     >>> stall_limit("learning", {"learning": 2.0}, None), stall_limit("evaluation", {}, None)
     (300.0, 1800.0)
     >>> stall_limit("learning", {"learning": 42.0}, 30.0), stall_limit("start-up", {}, 30.0)
-    (30.0, 1800.0)
+    (30.0, 30.0)
     """
-    if phase not in longest:
-        return max(FIRST_ALLOWANCE_S, override or 0.0)
     if override is not None:
         return float(override)
+    if phase not in longest:
+        return FIRST_ALLOWANCE_S
     return max(STALL_FLOOR_S, STALL_FACTOR * longest[phase])
 
 
 def limit_origin(phase: str, longest: dict[str, float], override: Optional[float]) -> str:
-    """Where :func:`stall_limit`'s value came from, for the failure's line."""
-    if phase not in longest:
-        return "the allowance of a phase not completed before"
+    """Where :func:`stall_limit`'s value came from, for the failure's line.
+
+    >>> limit_origin("start-up", {}, 30.0)
+    'runner.stall_timeout_s'
+    >>> print(limit_origin("start-up", {}, None))
+    the allowance of a phase not completed before; runner.stall_timeout_s sets it
+    """
     if override is not None:
         return "runner.stall_timeout_s"
+    if phase not in longest:
+        return "the allowance of a phase not completed before; runner.stall_timeout_s sets it"
     return (f"{STALL_FACTOR:g} x its longest so far, {longest[phase]:.1f} s, at least "
             f"{STALL_FLOOR_S:g} s; runner.stall_timeout_s sets it")
 
@@ -109,6 +125,7 @@ class StallWatch:
         self.phase, self.since = "start-up", now
         self.asked_at: dict[str, Optional[float]] = {}  # worker -> its unanswered question's
         self.answered_at: dict[str, float] = {}  # worker -> its last answer (or when added)
+        self.heard: set[str] = set()  # the workers that answered once (their constructor ended)
 
     def enter(self, phase: str, now: float) -> None:
         """The run goes on to ``phase``; the one it leaves has its duration measured."""
@@ -131,6 +148,11 @@ class StallWatch:
 
     def answered(self, worker: str, now: float) -> None:
         self.asked_at[worker], self.answered_at[worker] = None, now
+        self.heard.add(worker)
+
+    def how_silent(self, worker: str) -> str:
+        """What a silent ``worker`` is, in words: one that never answered is still starting."""
+        return SILENT if worker in self.heard else NOT_STARTED
 
     def forget(self, worker: str) -> None:
         self.asked_at.pop(worker, None)
@@ -160,7 +182,8 @@ class StallWatch:
         silent = self.silent(now, grace)
         waited = now - progress_at if waiting and progress_at is not None else 0.0
         if silent is not None and max(silent[1], waited) > limit:
-            return Stall(silent[0], self.phase, max(silent[1], waited), limit, origin, SILENT)
+            return Stall(silent[0], self.phase, max(silent[1], waited), limit, origin,
+                         self.how_silent(silent[0]))
         if waited > limit:
             return Stall(waiting[0], self.phase, waited, limit, origin,
                          "the call has not returned, though the worker answers (a deadlock, "
@@ -187,7 +210,9 @@ class Watchdog:
         self.questions: dict[object, str] = {}  # unanswered ObjectRef -> worker
 
     def add(self, group) -> None:
-        """Watches the ranks of ``group`` (a ``WorkerGroup``; Ray's only)."""
+        """Watches the ranks of ``group`` (a ``WorkerGroup``; Ray's only), from their launch
+        on: ``WorkerGroup`` adds itself before it waits on the constructors, so a constructor
+        that does not return is the worker's silence (``NOT_STARTED``)."""
         if group.backend != "ray":
             return
         for rank, handle in enumerate(group.handles):
@@ -218,7 +243,8 @@ class Watchdog:
         silent = self.watch.silent(time.monotonic(), 0.0)  # unanswered for the grace at least
         if silent is None:
             return None
-        return self._error(Stall(silent[0], self.watch.phase, silent[1], None, "", SILENT))
+        return self._error(Stall(silent[0], self.watch.phase, silent[1], None, "",
+                                 self.watch.how_silent(silent[0])))
 
     def _error(self, stall: Stall) -> WorkerStalled:
         worker = stall.worker.split(" in ")[0]

@@ -36,6 +36,7 @@ from m2flow.pipelines.errors import PlacementError, WorkerError
 from m2flow.pipelines.futures import Futures, check_stop
 from m2flow.pipelines.placement import RankResources
 from m2flow.pipelines.timer import Timer
+from m2flow.pipelines import watchdog
 from m2flow.pipelines.watchdog import WATCH_GROUP
 
 MAX_CONCURRENT_CALLS = 16  # a worker serves channel puts while its own loop runs
@@ -290,6 +291,9 @@ class WorkerGroup:
                 check_stop([f"{self.name} start-up"])
                 self.handles.append(
                     _launch_ray_actor(cluster, self.worker_cls, self._info(r, res), args, kwargs))
+            watch = watchdog.current()  # the run's, when the driver starts the group
+            if watch is not None:  # watched while they start: a constructor that never returns
+                watch.add(self)
             self.call(Worker._m2flow_started).wait()  # surfaces constructor errors here, with the rank
         else:
             self._executor = cf.ThreadPoolExecutor(

@@ -47,7 +47,7 @@ def make_policy(cfg: PolicyConfig, env_spec, device: str = "cpu") -> Policy:
     when ``cfg`` is not the policy's settings class or its libraries are not installed."""
     cls = POLICIES.require(cfg.name)
     POLICIES.check_settings(cfg, cls, "policy")
-    if _takes_device(cls):
+    if takes_device(cls):
         return cls(cfg, env_spec, device=device)
     return cls(cfg, env_spec).to(device)
 
@@ -59,6 +59,7 @@ def register_schemas(cs) -> None:
     POLICIES.store_schemas(cs, "policy")
 
 
-def _takes_device(cls) -> bool:
-    """Whether ``cls(cfg, env_spec, device=...)`` is a valid call."""
+def takes_device(cls) -> bool:
+    """Whether ``cls(cfg, env_spec, device=...)`` is a valid call: a policy that builds itself
+    on its device (m2flow's VLAs, whose constructors load pretrained files straight onto it)."""
     return "device" in inspect.signature(cls.__init__).parameters

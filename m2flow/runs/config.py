@@ -35,12 +35,13 @@ class RunnerBaseConfig:
     channel_timeout_s: float = 600.0
     """A channel get/put waiting longer than this fails the run (a stuck or dead worker)."""
     stall_timeout_s: Optional[float] = None
-    """Seconds a worker may make no progress in a phase (collection, learning, weight sync,
-    evaluation, checkpointing) before the run ends with a line naming it: a worker that
-    answers nothing (stopped, stuck in native code), or a call that does not return. None:
-    each phase's limit comes from its own measured durations (a multiple of its longest so
-    far, with a floor), so a long step is never cut. Either way a phase not completed before
-    (start-up, a first learning step) gets a generous allowance, or this if longer:
+    """Seconds a worker may make no progress in any phase (start-up, collection, learning,
+    weight sync, evaluation, checkpointing) before the run ends with a line naming it: a
+    worker that answers nothing (stopped, stuck in native code), or a call that does not
+    return. Set, it is the limit of every phase, a first one (start-up, a first learning
+    step that compiles) too: set it above the run's slowest step. None: each phase's limit
+    comes from its own measured durations (a multiple of its longest so far, with a floor),
+    so a long step is never cut, and a phase not completed before gets a generous allowance:
     m2flow.pipelines.watchdog.stall_limit."""
     progress_bar: bool = True
     """Show a tqdm bar when stdout and stderr are terminals (the per-iteration log line is

@@ -85,9 +85,9 @@ class RunSession:
     # -- workers -----------------------------------------------------------------------------
     def group(self, name: str, cls: type, *args: Any, **kwargs: Any) -> WorkerGroup:
         """Starts the ranks of component ``name`` (as placed) as workers of class ``cls``."""
+        # (its ranks are watched from their launch on: WorkerGroup adds them to the watchdog)
         group = WorkerGroup(self.cluster, name, cls, self.placement.ranks(name), *args, **kwargs)
         self.groups.append(group)
-        self.watchdog.add(group)
         return group
 
     def weight_link(self, learner: WorkerGroup, rollout: WorkerGroup) -> Optional[str]:

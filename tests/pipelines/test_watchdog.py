@@ -1,9 +1,9 @@
 """The watchdog's decisions, from timestamps alone (no Ray, no clock): which limit a phase
 gets from its measured durations, and who is stalled, in which phase, for how long. The
 numbers are worked by hand from the rule in ``m2flow.pipelines.watchdog``'s docstring:
-limit = max(STALL_FLOOR_S, STALL_FACTOR x the phase's longest completed instance), the
-override instead when set, and a phase not completed before gets the larger of
-FIRST_ALLOWANCE_S and the override."""
+limit = max(STALL_FLOOR_S, STALL_FACTOR x the phase's longest completed instance), a phase
+not completed before gets FIRST_ALLOWANCE_S, and the override, when set, is every phase's
+limit instead (start-up's and a phase not completed before included)."""
 
 import pytest
 
@@ -36,11 +36,25 @@ def test_the_limit_comes_from_the_phase_s_longest_measured_duration(rule):
     assert w.limit() == 320.0  # 4 x 80 s: a long step is never cut by a shorter one's limit
 
 
-def test_the_override_replaces_the_measured_limit_but_not_a_longer_first_allowance(rule):
+def test_the_override_is_every_phase_s_limit_a_first_one_s_too(rule):
     assert stall_limit("learning", {"learning": 80.0}, 7.0) == 7.0
     assert stall_limit("learning", {"learning": 80.0}, None) == 320.0
-    assert stall_limit("start-up", {}, 7.0) == 1000.0
+    assert stall_limit("start-up", {}, None) == 1000.0
+    assert stall_limit("start-up", {}, 7.0) == 7.0  # a start-up that stalls can be ended
     assert stall_limit("start-up", {}, 5000.0) == 5000.0
+    assert watchdog.limit_origin("start-up", {}, 7.0) == "runner.stall_timeout_s"
+    # a run stalled in start-up, a worker silent since it was launched (its constructor has
+    # not returned): the override ends it, and the line says it never answered
+    w = StallWatch(7.0, now=0.0)
+    w.added(ENV, 0.0)
+    w.asked(ENV, 1.0)
+    assert w.stalled(6.9, grace=2.0) is None
+    stall = w.stalled(7.5, grace=2.0)
+    assert (stall.worker, stall.phase, stall.limit, stall.origin, stall.how) == (
+        ENV, "start-up", 7.0, "runner.stall_timeout_s", watchdog.NOT_STARTED)
+    w.answered(ENV, 8.0)  # it started; stopped later, it is a silent worker like any
+    w.asked(ENV, 9.0)
+    assert w.stalled(15.5, grace=2.0).how == watchdog.SILENT
 
 
 def test_a_worker_that_answers_nothing_is_the_stall_not_the_call_waiting_on_it(rule):
@@ -86,6 +100,7 @@ def test_a_question_just_asked_after_the_driver_was_away_is_given_its_grace(rule
     just now, is not stalled until its question has gone unanswered for the grace."""
     w = StallWatch(7.0, now=0.0)
     w.added(ENV, 0.0)
+    w.answered(ENV, 0.0)  # (started)
     w.enter("collection", 1.0)
     w.enter("checkpointing", 2.0)
     w.enter("collection", 3.0)

@@ -27,10 +27,10 @@ def run_dir(tmp_path_factory):
     return next(logs.glob("*/*/checkpoints"))
 
 
-def _refused(capsys, args, logs) -> str:
+def _refused(capsys, args, logs, common=COMMON) -> str:
     before = set(logs.rglob("*"))
     start = time.time()  # for the failure table (bench/failure_timings.py); not asserted
-    code = train([*COMMON, "runner.num_iterations=3", f"runner.log_dir={logs}", *args])
+    code = train([*common, "runner.num_iterations=3", f"runner.log_dir={logs}", *args])
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     note("line", line=err[-1] if err else "", code=code, start=start)
     assert code == 2, err
@@ -73,3 +73,44 @@ def test_a_checkpoint_of_a_newer_format_names_the_version_that_wrote_it(run_dir,
     line = _refused(capsys, [f"resume={newer}"], tmp_path / "logs")
     assert (f"was written by m2flow 9.9.0 in checkpoint format {checkpoint.FORMAT + 1}; this "
             f"m2flow ({m2flow.__version__}) reads formats up to {checkpoint.FORMAT}") in line
+
+
+def test_init_from_a_policy_of_other_shapes_is_refused_naming_the_first_tensor(run_dir, tmp_path,
+                                                                                capsys):
+    """``init_from`` a checkpoint of the same policy (mlp) with other layers: refused before
+    any worker starts (it used to start them all, then fail as the learner loaded it), naming
+    the first tensor that does not fit and the setting that made it so. Worked from the MLP's
+    layout (``actor_mean``: Linear at 0, 2, 4, 6, activations between; Pendulum: 3
+    observations): the checkpoint's second layer is (256, 256), this run's (32, 256)."""
+    last = run_dir / "last.pt"
+    line = _refused(capsys, [f"init_from={last}", "policy.hidden_sizes=[256,32,256]"], tmp_path)
+    assert line == (
+        f"m2flow-train: config error: init_from='{last}': its tensor 'actor_mean.2.weight' has "
+        "shape (256, 256) where this policy's has (32, 256) (its run's policy.hidden_sizes="
+        "[256, 256, 256] there, [256, 32, 256] here); start from a checkpoint of the same "
+        "policy (policy= and its settings as the run that wrote it).")
+    # the layers the checkpoint lacks keep their initial values: a policy of fewer layers
+    # leaves its tensors without a place, named
+    line = _refused(capsys, [f"init_from={last}", "policy.hidden_sizes=[256,256]"], tmp_path)
+    assert ("this policy has no tensor named 'actor_mean.6.bias', 'actor_mean.6.weight'" in
+            line), line
+    # a tensor named in init_skip keeps its initial value: not compared; the next one is
+    line = _refused(capsys, [f"init_from={last}", "policy.hidden_sizes=[256,32,256]",
+                             "init_skip=[actor_mean.2.weight]"], tmp_path)
+    assert "its tensor 'actor_mean.2.bias' has shape (256,) where this policy's has (32,)" in \
+        line, line
+
+
+def test_init_from_another_env_compares_the_shapes_the_env_does_not_set(run_dir, tmp_path,
+                                                                         capsys):
+    """With another env (ManiSkill's PushCube from Pendulum's checkpoint) this run's
+    observation and action sizes are not known before its env worker starts: the layers
+    between hidden layers, whose shapes the env does not set, are still compared and refused
+    in one line, as with the same env."""
+    last = run_dir / "last.pt"
+    common = [a if not a.startswith("env=") else "env=maniskill_pushcube" for a in COMMON]
+    line = _refused(capsys, [f"init_from={last}", "policy.hidden_sizes=[256,32,256]"], tmp_path,
+                    common=common)
+    assert line.startswith(f"m2flow-train: config error: init_from='{last}': its tensor "
+                           "'actor_mean.2.weight' has shape (256, 256) where this policy's has "
+                           "(32, 256)"), line

@@ -1,11 +1,21 @@
 """``algorithm.name=ppo_fails_at_2``: PPO whose loss raises in the learner step of the second
 iteration, as a loss that diverges would; ``algorithm.name=ppo_save_hangs_at_2``: PPO whose
 state, asked for once the second iteration's update is done, never comes, as a checkpoint
-save that hangs would; ``policy.name=mlp_marks_collection``: the Gaussian MLP, which writes
-the file named by ``M2FLOW_MARK_COLLECTION`` when it samples its ``MARK_AT``-th action (in the
-middle of the second iteration's collection of a run of 64 rollout steps), so that a test
-stops the rollout worker in that phase, not in another it is busy in (a weight sync). For the
-tests of how a failed run ends and of stalled workers."""
+save that hangs would; ``algorithm.name=ppo_marks_save``: PPO whose state, asked for by the
+second iteration's checkpoint, writes its process's pid to the file named by
+``M2FLOW_MARK_SAVE`` and then takes ``MARK_PAUSE_S`` more; ``policy.name=mlp_marks_phases``:
+the Gaussian MLP, which writes its process's pid to the file named by
+
+- ``M2FLOW_MARK_COLLECTION`` when it samples its ``MARK_AT``-th action (in the middle of the
+  second iteration's collection of a run of 64 rollout steps);
+- ``M2FLOW_MARK_START`` (a line appended) when it is built, in a worker's constructor, which
+  then takes ``MARK_PAUSE_S`` more;
+- ``M2FLOW_MARK_SYNC`` when weights are loaded into it for the ``SYNC_MARK_AT``-th time (the
+  rollout's copy: a sync of a tiny MLP is one bucket, one load), which then takes
+  ``MARK_PAUSE_S`` more;
+
+so that a test stops the worker in that phase, not in another it is busy in (a weight sync
+is over in moments). For the tests of how a failed run ends and of stalled workers."""
 
 import os
 import time
@@ -44,20 +54,55 @@ class PPOSaveHangsAt2(_Counting):
 
 
 MARK_AT = 64 + 16  # the 16th step of the second iteration's collection (64 steps each)
+# the loads of a run's weights into the rollout's copy: the full sync of start-up, then one
+# per iteration: the third is the second iteration's sync, after the first checkpoint
+SYNC_MARK_AT = 3
+MARK_PAUSE_S = 5.0  # a marked phase lasts this long at least: the test stops it meanwhile
 
 
-class MLPMarksCollection(GaussianMLPPolicy):
+def _mark(variable: str, pause: bool = True) -> None:
+    """Writes this process's pid to the file named by ``variable`` (if set), then pauses."""
+    mark = os.environ.get(variable)
+    if mark:
+        Path(mark).write_text(str(os.getpid()))
+        if pause:
+            time.sleep(MARK_PAUSE_S)
+
+
+class PPOMarksSave(_Counting):
+    def state_dict(self):
+        if getattr(self, "iteration", None) == FAILING_ITERATION:
+            _mark("M2FLOW_MARK_SAVE")
+        return super().state_dict()
+
+
+class MLPMarksPhases(GaussianMLPPolicy):
     sampled = 0
+    loads = 0
+
+    def __init__(self, cfg, env_spec):
+        super().__init__(cfg, env_spec)
+        mark = os.environ.get("M2FLOW_MARK_START")
+        if mark:
+            with open(mark, "a") as f:
+                f.write(f"{os.getpid()}\n")
+            time.sleep(MARK_PAUSE_S)
 
     def act(self, batch, deterministic: bool = False):
         if not deterministic:
             self.sampled += 1
-            mark = os.environ.get("M2FLOW_MARK_COLLECTION")
-            if mark and self.sampled == MARK_AT:
-                Path(mark).write_text(str(os.getpid()))
+            if self.sampled == MARK_AT:
+                _mark("M2FLOW_MARK_COLLECTION", pause=False)
         return super().act(batch, deterministic)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        self.loads += 1
+        if self.loads == SYNC_MARK_AT:
+            _mark("M2FLOW_MARK_SYNC")
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
 
 ALGORITHM = PPOFailsAt2
 SAVE_HANGS = PPOSaveHangsAt2
-MARKS_COLLECTION = MLPMarksCollection
+MARKS_SAVE = PPOMarksSave
+MARKS_PHASES = MLPMarksPhases
