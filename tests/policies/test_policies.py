@@ -235,7 +235,8 @@ def test_cnn_state_aux_predicts_the_normalised_simulator_state_from_the_actors_f
     terms = ppo_loss(pi, b, clip_coef=0.2, vf_coef=0.5, ent_coef=0.0)
     torch.testing.assert_close(terms["loss_aux"], by_hand.mean())
     assert "loss_aux" not in ppo_loss(plain, b, clip_coef=0.2, vf_coef=0.5, ent_coef=0.0).keys()
-    bc = SimpleNamespace(cfg=SimpleNamespace(loss="nll"))  # BC.loss reads only its loss name
+    # BC.loss reads only its loss name and whether this iteration pretrains the auxiliary loss
+    bc = SimpleNamespace(cfg=SimpleNamespace(loss="nll"), aux_only=False)
     torch.testing.assert_close(BC.loss(bc, pi, b)["loss_aux"], by_hand.mean())
     assert "loss_aux" not in BC.loss(bc, plain, b).keys()
     pi.zero_grad()
