@@ -82,6 +82,13 @@ class Policy(nn.Module, ABC):
         not of an action alone, returns its flow-matching loss."""
         return None
 
+    def bc_losses(self, batch: TensorDict
+                  ) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """(:meth:`bc_loss`, the policy's auxiliary loss (B,) on the same rows or None), for
+        behaviour cloning. Default: ``(bc_loss(batch), None)``; a policy with its own
+        supervised loss and an auxiliary head computes both from one forward pass."""
+        return self.bc_loss(batch), None
+
     def critic_parameter_names(self) -> list[str]:
         """Names of the parameters that compute ``value`` only (the critic's own network or
         a value head on a shared backbone): what trains during PPO's ``critic_warmup``.

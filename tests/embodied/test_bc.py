@@ -258,19 +258,16 @@ RGB_SPEC = EnvSpec({"rgb": (64, 64, 3), "state": (5,), "privileged": (7,)}, 2,
                    (-1.0, -1.0), (1.0, 1.0), 8)
 
 
-def test_aux_pretraining_trains_the_auxiliary_loss_alone_then_clones(tmp_path):
-    """``algorithm.aux_pretrain_iterations=2`` on the CNN with ``policy.state_aux``: in
-    iterations 0 and 1 the actor's own layers (its mean head and log-std, which only the
-    expert actions' loss reaches) stay bit for bit as built, while the encoder and the
-    auxiliary head move; from iteration 2 on the actor moves too. Fails if the expert
-    actions' loss is trained during pretraining, or never after it."""
+def _rgb_demos(tmp_path, chunk=()):
+    """8 episodes of 4 steps: 64 px frames, a state, a privileged vector, 2-d actions (in
+    chunks of ``chunk``, if given)."""
     g = torch.Generator().manual_seed(0)
     n, t = 8, 4
     o = TensorDict({"rgb": torch.randint(0, 256, (n, t, 64, 64, 3), generator=g,
                                          dtype=torch.uint8),
                     "state": torch.randn(n, t, 5, generator=g),
                     "privileged": torch.randn(n, t, 7, generator=g)}, batch_size=[n, t])
-    torch.save(TensorDict({"obs": o, "action": torch.rand(n, t, 2, generator=g) - 0.5},
+    torch.save(TensorDict({"obs": o, "action": torch.rand(n, t, *chunk, 2, generator=g) - 0.5},
                           batch_size=[n, t]), tmp_path / "demos.pt")
 
     class Trajectories:
@@ -278,6 +275,16 @@ def test_aux_pretraining_trains_the_auxiliary_loss_alone_then_clones(tmp_path):
             return TensorDict({"obs": o[:2, :1].clone(), "action": torch.zeros(2, 1, 2)},
                               batch_size=[2, 1])
 
+    return Trajectories()
+
+
+def test_aux_pretraining_trains_the_auxiliary_loss_alone_then_clones(tmp_path):
+    """``algorithm.aux_pretrain_iterations=2`` on the CNN with ``policy.state_aux``: in
+    iterations 0 and 1 the actor's own layers (its mean head and log-std, which only the
+    expert actions' loss reaches) stay bit for bit as built, while the encoder and the
+    auxiliary head move; from iteration 2 on the actor moves too. Fails if the expert
+    actions' loss is trained during pretraining, or never after it."""
+    trajectories = _rgb_demos(tmp_path)
     info = WorkerInfo("learner", 0, 1, RankResources(0, 1.0, ()), "local")
     worker = LearnerWorker(info, policy_config(name="cnn", state_aux=1.0),
                            BCConfig(dataset=str(tmp_path / "demos.pt"), batch_size=16,
@@ -287,17 +294,45 @@ def test_aux_pretraining_trains_the_auxiliary_loss_alone_then_clones(tmp_path):
     built = params()
     actor = [k for k in built if k.startswith(("actor_mean.", "actor_log_std"))]
     for i in range(2):
-        metrics = worker.update(Trajectories(), env_ranks=[0], iteration=i)
+        metrics = worker.update(trajectories, env_ranks=[0], iteration=i)
         assert "loss/loss_aux" in metrics and "loss/loss_bc" not in metrics, metrics
         assert metrics["loss/bc_nll"] > 0
     now = params()
     assert all(torch.equal(now[k], built[k]) for k in actor)
     moved = [k for k in built if not torch.equal(now[k], built[k])]
     assert any(k.startswith("encoder.") for k in moved) and "state_aux.head.weight" in moved
-    metrics = worker.update(Trajectories(), env_ranks=[0], iteration=2)
+    metrics = worker.update(trajectories, env_ranks=[0], iteration=2)
     assert "loss/loss_bc" in metrics and "loss/loss_aux" in metrics
     after = params()
     assert all(not torch.equal(after[k], built[k]) for k in actor)
+
+
+def test_aux_pretraining_of_a_flow_vla_trains_tower_and_prefix_not_the_expert(tmp_path):
+    """The same on the tiny π0, whose cloning loss is its own (flow matching, one joint pass
+    with the auxiliary loss): during pretraining the action expert and the action
+    projections, which only the flow-matching loss reaches, stay bit for bit as built, while
+    the vision tower, the prefix Gemma and the auxiliary head move; then all of them move."""
+    trajectories = _rgb_demos(tmp_path, chunk=(2,))
+    info = WorkerInfo("learner", 0, 1, RankResources(0, 1.0, ()), "local")
+    worker = LearnerWorker(info, policy_config(name="pi0", state_aux=1.0, chunk=2),
+                           BCConfig(dataset=str(tmp_path / "demos.pt"), batch_size=8,
+                                    aux_pretrain_iterations=1), RGB_SPEC, seed=0,
+                           num_iterations=10)
+    params = lambda: {k: v.detach().clone() for k, v in worker.policy.named_parameters()}
+    built = params()
+    expert = [k for k in built if "gemma_expert" in k or k.startswith("model.action_")]
+    assert expert
+    metrics = worker.update(trajectories, env_ranks=[0], iteration=0)
+    assert "loss/loss_aux" in metrics and "loss/loss_bc" not in metrics, metrics
+    now = params()
+    moved = {k for k in built if not torch.equal(now[k], built[k])}
+    assert not moved & set(expert), sorted(moved & set(expert))
+    assert any("vision" in k for k in moved) and any("language_model" in k for k in moved)
+    assert "state_aux.head.weight" in moved
+    metrics = worker.update(trajectories, env_ranks=[0], iteration=1)
+    assert metrics["loss/loss_bc"] > 0 and "loss/loss_aux" in metrics
+    after = params()
+    assert any(not torch.equal(after[k], built[k]) for k in expert)
 
 
 def test_aux_pretraining_without_an_auxiliary_loss_is_refused_at_start_up():
@@ -311,3 +346,19 @@ def test_aux_pretraining_without_an_auxiliary_loss_is_refused_at_start_up():
     with pytest.raises(ValueError, match=r"algorithm\.aux_pretrain_iterations=5: .*"
                                          r"set policy\.state_aux > 0"):
         check_config(cfg)
+
+
+def test_a_flat_pt_dataset_without_chunks_is_refused_for_a_chunked_policy(tmp_path):
+    """A .pt batch's actions (M, A) for a policy that decodes chunks of 2 (a flow policy, not
+    a token one): one line naming the dataset and the shape it needs, at the first sample,
+    not a reshape error inside the loss."""
+    from m2flow.embodied.algorithms.helpers.expert_data import ExpertData
+    from m2flow.policies import make_policy
+
+    spec = EnvSpec({"state": (5,)}, 2, (-1.0, -1.0), (1.0, 1.0), 8)
+    torch.save(TensorDict({"obs": {"state": torch.randn(6, 5)}, "action": torch.zeros(6, 2)},
+                          batch_size=[6]), tmp_path / "flat.pt")
+    policy = make_policy(policy_config(name="flow_mlp", chunk=2), spec)
+    data = ExpertData(str(tmp_path / "flat.pt"), 2)
+    with pytest.raises(AlgorithmError, match=r"a \.pt dataset needs action \(\.\.\., 2, 2\)"):
+        data.sample(policy, 4, torch.Generator().manual_seed(0))

@@ -241,3 +241,39 @@ def test_pi0_settings_are_checked():
         make_policy(policy_config(name="pi0", action_dim=4), SPEC)
     with pytest.raises(PolicyError, match="policy.checkpoint='/nonexistent'"):
         make_policy(policy_config(name="pi0", checkpoint="/nonexistent"), SPEC)
+
+
+def test_state_aux_reads_the_prefix_and_matches_a_hand_computation():
+    """``policy.state_aux``: BC's loss pair comes from one joint pass; its auxiliary term is
+    coef x the mean squared error of the linear head on the prefix alone's valid tokens
+    averaged by hand (the padding's left out), against the privileged vector normalised by
+    the statistics of the one batch observed; PPO's ``evaluate_actions`` carries the same term."""
+    spec = EnvSpec({"rgb": (64, 64, 3), "state": (9,), "privileged": (5,)}, 4,
+                   (-1.0,) * 4, (1.0,) * 4, 50, tasks=("push the cube", "push it"))
+    torch.manual_seed(0)
+    pi = make_policy(policy_config(name="pi0", state_aux=2.5, chunk=4), spec)
+    b = obs_batch(3)
+    b["obs", "task"] = torch.tensor([0, 1, 1])  # prompts of two lengths: padding
+    b["obs", "privileged"] = torch.randn(3, 5, generator=torch.Generator().manual_seed(4)) * 3
+    b["action"] = torch.rand(3, 4, 4) * 2 - 1
+    pi.observe(b)
+    fm, aux = pi.bc_losses(b)
+    assert fm.shape == aux.shape == (3,)
+
+    p = pi._prefix(b["obs"])
+    allowed = pm.attention_mask(p.valid, torch.zeros(p.valid.shape[1], dtype=torch.long))
+    positions = (p.valid.long().cumsum(-1) - 1).clamp_min(0)
+    (hidden, _), _ = pi.pwe(p.embeds, None, allowed, positions)
+    assert not p.valid.all()  # the prompt's padding is there to be left out
+    pooled = torch.stack([hidden[i][p.valid[i]].mean(0) for i in range(3)])
+    x = b["obs", "privileged"]  # the running statistics of this one batch, by hand
+    target = (x - x.mean(0)) / torch.sqrt(x.var(0, unbiased=False) + 1e-8)
+    expected = 2.5 * ((pooled @ pi.state_aux.head.weight.T + pi.state_aux.head.bias
+                       - target) ** 2).mean(-1)
+    torch.testing.assert_close(aux, expected, rtol=1e-4, atol=1e-5)
+
+    b.update(pi.act(b))
+    torch.testing.assert_close(pi.evaluate_actions(b)["aux_loss"], expected, rtol=1e-4,
+                               atol=1e-5)
+    no_aux = make_policy(policy_config(name="pi0", chunk=4), spec)
+    assert no_aux.bc_losses(b)[1] is None and "aux_loss" not in no_aux.evaluate_actions(b).keys()

@@ -185,14 +185,16 @@ class BC(Algorithm):
                 )
             err = ((action - mb[keys.ACTION]) ** 2).reshape(mb.shape[0], -1).sum(-1)
             return TensorDict({"loss_bc": err.mean()}, batch_size=[])
-        own = policy.bc_loss(mb)
+        own, aux = policy.bc_losses(mb)
         if own is not None:  # the policy's own supervised loss (flow matching)
-            return TensorDict({"loss_bc": own.mean()}, batch_size=[])
-        out = policy.evaluate_actions(mb)
-        terms = {"loss_bc": -out[keys.LOG_PROB].mean(),
-                 "entropy": out[keys.ENTROPY].mean().detach()}
-        if keys.AUX_LOSS in out.keys():  # the policy's own, as PPO and GRPO add it
-            terms["loss_aux"] = out[keys.AUX_LOSS].mean()
+            terms = {"loss_bc": own.mean()}
+        else:
+            out = policy.evaluate_actions(mb)
+            terms = {"loss_bc": -out[keys.LOG_PROB].mean(),
+                     "entropy": out[keys.ENTROPY].mean().detach()}
+            aux = out.get(keys.AUX_LOSS, None)  # the policy's own, as PPO and GRPO add it
+        if aux is not None:
+            terms["loss_aux"] = aux.mean()
         if self.aux_only:
             if "loss_aux" not in terms:
                 raise AlgorithmError(

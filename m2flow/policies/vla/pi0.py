@@ -38,6 +38,7 @@ m2flow's normalisation.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -119,6 +120,15 @@ class Pi0PolicyConfig(PolicyConfig, FlowChainSettings):
     """'head': an MLP on the pooled prefix; 'privileged': an MLP over the simulator state."""
     value_hidden: List[int] = field(default_factory=lambda: [128])
     """Hidden widths of the value head."""
+    state_aux: float = 0.0
+    """> 0: an auxiliary loss in training, this coefficient x the mean squared error of a
+    linear head predicting the running-normalised simulator state (``("obs", "privileged")``,
+    env.privileged_state=true; a demos file recorded with it) from the prefix's final hidden
+    states mean-pooled over its valid tokens (where ``critic=head`` reads; the action expert
+    attends every prefix token). A tower and prefix built from random weights then learn
+    where the objects are from a dense, supervised signal (with BC's
+    ``algorithm.aux_pretrain_iterations``: before cloning); acting never calls the head.
+    0: off."""
     checkpoint: Optional[str] = None
     """A local directory with openpi's converted ``model.safetensors`` (of this ``variant``);
     its weights replace the random ones."""
@@ -156,6 +166,8 @@ def _check(o: Pi0PolicyConfig) -> None:
                           "policy.image_size of policy.patch_size.")
     if o.lora_rank < 0:
         raise PolicyError(f"policy.lora_rank={o.lora_rank}: must be >= 0 (0: no LoRA).")
+    if not (o.state_aux >= 0 and math.isfinite(o.state_aux)):
+        raise PolicyError(f"policy.state_aux={o.state_aux}: must be >= 0 (0: off).")
     if o.size == "full" and not o.tokenizer:
         raise PolicyError("policy.size=full needs policy.tokenizer: a local directory of "
                           "PaliGemma's tokenizer files (the tiny tokenizer's ids mean nothing "
@@ -177,6 +189,12 @@ class Prefix:
     pooled: Optional[torch.Tensor] = None  # (B, Wp) fp32
 
 
+def _pool(hidden: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """(B, Wp) fp32: the prefix's hidden states (B, Lp, Wp) averaged over its valid tokens."""
+    w = valid[..., None].float()
+    return (hidden.float() * w).sum(1) / w.sum(1).clamp_min(1.0)
+
+
 class Pi0Policy(FlowChain, Policy):
     """``policy.name=pi0`` (module docstring)."""
 
@@ -196,6 +214,9 @@ class Pi0Policy(FlowChain, Policy):
                                                      PolicyError)
         if policy_cfg.critic == critics.PRIVILEGED and env_cfg is not None:
             critics.check_env(env_cfg, "policy.critic=privileged", "use policy.critic=head")
+        if policy_cfg.state_aux > 0 and env_cfg is not None:
+            critics.check_env(env_cfg, f"policy.state_aux={policy_cfg.state_aux}",
+                              "set policy.state_aux=0")
 
     def __init__(self, cfg: Pi0PolicyConfig, env_spec, device: str = "cpu"):
         super().__init__()
@@ -236,6 +257,10 @@ class Pi0Policy(FlowChain, Policy):
                 self.critic = None
                 self.value_head = mlp(self.prefix_width, list(o.value_hidden), 1, "tanh",
                                       CRITIC_OUT_GAIN)
+            self.state_aux = (critics.StateAux(
+                self.prefix_width,
+                critics.privileged_dim(shapes, f"policy.state_aux={o.state_aux}"),
+                o.state_aux) if o.state_aux > 0 else None)
         self.state_dim = state_dim
         if o.lora_rank > 0:
             self.pwe.add_lora(o.lora_rank, o.lora_alpha)
@@ -321,9 +346,7 @@ class Pi0Policy(FlowChain, Policy):
         allowed = pm.attention_mask(p.valid, torch.zeros_like(p.valid[0], dtype=torch.long))
         positions = (p.valid.long().cumsum(-1) - 1).clamp_min(0)
         (hidden, _), kv = self.pwe(p.embeds, None, allowed, positions, keep_kv=True)
-        w = p.valid[..., None].float()
-        pooled = (hidden.float() * w).sum(1) / w.sum(1).clamp_min(1.0)
-        return Prefix(p.embeds, p.valid, p.state, kv, pooled)
+        return Prefix(p.embeds, p.valid, p.state, kv, _pool(hidden, p.valid))
 
     # -- the velocity --------------------------------------------------------------------------
 
@@ -349,7 +372,8 @@ class Pi0Policy(FlowChain, Policy):
         lp = ctx.valid.shape[1]
         dtype = ctx.embeds.dtype
         if ctx.kv is None:
-            (_, out), _ = self.pwe(ctx.embeds, tokens.to(dtype), allowed, positions, cond)
+            (hidden, out), _ = self.pwe(ctx.embeds, tokens.to(dtype), allowed, positions, cond)
+            ctx.pooled = _pool(hidden, ctx.valid)  # the prefix never attends the suffix
         else:
             (_, out), _ = self.pwe(None, tokens.to(dtype), allowed[:, lp:], positions[:, lp:],
                                    cond, past=ctx.kv)
@@ -375,12 +399,24 @@ class Pi0Policy(FlowChain, Policy):
         ctx = self._run_prefix(self._prefix(obs))
         out = self._chain_log_probs(ctx, batch)
         out[keys.VALUE] = self._value(obs, ctx)
+        if self.state_aux is not None:
+            out[keys.AUX_LOSS] = self.state_aux.loss(obs, ctx.pooled)
         return TensorDict(out, batch_size=batch.batch_size)
 
     def bc_loss(self, batch: TensorDict, eps: Optional[torch.Tensor] = None,
                 t: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Flow matching (per sample) on expert chunks ``action``, through the joint pass."""
-        return self._flow_matching_loss(self._prefix(batch[keys.OBS]), batch[keys.ACTION], eps, t)
+        return self.bc_losses(batch, eps, t)[0]
+
+    def bc_losses(self, batch: TensorDict, eps: Optional[torch.Tensor] = None,
+                  t: Optional[torch.Tensor] = None):
+        """(flow matching, ``policy.state_aux``'s loss or None), per sample, from one joint
+        pass: the auxiliary head reads the pass's pooled prefix."""
+        obs = batch[keys.OBS]
+        ctx = self._prefix(obs)
+        fm = self._flow_matching_loss(ctx, batch[keys.ACTION], eps, t)
+        aux = None if self.state_aux is None else self.state_aux.loss(obs, ctx.pooled)
+        return fm, aux
 
     def _value(self, obs: TensorDict, ctx: Prefix) -> torch.Tensor:
         if self.critic is not None:
@@ -397,3 +433,5 @@ class Pi0Policy(FlowChain, Policy):
             self.obs_norm.update(batch[keys.STATE].float())
         if self.critic is not None:
             self.critic.observe(batch)
+        if self.state_aux is not None:
+            self.state_aux.observe(batch)

@@ -49,6 +49,7 @@ class ExpertData:
                  noop_threshold: float = 0.0, field: str = "dataset",
                  options: tuple[str, str] = ("num_demos", "noop_threshold")):
         self.dataset, self.action_dim, self.field = dataset, action_dim, field
+        self.checked = False
         if Path(dataset).suffix in HDF5_SUFFIXES:
             kept = (drop_noops(ep, noop_threshold)
                     for ep in read_demos(dataset, action_dim, num_demos, field=field))
@@ -67,8 +68,9 @@ class ExpertData:
     def sample(self, policy, n: int, gen: torch.Generator) -> TensorDict:
         """``n`` rows of the targets (without replacement while there are enough), drawn
         with ``gen``; on the CPU."""
-        if self.data is None or _needs_tokens(policy, self.data):
+        if self.data is None or not self.checked or _needs_tokens(policy, self.data):
             self.data = self._targets(policy)
+            self.checked = True  # a .pt batch's action shape against the policy's chunk
         m = self.data.shape[0]
         if n <= m:
             idx = torch.randperm(m, generator=gen)[:n]
