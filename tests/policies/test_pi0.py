@@ -277,3 +277,28 @@ def test_state_aux_reads_the_prefix_and_matches_a_hand_computation():
                                atol=1e-5)
     no_aux = make_policy(policy_config(name="pi0", chunk=4), spec)
     assert no_aux.bc_losses(b)[1] is None and "aux_loss" not in no_aux.evaluate_actions(b).keys()
+
+
+@pytest.mark.parametrize("variant", ["pi0", "pi05"])
+def test_proprio_hidden_dims_do_not_reach_the_velocity(variant):
+    """``policy.proprio_hidden=[[2, 5]]``: changing state dims 2-4 leaves the velocity bit for
+    bit as it was (π0: the state token; π0.5: the state text), changing dim 6 does not."""
+    pi = tiny(variant, proprio_hidden=[[2, 5]])
+    for p in pi.parameters():
+        p.data.add_(0.02 * torch.randn_like(p))
+    obs = obs_batch(2)["obs"]
+    x, t = torch.randn(2, 4, 4), torch.tensor([0.7, 0.3])
+
+    def velocity(state):
+        o = obs.clone()
+        o["state"] = state
+        return pi._velocity(pi._prefix(o), x, t)[0]
+
+    base = velocity(obs["state"])
+    hidden, seen = obs["state"].clone(), obs["state"].clone()
+    hidden[:, 2:5] += 3.0
+    seen[:, 6] += 3.0
+    assert torch.equal(velocity(hidden), base)
+    assert not torch.allclose(velocity(seen), base)
+    with pytest.raises(PolicyError, match=r"policy\.proprio_hidden=\[\[2, 30\]\]"):
+        tiny(variant, proprio_hidden=[[2, 30]])

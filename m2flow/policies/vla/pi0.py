@@ -48,7 +48,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from m2flow import keys
-from m2flow.policies import critics, flow_chain
+from m2flow.policies import critics, flow_chain, hidden_state
 from m2flow.policies.base import Policy, PolicyError
 from m2flow.policies.config import PolicyConfig
 from m2flow.policies.flow_chain import FlowChain, FlowChainSettings
@@ -66,6 +66,7 @@ PIXEL_MAX = 255.0
 STATE_BINS = 256  # openpi's π0.5 state discretisation
 STATE_TEXT_STDS = 3.0  # running stds mapped onto [-1, 1] before it
 PRIVILEGED_HIDDEN = [256, 256]
+PROPRIO_HIDDEN = "policy.proprio_hidden"
 
 
 @dataclass
@@ -116,6 +117,10 @@ class Pi0PolicyConfig(PolicyConfig, FlowChainSettings):
     """tiny: size of the locally built byte-level BPE (:mod:`.text`)."""
     normalize_obs: bool = True
     """Normalise the state by running mean/std (updated by the learner)."""
+    proprio_hidden: List[List[int]] = field(default_factory=list)
+    """[start, end) ranges of the state's dims the policy reads as 0 (after normalisation), in
+    π0's state token and π0.5's state text; e.g. [[9, 18]] hides ManiSkill Panda's joint
+    velocities, which a cloned policy copies (:mod:`m2flow.policies.hidden_state`)."""
     critic: str = "head"
     """'head': an MLP on the pooled prefix; 'privileged': an MLP over the simulator state."""
     value_hidden: List[int] = field(default_factory=lambda: [128])
@@ -166,6 +171,7 @@ def _check(o: Pi0PolicyConfig) -> None:
                           "policy.image_size of policy.patch_size.")
     if o.lora_rank < 0:
         raise PolicyError(f"policy.lora_rank={o.lora_rank}: must be >= 0 (0: no LoRA).")
+    hidden_state.ranges(o.proprio_hidden, None, PROPRIO_HIDDEN)
     if not (o.state_aux >= 0 and math.isfinite(o.state_aux)):
         raise PolicyError(f"policy.state_aux={o.state_aux}: must be >= 0 (0: off).")
     if o.size == "full" and not o.tokenizer:
@@ -262,6 +268,9 @@ class Pi0Policy(FlowChain, Policy):
                 critics.privileged_dim(shapes, f"policy.state_aux={o.state_aux}"),
                 o.state_aux) if o.state_aux > 0 else None)
         self.state_dim = state_dim
+        ranges = hidden_state.ranges(o.proprio_hidden, state_dim, PROPRIO_HIDDEN)
+        self.register_buffer(  # a constant of the config: not saved
+            "proprio_sees", hidden_state.sees(ranges, state_dim, device=device), persistent=False)
         if o.lora_rank > 0:
             self.pwe.add_lora(o.lora_rank, o.lora_alpha)
         self._set_prompts(env_spec, device)
@@ -300,10 +309,13 @@ class Pi0Policy(FlowChain, Policy):
     # -- the prefix --------------------------------------------------------------------------
 
     def _state(self, obs: TensorDict, b: int, dev) -> torch.Tensor:
-        """The normalised state zero-padded to ``action_dim`` (B, action_dim)."""
+        """The normalised state, 0 in ``proprio_hidden``'s dims, zero-padded to
+        ``action_dim`` (B, action_dim)."""
         out = torch.zeros(b, self.cfg.action_dim, device=dev)
         if self.state_dim:
-            out[:, : self.state_dim] = self.obs_norm(obs[keys.leaf(keys.STATE)].float().to(dev))
+            state = self.obs_norm(obs[keys.leaf(keys.STATE)].float().to(dev))
+            out[:, : self.state_dim] = (state if self.proprio_sees is None
+                                        else state * self.proprio_sees)
         return out
 
     def _prompt(self, obs: TensorDict, state: torch.Tensor, b: int, dev):
