@@ -17,20 +17,24 @@ TINY = ["env.num_envs=2", "runner.eval_interval=0", "runner.eval_episodes=2",
 
 @pytest.fixture(scope="module")
 def pushcube_demos(tmp_path_factory):
-    """One PushCube-v1 planner demonstration (64 px rgb + state) written by m2flow-demos."""
-    return one_demo(tmp_path_factory.mktemp("demos"), ["env=maniskill_pushcube_rgb"])
+    """One PushCube-v1 planner demonstration (64 px rgb + state, and the simulator state for
+    the recipe's auxiliary loss) written by m2flow-demos."""
+    return one_demo(tmp_path_factory.mktemp("demos"),
+                    ["env=maniskill_pushcube_rgb", "env.privileged_state=true"])
 
 
 def test_bc_flow_matching_on_a_pushcube_demo_lowers_its_loss(tmp_path, pushcube_demos):
     rc = train(["--config-name", "maniskill_pushcube_bc_pi0_tiny", *TINY, "cluster=inprocess",
                 f"algorithm.dataset={pushcube_demos}", "algorithm.batch_size=64",
                 "algorithm.num_minibatches=2", "algorithm.update_epochs=2",
+                "algorithm.aux_pretrain_iterations=0",  # cloning from the first iteration
                 "runner.num_iterations=6", f"runner.log_dir={tmp_path}"])
     assert rc == 0
     run_dir = next(tmp_path.glob("*/*/checkpoints/last.pt")).parent.parent
     losses = logged(run_dir, "loss/loss_bc")
     assert len(losses) == 6 and all(math.isfinite(x) for x in losses)
     assert losses[-1] < 0.7 * losses[0], losses
+    assert len(logged(run_dir, "loss/loss_aux")) == 6  # the recipe's grounding, kept on
 
 
 def test_ppo_through_the_vlas_chain_runs_two_iterations_on_ray_workers(tmp_path, ray_cluster,
