@@ -362,3 +362,27 @@ def test_a_flat_pt_dataset_without_chunks_is_refused_for_a_chunked_policy(tmp_pa
     data = ExpertData(str(tmp_path / "flat.pt"), 2)
     with pytest.raises(AlgorithmError, match=r"a \.pt dataset needs action \(\.\.\., 2, 2\)"):
         data.sample(policy, 4, torch.Generator().manual_seed(0))
+
+
+def test_a_dataset_without_the_simulator_state_is_refused_for_an_auxiliary_loss(tmp_path):
+    """``policy.state_aux`` predicts ``obs/privileged``: demos recorded without it are one
+    line naming the dataset and both fixes at the first sample, not a KeyError in the loss."""
+    from m2flow.embodied.algorithms.helpers.expert_data import ExpertData
+    from m2flow.policies import make_policy
+
+    g = torch.Generator().manual_seed(0)
+    obs = {"rgb": torch.randint(0, 256, (6, 64, 64, 3), generator=g, dtype=torch.uint8),
+           "state": torch.randn(6, 5, generator=g)}
+    torch.save(TensorDict({"obs": obs, "action": torch.zeros(6, 2)}, batch_size=[6]),
+               tmp_path / "no_priv.pt")
+    policy = make_policy(policy_config(name="cnn", state_aux=1.0), RGB_SPEC)
+    data = ExpertData(str(tmp_path / "no_priv.pt"), 2)
+    with pytest.raises(AlgorithmError, match=r"algorithm\.dataset=.*no_priv\.pt' holds no "
+                                             r"obs/privileged.*env\.privileged_state=true, or "
+                                             r"set policy\.state_aux=0"):
+        data.sample(policy, 4, torch.Generator().manual_seed(0))
+    with_priv = TensorDict({"obs": {**obs, "privileged": torch.randn(6, 7, generator=g)},
+                            "action": torch.zeros(6, 2)}, batch_size=[6])
+    torch.save(with_priv, tmp_path / "priv.pt")
+    assert ExpertData(str(tmp_path / "priv.pt"), 2).sample(
+        policy, 4, torch.Generator().manual_seed(0)).shape == (4,)

@@ -93,6 +93,12 @@ class ExpertData:
                     f"{where}: actions of shape {list(shape[1:])} per step; the policy decodes "
                     f"chunks of {chunk}, so a .pt dataset needs action (..., {chunk}, "
                     f"{self.action_dim}), or use an .h5 dataset of whole episodes.")
+        if getattr(policy, "state_aux", None) is not None and \
+                keys.leaf(keys.PRIVILEGED) not in data[keys.OBS].keys():
+            raise AlgorithmError(
+                f"{where} holds no obs/privileged (the simulator state), which "
+                f"policy.state_aux's loss predicts; record the demos with m2flow-demos "
+                "env.privileged_state=true, or set policy.state_aux=0.")
         if _needs_tokens(policy, data):
             data[keys.ACTION_TOKENS] = action_bins(policy, data[keys.ACTION])
         return data
