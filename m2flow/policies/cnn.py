@@ -71,8 +71,7 @@ def _check(cfg: CNNPolicyConfig) -> None:
     check_critic(cfg.critic)
     if cfg.feature_dim < 1:
         raise PolicyError(f"policy.feature_dim={cfg.feature_dim}: must be >= 1.")
-    if not (cfg.state_aux >= 0 and np.isfinite(cfg.state_aux)):
-        raise PolicyError(f"policy.state_aux={cfg.state_aux}: must be >= 0 (0: off).")
+    critics.StateAux.check(cfg.state_aux)
     if cfg.encoder_weights is not None and not is_timm:
         raise PolicyError(
             "policy.encoder_weights loads a timm backbone; set policy.encoder to "
@@ -234,9 +233,7 @@ class GaussianCNNPolicy(GaussianActorCritic):
             )
         GaussianActorCritic.check_config(policy_cfg, env_cfg)
         _check(policy_cfg)
-        if policy_cfg.state_aux > 0:
-            critics.check_env(env_cfg, f"policy.state_aux={policy_cfg.state_aux}",
-                              "set policy.state_aux=0")
+        critics.StateAux.check(policy_cfg.state_aux, env_cfg)
 
     def __init__(self, cfg: CNNPolicyConfig, env_spec):
         super().__init__()
@@ -272,10 +269,8 @@ class GaussianCNNPolicy(GaussianActorCritic):
         if self.privileged_critic:  # replaces the critic over the encoder's features
             n_priv = critics.privileged_dim(shapes, "policy.critic=privileged")
             self.critic = critics.PrivilegedCritic(n_priv, cfg.hidden_sizes, cfg.activation)
-        self.state_aux = None
-        if cfg.state_aux > 0:
-            n_priv = critics.privileged_dim(shapes, "policy.state_aux")
-            self.state_aux = critics.StateAux(cfg.feature_dim + state_dim, n_priv, cfg.state_aux)
+        self.state_aux = critics.StateAux.build(cfg.feature_dim + state_dim, shapes,
+                                                cfg.state_aux)
 
     def _features(self, obs: TensorDict) -> torch.Tensor:
         features = self.encoder(obs[keys.leaf(keys.RGB)])

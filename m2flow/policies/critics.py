@@ -10,6 +10,9 @@ by behaviour cloning). Evaluation never calls it.
 
 from __future__ import annotations
 
+import math
+from typing import Optional
+
 import torch
 from tensordict import TensorDict
 from torch import nn
@@ -68,6 +71,22 @@ class StateAux(nn.Module):
         self.coef = coef
         self.norm = RunningNorm(dim)
         self.head = nn.Linear(n_features, dim)
+
+    @staticmethod
+    def check(coef: float, env_cfg=None) -> None:
+        """At start-up: ``policy.state_aux`` must be >= 0 and finite; with ``env_cfg``, one
+        > 0 needs the env to return its target (``env.privileged_state``)."""
+        if not (coef >= 0 and math.isfinite(coef)):
+            raise PolicyError(f"policy.state_aux={coef}: must be >= 0 (0: off).")
+        if coef > 0 and env_cfg is not None:
+            check_env(env_cfg, f"policy.state_aux={coef}", "set policy.state_aux=0")
+
+    @classmethod
+    def build(cls, n_features: int, obs_shapes: dict, coef: float) -> Optional["StateAux"]:
+        """The head over ``n_features`` for the env's privileged vector, or None (coef 0)."""
+        if coef <= 0:
+            return None
+        return cls(n_features, privileged_dim(obs_shapes, f"policy.state_aux={coef}"), coef)
 
     def loss(self, obs: TensorDict, features: torch.Tensor) -> torch.Tensor:
         target = self.norm(obs[keys.leaf(keys.PRIVILEGED)].float()).detach()

@@ -130,9 +130,7 @@ class OpenVLAOFTPolicy(Policy):
                 if privileged else None)
             self.image_pos = (nn.Parameter(torch.zeros(
                 len(self.image_keys) * self.vlm.num_patches, h)) if o.image_positions else None)
-            self.state_aux = (critics.StateAux(
-                h, critics.privileged_dim(shapes, f"policy.state_aux={o.state_aux}"),
-                o.state_aux) if o.state_aux > 0 else None)
+            self.state_aux = critics.StateAux.build(h, shapes, o.state_aux)
         if self.proprio is not None and proprio_file is not None:
             self.proprio.load_state_dict(oft_checkpoint.load_proprio(proprio_file))
         ranges = hidden_state.ranges(o.proprio_hidden,

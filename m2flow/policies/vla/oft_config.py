@@ -4,7 +4,6 @@ checks at start-up (no weights loaded), and the weights' dtype. The model is
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -147,8 +146,7 @@ def check_settings(o: OFTPolicyConfig) -> None:
     if o.vision_depth is not None and o.vision_depth < 2:
         raise PolicyError(f"policy.vision_depth={o.vision_depth}: must be >= 2 (the image "
                           "tokens are read after the second-to-last block).")
-    if not (o.state_aux >= 0 and math.isfinite(o.state_aux)):
-        raise PolicyError(f"policy.state_aux={o.state_aux}: must be >= 0 (0: off).")
+    critics.StateAux.check(o.state_aux)
     if o.critic not in CRITICS:
         raise PolicyError(f"policy.critic={o.critic!r}: use one of {list(CRITICS)} "
                           "('head': a value head on the LM; 'privileged': the simulator state).")
@@ -194,9 +192,7 @@ def check_config(policy_cfg: OFTPolicyConfig, env_cfg) -> None:
         critics.check_env(env_cfg, "policy.critic=privileged", "use policy.critic=head")
     if o.proprio_privileged:
         critics.check_env(env_cfg, "policy.proprio_privileged=true", "drop it")
-    if o.state_aux > 0:
-        critics.check_env(env_cfg, f"policy.state_aux={o.state_aux}",
-                          "set policy.state_aux=0")
+    critics.StateAux.check(o.state_aux, env_cfg)
     if o.checkpoint is not None:
         oft_checkpoint.check_options(o)
 

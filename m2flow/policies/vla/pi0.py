@@ -38,7 +38,6 @@ m2flow's normalisation.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -172,8 +171,7 @@ def _check(o: Pi0PolicyConfig) -> None:
     if o.lora_rank < 0:
         raise PolicyError(f"policy.lora_rank={o.lora_rank}: must be >= 0 (0: no LoRA).")
     hidden_state.ranges(o.proprio_hidden, None, PROPRIO_HIDDEN)
-    if not (o.state_aux >= 0 and math.isfinite(o.state_aux)):
-        raise PolicyError(f"policy.state_aux={o.state_aux}: must be >= 0 (0: off).")
+    critics.StateAux.check(o.state_aux)
     if o.size == "full" and not o.tokenizer:
         raise PolicyError("policy.size=full needs policy.tokenizer: a local directory of "
                           "PaliGemma's tokenizer files (the tiny tokenizer's ids mean nothing "
@@ -220,9 +218,7 @@ class Pi0Policy(FlowChain, Policy):
                                                      PolicyError)
         if policy_cfg.critic == critics.PRIVILEGED and env_cfg is not None:
             critics.check_env(env_cfg, "policy.critic=privileged", "use policy.critic=head")
-        if policy_cfg.state_aux > 0 and env_cfg is not None:
-            critics.check_env(env_cfg, f"policy.state_aux={policy_cfg.state_aux}",
-                              "set policy.state_aux=0")
+        critics.StateAux.check(policy_cfg.state_aux, env_cfg)
 
     def __init__(self, cfg: Pi0PolicyConfig, env_spec, device: str = "cpu"):
         super().__init__()
@@ -263,10 +259,7 @@ class Pi0Policy(FlowChain, Policy):
                 self.critic = None
                 self.value_head = mlp(self.prefix_width, list(o.value_hidden), 1, "tanh",
                                       CRITIC_OUT_GAIN)
-            self.state_aux = (critics.StateAux(
-                self.prefix_width,
-                critics.privileged_dim(shapes, f"policy.state_aux={o.state_aux}"),
-                o.state_aux) if o.state_aux > 0 else None)
+            self.state_aux = critics.StateAux.build(self.prefix_width, shapes, o.state_aux)
         self.state_dim = state_dim
         ranges = hidden_state.ranges(o.proprio_hidden, state_dim, PROPRIO_HIDDEN)
         self.register_buffer(  # a constant of the config: not saved
@@ -417,8 +410,10 @@ class Pi0Policy(FlowChain, Policy):
 
     def bc_loss(self, batch: TensorDict, eps: Optional[torch.Tensor] = None,
                 t: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Flow matching (per sample) on expert chunks ``action``, through the joint pass."""
-        return self.bc_losses(batch, eps, t)[0]
+        """Flow matching (per sample) on expert chunks ``action``, through the joint pass
+        (PPO's demo term: the auxiliary head is left out)."""
+        return self._flow_matching_loss(self._prefix(batch[keys.OBS]), batch[keys.ACTION],
+                                        eps, t)
 
     def bc_losses(self, batch: TensorDict, eps: Optional[torch.Tensor] = None,
                   t: Optional[torch.Tensor] = None):
