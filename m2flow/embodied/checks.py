@@ -195,6 +195,8 @@ def check_paths(cfg: TrainConfig) -> None:
     if cfg.eval.checkpoint is not None:
         check_file("eval.checkpoint", cfg.eval.checkpoint,
                    "give a .pt written by m2flow-train (runs/<name>/<time>/checkpoints/last.pt)")
+        state = check_resume(cfg.eval.checkpoint, "embodied", name="eval.checkpoint")
+        _check_policy_tensors(cfg, state, "eval.checkpoint", cfg.eval.checkpoint)
     else:
         check_resume_matches(cfg, check_resume(cfg.resume, "embodied"))
         check_init_from(cfg)
@@ -246,7 +248,7 @@ def _plain(value):
 
 def check_init_from(cfg: TrainConfig) -> None:
     """``init_from`` is an embodied checkpoint of a run with this config's policy, whose
-    tensors fit the policy this run builds (``_check_init_shapes``)."""
+    tensors fit the policy this run builds (``_check_policy_tensors``)."""
     if cfg.init_from is None or cfg.resume is not None:
         return
     state = check_resume(cfg.init_from, "embodied", name="init_from")
@@ -260,14 +262,20 @@ def check_init_from(cfg: TrainConfig) -> None:
                           f"{cfg.policy.name}; start from a checkpoint of the same policy.")
     if cfg.init_skip:
         _check_skip(list(cfg.init_skip), list(state["learner"]["policy"]), cfg.init_from)
-    _check_init_shapes(cfg, state)
+    _check_policy_tensors(cfg, state, "init_from", cfg.init_from)
 
 
-def _check_init_shapes(cfg: TrainConfig, state: dict) -> None:
-    """``init_from``'s policy tensors fit the policy this run builds, names and shapes, as the
-    learner loads them once every worker started (``LearnerWorker.init_weights``): those
-    ``init_skip`` names aside, and a critic tensor the new policy has no place for dropped.
-    The first tensor that does not fit is the line, with the policy settings that differ.
+def _check_policy_tensors(cfg: TrainConfig, state: dict, name: str, path: str) -> None:
+    """The policy tensors of checkpoint ``path`` (field ``name``) fit the policy this run
+    builds, names and shapes: for ``init_from`` as the learner loads them once every worker
+    started (``LearnerWorker.init_weights``): those ``init_skip`` names aside, and a critic
+    tensor the new policy has no place for dropped; the tensors the checkpoint lacks keep
+    their initial values. For ``eval.checkpoint`` (``m2flow-eval``: the checkpoint's config
+    with the command's overrides) the checkpoint must also hold every actor tensor, as the
+    rollout workers load a whole policy: an override that adds a part (e.g.
+    ``policy.noise_method=flow_noise`` on a BC checkpoint: a noise head) would otherwise fail
+    in the weight sync once every worker started. The first tensor that does not fit is the
+    line, with the policy settings that differ.
 
     The policy is built on the meta device (no memory, no arithmetic) for the env spec the
     checkpoint's run saw (its ``env_spec``). For another env (a field of ``RESUME_IDENTITY``'s
@@ -298,28 +306,35 @@ def _check_init_shapes(cfg: TrainConfig, state: dict) -> None:
         if other is None:
             return
         own = {k: v for k, v in own.items() if other.get(k) == v}
-    skip = set(cfg.init_skip)
+    skip = set(cfg.init_skip) if name == "init_from" else set()
     given = {k: v for k, v in state["learner"]["policy"].items()
              if k not in skip and (k in own or not critic_tensor(k))}
     if not same_env:
         given = {k: v for k, v in given.items() if k in own or k not in other}
-    source = "init_from"
+    theirs, mine = _plain(written.policy), _plain(ours.policy)
+    differ = [f"policy.{k}={theirs[k]} there, {mine[k]} here" for k in theirs
+              if k in mine and theirs[k] != mine[k]]
+    because = f" (its run's {'; '.join(differ)})" if differ else ""  # what made them differ
     try:
-        missing_weights(own, given, source)
-    except CheckpointError as e:  # "init_from: its tensor ...; start from ..."
-        theirs, mine = _plain(written.policy), _plain(ours.policy)
-        differ = [f"policy.{k}={theirs[k]} there, {mine[k]} here" for k in theirs
-                  if k in mine and theirs[k] != mine[k]]
-        what = str(e)[len(source) + 2:]
-        if differ:  # the settings that made the shapes differ
-            what = what.replace("; start from", f" (its run's {'; '.join(differ)}); start "
-                                "from", 1)
-        raise field_error("init_from", cfg.init_from, what) from None
+        missing = missing_weights(own, given, name)
+    except CheckpointError as e:  # "<name>: its tensor ...; start from ..."
+        what = str(e)[len(name) + 2:]
+        if name == "eval.checkpoint":
+            what = what.replace("start from a checkpoint of the same policy",
+                                "evaluate it with the policy", 1)
+        raise field_error(name, path, what.replace("; ", f"{because}; ", 1)) from None
+    missing = [k for k in missing if not critic_tensor(k)]  # evaluation calls no critic
+    if name == "eval.checkpoint" and missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise field_error(name, path, f"lacks this policy's tensor(s) "
+                          f"{', '.join(map(repr, missing[:3]))}{more}{because}; evaluate it "
+                          "with the policy settings of the run that wrote it (drop the "
+                          "policy overrides that add them).")
 
 
 def _meta_shapes(cfg: TrainConfig, spec) -> Optional[dict]:
     """Tensor shapes by name of ``cfg.policy`` built for ``spec`` on the meta device; None
-    when it cannot be built so (see ``_check_init_shapes``)."""
+    when it cannot be built so (see ``_check_policy_tensors``)."""
     import torch
 
     from m2flow.policies.registry import POLICIES, make_policy, takes_device

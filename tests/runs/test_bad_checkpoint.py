@@ -114,3 +114,38 @@ def test_init_from_another_env_compares_the_shapes_the_env_does_not_set(run_dir,
     assert line.startswith(f"m2flow-train: config error: init_from='{last}': its tensor "
                            "'actor_mean.2.weight' has shape (256, 256) where this policy's has "
                            "(32, 256)"), line
+
+
+def _eval_refused(capsys, args, logs) -> str:
+    from m2flow.cli.eval import main as evaluate
+
+    before = set(logs.rglob("*"))
+    code = evaluate([*args, f"output_dir={logs / 'eval'}"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2, err
+    assert len(err) == 1, err
+    assert set(logs.rglob("*")) == before  # nothing started, nothing written
+    return err[0]
+
+
+def test_evaluation_with_a_policy_override_that_changes_its_tensors_is_refused(tmp_path,
+                                                                               capsys):
+    """``m2flow-eval checkpoint=`` with a policy override that adds a part the checkpoint
+    lacks (Flow-Noise's noise head, on a run that sampled by Flow-SDE) or changes a layer is
+    refused at start-up in one line naming the tensors and the setting; it used to start
+    every worker, then fail in the weight sync. The noise head's six tensors: two hidden
+    layers and the output (``policy.noise_hidden_sizes`` [128, 64]), weight and bias each."""
+    logs = tmp_path / "runs"
+    assert train([*COMMON, "policy=flow_mlp", "runner.num_iterations=1",
+                  f"runner.log_dir={logs}"]) == 0
+    last = next(logs.glob("*/*/checkpoints/last.pt"))
+    line = _eval_refused(capsys, [f"checkpoint={last}", "policy.noise_method=flow_noise"],
+                         tmp_path)
+    assert line == (
+        f"m2flow-eval: config error: eval.checkpoint='{last}': lacks this policy's tensor(s) "
+        "'noise_head.net.0.bias', 'noise_head.net.0.weight', 'noise_head.net.2.bias' and 3 "
+        "more (its run's policy.noise_method=flow_sde there, flow_noise here); evaluate it "
+        "with the policy settings of the run that wrote it (drop the policy overrides that "
+        "add them)."), line
+    line = _eval_refused(capsys, [f"checkpoint={last}", "policy.hidden_sizes=[32]"], tmp_path)
+    assert "this policy has no tensor named" in line and "policy.hidden_sizes=" in line, line
