@@ -291,13 +291,52 @@ def _make_cpu_env(task: str, obs_mode: str, ignore_terminations: bool, kw: dict,
     from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
 
     torch.set_num_threads(1)  # one core per env process; the placement counts them
-    env = gym.make(task, num_envs=1, sim_backend="physx_cpu", **kw)
+    env = FreshResetContacts(gym.make(task, num_envs=1, sim_backend="physx_cpu", **kw))
     if visual_mesh_fraction < 1.0:
         from m2flow.envs import meshes
 
         meshes.install(env, visual_mesh_fraction)
     return CPUGymWrapper(_flatten(env, obs_mode, privileged),
                          ignore_terminations=ignore_terminations)
+
+
+class FreshResetContacts(gym.Wrapper):
+    """A reset's observation from the new episode's contacts, not the last episode's.
+
+    ManiSkill computes the observation a reset returns from the PhysX contacts of the last
+    simulation step, which on the CPU are those of the previous episode's end: a reset after
+    an episode that ended holding the cube reports PickCube's ``is_grasped`` as 1 (any
+    observation read from contact forces is stale so). A policy cloned from demonstrations,
+    whose episodes all began with fresh contacts, then acts as if it held the cube: with
+    ``runner.rollout_steps`` x chunk equal to the episode length, every other iteration's
+    episodes began that way (the auto-reset at the episode's end, then the iteration's own
+    reset, with no step between). So after a reset that follows a step, this wrapper steps
+    the physics once for the contacts of the reset state, puts the state back
+    (``px.pack``/``unpack``: every pose, velocity and joint state) and takes the
+    observation again. A reset with no step since the scene was built (the first one, or
+    one that rebuilds it) has no stale contacts and is left alone."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self._stepped = False
+
+    def step(self, action):
+        self._stepped = True
+        return self.env.step(action)
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        rebuilt = bool((kwargs.get("options") or {}).get("reconfigure", False))
+        if self._stepped and not rebuilt:
+            base = self.env.unwrapped
+            px = base.scene.px
+            state = px.pack()
+            px.step()
+            px.unpack(state)
+            info = base.get_info()
+            obs = base.get_obs(info)
+        self._stepped = False
+        return obs, info
 
 
 def _flatten(env: gym.Env, obs_mode: str, privileged: bool = False) -> gym.Env:

@@ -242,3 +242,51 @@ def test_gpu_physx_that_cannot_load_is_one_line_naming_the_library_and_the_fix(m
     assert "\n" not in msg and msg.startswith("env.sim_backend=gpu: ")
     assert "ConnectionError" in msg and f"/.sapien/physx/{sapien.physx.version()}" in msg
     assert "linux-so.zip" in msg and msg.endswith("or set env.sim_backend=cpu.")
+
+
+def test_a_reset_after_a_grasp_observes_the_new_episodes_contacts():
+    """PickCube's ``is_grasped`` is read from the contacts of the simulator's last step: an
+    episode that ended holding the cube used to report it as 1 in the next episode's first
+    observation. The env process's env (``_make_cpu_env``) after a grasp, reset to seed 3,
+    against a newly built ManiSkill env reset to seed 3: the same observation (is_grasped 0),
+    the same simulator state, and the same states over the next steps."""
+    import gymnasium as gym
+    import mani_skill.envs  # noqa: F401
+    import numpy as np
+    import sapien
+    from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
+
+    from m2flow.envs.maniskill import _make_cpu_env
+
+    kw = dict(obs_mode="state", control_mode="pd_joint_delta_pos", render_backend="none")
+    threads = torch.get_num_threads()
+    env = _make_cpu_env("PickCube-v1", "state", True, kw)  # sets one thread (its process's)
+    torch.set_num_threads(threads)
+    fresh = CPUGymWrapper(gym.make("PickCube-v1", num_envs=1, sim_backend="physx_cpu", **kw),
+                          ignore_terminations=True)
+    grasped = 18  # PickCube's state: qpos (9), qvel (9), then is_grasped
+    try:
+        env.reset(seed=3)
+        hold = np.zeros(8, dtype=np.float32)
+        hold[7] = 1.0  # open the gripper, put the cube between its fingers, close it
+        for _ in range(5):
+            env.step(hold)
+        base = env.unwrapped
+        base.cube.set_pose(sapien.Pose(p=base.agent.tcp.pose.p[0].tolist()))
+        hold[7] = -1.0
+        for _ in range(15):
+            obs = env.step(hold)[0]
+        assert obs[grasped] == 1.0  # holding it
+        obs = env.reset(seed=3)[0]
+        want = fresh.reset(seed=3)[0]
+        assert want[grasped] == 0.0
+        np.testing.assert_allclose(obs, want, atol=1e-6)
+        np.testing.assert_allclose(base.get_state().numpy(), fresh.unwrapped.get_state().numpy(),
+                                   atol=1e-6)
+        move = np.zeros(8, dtype=np.float32)
+        move[0] = 0.5
+        for _ in range(5):
+            np.testing.assert_allclose(env.step(move)[0], fresh.step(move)[0], atol=1e-5)
+    finally:
+        env.close()
+        fresh.close()
