@@ -248,10 +248,25 @@ def _plain(value):
 
 def check_init_from(cfg: TrainConfig) -> None:
     """``init_from`` is an embodied checkpoint of a run with this config's policy, whose
-    tensors fit the policy this run builds (``_check_policy_tensors``)."""
+    tensors fit the policy this run builds (``_check_policy_tensors``). A policy that holds
+    its state statistics (``policy.hold_obs_norm``) starts from a checkpoint that has them."""
+    hold = bool(getattr(cfg.policy, "hold_obs_norm", False))
+    if hold and cfg.init_from is None and cfg.resume is None:
+        raise field_error("policy.hold_obs_norm", True,
+                          "holds the state statistics of the checkpoint the run starts from, "
+                          "and there is none: set init_from=<a BC run> or "
+                          "policy.hold_obs_norm=false.")
     if cfg.init_from is None or cfg.resume is not None:
         return
     state = check_resume(cfg.init_from, "embodied", name="init_from")
+    counts = [n for n, t in state["learner"]["policy"].items()
+              if n.split(".")[-2:-1] in (["obs_norm"], ["state_norm"]) and n.endswith(".count")
+              and float(t) == 0.0]
+    if hold and counts:
+        raise field_error("policy.hold_obs_norm", True,
+                          f"the checkpoint of init_from={cfg.init_from} has no state statistics "
+                          f"({counts[0]} is 0: its run never updated them), so held they "
+                          "normalise nothing; set policy.hold_obs_norm=false.")
     from omegaconf import OmegaConf
 
     written = OmegaConf.create(state["config"])

@@ -25,7 +25,7 @@ from m2flow.policies import critics, hidden_state
 from m2flow.policies.base import PolicyError
 from m2flow.policies.layers import ACTIVATIONS, orthogonal_linear
 from m2flow.policies.mlp import HIDE_FIELD, GaussianActorCritic, GaussianConfig, check_critic
-from m2flow.policies.normalizer import RunningNorm
+from m2flow.policies.normalizer import RunningNorm, state_norm
 from m2flow.registry import Requires
 
 # The unpadded convs need this many pixels per side to leave a 1x1 map; smaller images are
@@ -263,8 +263,7 @@ class GaussianCNNPolicy(GaussianActorCritic):
             raise PolicyError("policy.actor_hidden_state hides dims of ('obs', 'state'), "
                               f"but this env gives none ({shapes}); drop the setting.")
         self._hide_from_actor(ranges, cfg.feature_dim, cfg.feature_dim + state_dim)
-        use_norm = cfg.normalize_obs and self.has_state
-        self.state_norm = RunningNorm(state_dim) if use_norm else nn.Identity()
+        self.state_norm = state_norm(state_dim, cfg, self.has_state)
         self.privileged_critic = cfg.critic == PRIVILEGED_CRITIC
         if self.privileged_critic:  # replaces the critic over the encoder's features
             n_priv = critics.privileged_dim(shapes, "policy.critic=privileged")

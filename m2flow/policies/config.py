@@ -32,3 +32,7 @@ class MLPHeadsConfig(PolicyConfig):
     """Hidden activation: tanh | relu | gelu."""
     normalize_obs: bool = True
     """Normalise state observations by running mean/std (updated by the learner)."""
+    hold_obs_norm: bool = False
+    """Keep those statistics as they start (a warm start's: ``init_from``) instead of updating
+    them from every batch: the actor's inputs keep the scale it was trained on, where RL's
+    states would otherwise move them away from the demonstrations' during fine-tuning."""

@@ -74,7 +74,7 @@ from m2flow.policies.flow_chain import (  # noqa: F401  (the maths, also importa
 from m2flow.policies.layers import (
     ACTIVATIONS, ACTOR_OUT_GAIN, CRITIC_OUT_GAIN, mlp, orthogonal_linear)
 from m2flow.policies.mlp import HIDE_FIELD, PRIVILEGED_CRITIC, check_critic
-from m2flow.policies.normalizer import RunningNorm
+from m2flow.policies.normalizer import RunningNorm, state_norm
 
 
 @dataclass
@@ -148,7 +148,7 @@ class FlowMLPPolicy(FlowChain, Policy):
         self.trunk = nn.Sequential(*layers)  # (N, width): the features the heads read
         self.velocity_head = orthogonal_linear(width, n_act, ACTOR_OUT_GAIN)
         self._init_chain(cfg, env_spec, width)
-        self.obs_norm = RunningNorm(obs_dim) if cfg.normalize_obs else nn.Identity()
+        self.obs_norm = state_norm(obs_dim, cfg)
         self.privileged_critic = cfg.critic == PRIVILEGED_CRITIC
         if self.privileged_critic:
             n_priv = critics.privileged_dim(shapes, "policy.critic=privileged")

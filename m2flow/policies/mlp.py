@@ -26,7 +26,7 @@ from m2flow.policies import critics, hidden_state
 from m2flow.policies.base import Policy, PolicyError
 from m2flow.policies.config import MLPHeadsConfig
 from m2flow.policies.layers import ACTIVATIONS, ACTOR_OUT_GAIN, CRITIC_OUT_GAIN, mlp
-from m2flow.policies.normalizer import RunningNorm
+from m2flow.policies.normalizer import RunningNorm, state_norm
 
 SHARED_CRITIC, PRIVILEGED_CRITIC = "shared", critics.PRIVILEGED
 LOG_STD, SCALAR_STD = "log", "scalar"
@@ -197,7 +197,7 @@ class GaussianMLPPolicy(GaussianActorCritic):
             )
         obs_dim = env_spec.obs_shapes["state"][0]
         self._build_heads(obs_dim, env_spec.action_dim, cfg, _check_std(cfg.std))
-        self.obs_norm = RunningNorm(obs_dim) if cfg.normalize_obs else nn.Identity()
+        self.obs_norm = state_norm(obs_dim, cfg)
         self.privileged_critic = check_critic(cfg.critic) == PRIVILEGED_CRITIC
         hidden = hidden_state.ranges(cfg.actor_hidden_state, obs_dim, HIDE_FIELD)
         self._hide_from_actor(hidden, 0, obs_dim)

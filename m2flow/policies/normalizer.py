@@ -19,14 +19,17 @@ class RunningNorm(nn.Module):
     tensor([[0., 0.]])
     """
 
-    def __init__(self, dim: int):
+    def __init__(self, dim: int, hold: bool = False):
         super().__init__()
+        self.hold = hold  # statistics kept as loaded (policy.hold_obs_norm); update does nothing
         self.register_buffer("mean", torch.zeros(dim))
         self.register_buffer("var", torch.ones(dim))
         self.register_buffer("count", torch.tensor(0.0))
 
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
+        if self.hold:
+            return
         x = x.reshape(-1, x.shape[-1]).to(self.mean.dtype)  # (B, D)
         n = float(x.shape[0])
         if n == 0:
@@ -43,3 +46,12 @@ class RunningNorm(nn.Module):
         if self.count == 0:
             return x
         return ((x - self.mean) / torch.sqrt(self.var + EPS)).clamp(-CLIP, CLIP)
+
+
+def state_norm(dim: int, cfg, present: bool = True) -> nn.Module:
+    """The state normaliser a policy config asks for: a RunningNorm over ``dim`` values under
+    ``cfg.normalize_obs`` (held as loaded under ``cfg.hold_obs_norm``) when the env gives a
+    state (``present``), else the identity."""
+    if cfg.normalize_obs and present:
+        return RunningNorm(dim, cfg.hold_obs_norm)
+    return nn.Identity()

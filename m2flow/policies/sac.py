@@ -38,7 +38,7 @@ from m2flow.policies.base import Policy, PolicyError
 from m2flow.policies.config import MLPHeadsConfig
 from m2flow.policies.cnn import NatureCNN
 from m2flow.policies.layers import ACTIVATIONS, mlp, orthogonal_linear
-from m2flow.policies.normalizer import RunningNorm
+from m2flow.policies.normalizer import RunningNorm, state_norm
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # cleanRL's range for the actor's log-std
 TANH_EPS = 1e-6  # keeps log(1 - tanh(u)^2) finite at the bounds (cleanRL's)
@@ -96,7 +96,7 @@ class SACPolicy(Policy):
             raise PolicyError("policy.name='sac_mlp' reads a flat ('obs', 'state') vector; this "
                               f"env gives {shapes}. Use env.obs_mode=state.")
         obs_dim = shapes["state"][0]
-        self.obs_norm = RunningNorm(obs_dim) if cfg.normalize_obs else nn.Identity()
+        self.obs_norm = state_norm(obs_dim, cfg)
         self._build(cfg, env_spec, actor_in=obs_dim,
                     critic=lambda: _heads(obs_dim + env_spec.action_dim, cfg))
 
@@ -243,8 +243,7 @@ class SACCNNPolicy(SACPolicy):
                               f"env gives {shapes}. Set env.obs_mode=rgb.")
         self.has_state = "state" in shapes and len(shapes["state"]) == 1
         state_dim = shapes["state"][0] if self.has_state else 0
-        self.obs_norm = (RunningNorm(state_dim) if cfg.normalize_obs and self.has_state
-                         else nn.Identity())
+        self.obs_norm = state_norm(state_dim, cfg, self.has_state)
         width = cfg.feature_dim
         if width < 1:
             raise PolicyError(f"policy.feature_dim={width}: must be >= 1.")

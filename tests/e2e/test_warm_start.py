@@ -106,6 +106,13 @@ def test_init_from_another_policy_or_an_unknown_skipped_tensor_is_one_config_err
     assert "\n" not in text
 
 
+def test_held_state_statistics_without_a_checkpoint_to_hold_are_one_config_error():
+    with pytest.raises(ConfigError) as e:
+        load_run_config("maniskill_pickcube_ppo_mlp_from_bc", ["policy.hold_obs_norm=true"])
+    text = str(e.value)
+    assert "policy.hold_obs_norm=" in text and "init_from=" in text and "\n" not in text, text
+
+
 def deterministic_actions(cfg, spec, weights, states):
     """The mean actions of ``cfg.policy`` with ``weights`` on ``states`` (a policy built apart
     from the run's workers)."""

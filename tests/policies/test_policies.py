@@ -93,6 +93,36 @@ def test_normalizer_travels_in_the_state_dict():
     torch.testing.assert_close(twin.value(b["obs"]), pi.value(b["obs"]))
 
 
+@pytest.mark.parametrize("name", ["mlp", "flow_mlp", "sac_mlp", "cnn"])
+def test_hold_obs_norm_keeps_the_loaded_statistics_through_updates(name):
+    """``policy.hold_obs_norm``: a warm-started policy's state statistics stay the
+    checkpoint's through every ``observe``; without it the same batch moves them."""
+    spec = SPECS[name]
+    trained = make_policy(policy_config(name=name, normalize_obs=True), spec)
+    first = random_obs(spec, 64)
+    first["obs", "state"] = first["obs", "state"] * 3 + 2
+    trained.observe(first)
+    norm_name = "state_norm" if name == "cnn" else "obs_norm"
+    loaded = {k: v.clone() for k, v in trained.state_dict().items() if k.startswith(norm_name)}
+    torch.testing.assert_close(loaded[f"{norm_name}.mean"], first["obs", "state"].mean(0))
+    later = random_obs(spec, 32)
+    later["obs", "state"] = later["obs", "state"] * 0.5 - 4
+    for hold in (True, False):
+        pi = make_policy(policy_config(name=name, normalize_obs=True, hold_obs_norm=hold), spec)
+        pi.load_state_dict(trained.state_dict())
+        pi.observe(later)
+        now = {k: v for k, v in pi.state_dict().items() if k.startswith(norm_name)}
+        moved = [not torch.equal(now[k], loaded[k]) for k in loaded]
+        assert not any(moved) if hold else all(moved), (hold, moved)
+    x = later["obs", "state"]
+    by_hand = (x - loaded[f"{norm_name}.mean"]) / torch.sqrt(loaded[f"{norm_name}.var"] + 1e-8)
+    held = make_policy(policy_config(name=name, normalize_obs=True, hold_obs_norm=True), spec)
+    held.load_state_dict(trained.state_dict())
+    held.observe(later)
+    norm = held.state_norm if name == "cnn" else held.obs_norm
+    torch.testing.assert_close(norm(x), by_hand.clamp(-10, 10))
+
+
 @pytest.mark.parametrize("size", [32, 64, 128])
 @pytest.mark.parametrize("state", [True, False])
 def test_cnn_reads_any_image_size_with_or_without_state(size, state):

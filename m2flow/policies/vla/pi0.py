@@ -52,7 +52,7 @@ from m2flow.policies.base import Policy, PolicyError
 from m2flow.policies.config import PolicyConfig
 from m2flow.policies.flow_chain import FlowChain, FlowChainSettings
 from m2flow.policies.layers import CRITIC_OUT_GAIN, mlp
-from m2flow.policies.normalizer import RunningNorm
+from m2flow.policies.normalizer import RunningNorm, state_norm
 from m2flow.policies.vla import pi0_checkpoint
 from m2flow.policies.vla import pi0_model as pm
 from m2flow.policies.vla.oft_config import weights_dtype
@@ -116,6 +116,9 @@ class Pi0PolicyConfig(PolicyConfig, FlowChainSettings):
     """tiny: size of the locally built byte-level BPE (:mod:`.text`)."""
     normalize_obs: bool = True
     """Normalise the state by running mean/std (updated by the learner)."""
+    hold_obs_norm: bool = False
+    """Keep those statistics as they start (a warm start's: ``init_from``); as the MLP
+    policies' field of the same name."""
     proprio_hidden: List[List[int]] = field(default_factory=list)
     """[start, end) ranges of the state's dims the policy reads as 0 (after normalisation), in
     π0's state token and π0.5's state text; e.g. [[9, 18]] hides ManiSkill Panda's joint
@@ -249,8 +252,7 @@ class Pi0Policy(FlowChain, Policy):
         self.prefix_width = self.pwe.language_model.config.hidden_size
         with torch.device(device):
             self._init_chain(o, env_spec, o.chunk * self.model.action_in_proj.out_features)
-            self.obs_norm = (RunningNorm(state_dim) if o.normalize_obs and state_dim
-                             else nn.Identity())
+            self.obs_norm = state_norm(state_dim, o, bool(state_dim))
             if o.critic == critics.PRIVILEGED:
                 self.critic = critics.PrivilegedCritic(
                     critics.privileged_dim(shapes, "policy.critic=privileged"), PRIVILEGED_HIDDEN)
