@@ -259,9 +259,9 @@ def check_init_from(cfg: TrainConfig) -> None:
     if cfg.init_from is None or cfg.resume is not None:
         return
     state = check_resume(cfg.init_from, "embodied", name="init_from")
-    counts = [n for n, t in state["learner"]["policy"].items()
-              if n.split(".")[-2:-1] in (["obs_norm"], ["state_norm"]) and n.endswith(".count")
-              and float(t) == 0.0]
+    weights = state["learner"]["policy"]
+    counts = [n for n in ("obs_norm.count", "state_norm.count")
+              if n in weights and float(weights[n]) == 0.0]
     if hold and counts:
         raise field_error("policy.hold_obs_norm", True,
                           f"the checkpoint of init_from={cfg.init_from} has no state statistics "

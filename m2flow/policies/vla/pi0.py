@@ -44,7 +44,6 @@ from typing import List, Optional
 import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
-from torch import nn
 
 from m2flow import keys
 from m2flow.policies import critics, flow_chain, hidden_state
