@@ -302,3 +302,31 @@ def test_proprio_hidden_dims_do_not_reach_the_velocity(variant):
     assert not torch.allclose(velocity(seen), base)
     with pytest.raises(PolicyError, match=r"policy\.proprio_hidden=\[\[2, 30\]\]"):
         tiny(variant, proprio_hidden=[[2, 30]])
+
+
+def test_hold_obs_norm_keeps_bcs_proprio_statistics_and_so_its_velocity():
+    """``policy.hold_obs_norm``: a π0 loaded from a checkpoint and then shown PPO's states of
+    another mean and scale keeps the checkpoint's proprio statistics, so its velocity on the
+    same inputs is the checkpoint's own, bit for bit; without it the statistics move and the
+    velocity with them."""
+    trained = tiny(normalize_obs=True)
+    first = obs_batch(64)
+    first["obs", "state"] = first["obs", "state"] * 3 + 2
+    trained.observe(first)
+    loaded = {k: v.clone() for k, v in trained.state_dict().items() if k.startswith("obs_norm")}
+    torch.testing.assert_close(loaded["obs_norm.mean"], first["obs", "state"].mean(0))
+    later = obs_batch(32, seed=2)
+    later["obs", "state"] = later["obs", "state"] * 0.5 - 4
+    probe, x, t = obs_batch(2, seed=3)["obs"], torch.randn(2, 4, 4), torch.tensor([0.7, 0.3])
+    with torch.no_grad():
+        reference = trained._velocity(trained._prefix(probe), x, t)[0]
+    for hold in (True, False):
+        pi = tiny(normalize_obs=True, hold_obs_norm=hold)
+        pi.load_state_dict(trained.state_dict())
+        pi.observe(later)
+        now = {k: v for k, v in pi.state_dict().items() if k.startswith("obs_norm")}
+        moved = [not torch.equal(now[k], loaded[k]) for k in loaded]
+        assert not any(moved) if hold else all(moved), (hold, moved)
+        with torch.no_grad():
+            v = pi._velocity(pi._prefix(probe), x, t)[0]
+        assert torch.equal(v, reference) if hold else not torch.allclose(v, reference)

@@ -14,7 +14,7 @@ from m2flow.configs.loader import entry_configs
 DEMO_CONFIGS = {"maniskill_pickcube_rlpd_mlp": "demos/PickCube-v1_state.h5"}  # m2flow-demos output
 # configs that hold the statistics of the checkpoint they start from (policy.hold_obs_norm):
 # without init_from= they are refused at start-up with one line
-INIT_CONFIGS = ("maniskill_pickcube_ppo_flow_mlp_from_bc",)
+INIT_CONFIGS = ("maniskill_pickcube_ppo_flow_mlp_from_bc", "maniskill_pushcube_ppo_pi0_tiny")
 GPU_CONFIGS = ("libero_spatial_grpo_openvla_oft", "reasoning_math_grpo_qwen", "mjlab_liftcube_ppo_cnn",
                "mjlab_liftcube_ppo_mlp")
 
