@@ -238,6 +238,8 @@ def check_resume_matches(cfg: TrainConfig, state: Optional[dict] = None) -> None
         raise field_error("resume", cfg.resume, f"was written by another config ({what}); "
                           "resume it with the config it ran with (config.yaml in its run "
                           "directory), or start from its weights with init_from=.")
+    # the same policy, and settings that build the same tensors: the learner loads them all
+    _check_policy_tensors(cfg, state, "resume", cfg.resume)
 
 
 def _plain(value):
@@ -289,8 +291,10 @@ def _check_policy_tensors(cfg: TrainConfig, state: dict, name: str, path: str) -
     with the command's overrides) the checkpoint must also hold every actor tensor, as the
     rollout workers load a whole policy: an override that adds a part (e.g.
     ``policy.noise_method=flow_noise`` on a BC checkpoint: a noise head) would otherwise fail
-    in the weight sync once every worker started. The first tensor that does not fit is the
-    line, with the policy settings that differ.
+    in the weight sync once every worker started. For ``resume`` every tensor must fit and
+    none be missing, as the learner loads a resumed run's policy strictly (e.g. a Flow-SDE
+    run resumed with a config that says Flow-Noise: a noise head it never had). The first
+    tensor that does not fit is the line, with the policy settings that differ.
 
     The policy is built on the meta device (no memory, no arithmetic) for the env spec the
     checkpoint's run saw (its ``env_spec``). For another env (a field of ``RESUME_IDENTITY``'s
@@ -323,7 +327,7 @@ def _check_policy_tensors(cfg: TrainConfig, state: dict, name: str, path: str) -
         own = {k: v for k, v in own.items() if other.get(k) == v}
     skip = set(cfg.init_skip) if name == "init_from" else set()
     given = {k: v for k, v in state["learner"]["policy"].items()
-             if k not in skip and (k in own or not critic_tensor(k))}
+             if k not in skip and (k in own or not critic_tensor(k) or name == "resume")}
     if not same_env:
         given = {k: v for k, v in given.items() if k in own or k not in other}
     theirs, mine = _plain(written.policy), _plain(ours.policy)
@@ -337,7 +341,17 @@ def _check_policy_tensors(cfg: TrainConfig, state: dict, name: str, path: str) -
         if name == "eval.checkpoint":
             what = what.replace("start from a checkpoint of the same policy",
                                 "evaluate it with the policy", 1)
+        if name == "resume":
+            what = what.split("; start from")[0] + (
+                "; resume it with the config it ran with (config.yaml in its run directory), "
+                "or start from its weights with init_from=.")
         raise field_error(name, path, what.replace("; ", f"{because}; ", 1)) from None
+    if name == "resume" and missing:  # the learner loads a resumed run's state strictly
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise field_error(name, path, f"lacks this policy's tensor(s) "
+                          f"{', '.join(map(repr, missing[:3]))}{more}{because}; resume it "
+                          "with the config it ran with (config.yaml in its run directory), "
+                          "or start from its weights with init_from=.")
     missing = [k for k in missing if not critic_tensor(k)]  # evaluation calls no critic
     if name == "eval.checkpoint" and missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""

@@ -56,6 +56,11 @@ class FlowChainSettings:
     flow_sde)."""
     noise_level: float = 0.5
     """flow_sde: a in σ_t = a·√(t/(1-t)) (RLinf's default 0.5)."""
+    sde_steps: Optional[List[int]] = None
+    """flow_sde: the denoising steps (0 = from t=1, ..., K-1 = the one that lands on the
+    action) the stochastic one is drawn from, uniformly; None: all K (RLinf's default;
+    its ``ignore_last`` is [0, ..., K-2]). Noise put in early is mostly undone by the ODE
+    steps after it; [K-1] puts it on the action itself, as a Gaussian policy's."""
     noise_std_range: List[float] = field(default_factory=lambda: [0.08, 0.16])
     """flow_noise: [min, max] of the learned noise std (RLinf's noise_logvar_range)."""
     noise_hidden_sizes: List[int] = field(default_factory=lambda: [128, 64])
@@ -84,6 +89,13 @@ def check_settings(cfg: FlowChainSettings) -> None:
     if cfg.logprob_reduce not in LOGPROB_REDUCES:
         raise PolicyError(f"policy.logprob_reduce={cfg.logprob_reduce!r}: use one of "
                           f"{', '.join(LOGPROB_REDUCES)}.")
+    if cfg.sde_steps is not None:
+        steps = list(cfg.sde_steps)
+        if not steps or len(set(steps)) != len(steps) or not all(
+                0 <= k < cfg.denoise_steps for k in steps):
+            raise PolicyError(f"policy.sde_steps={steps}: distinct steps in [0, "
+                              f"{cfg.denoise_steps - 1}] (policy.denoise_steps="
+                              f"{cfg.denoise_steps}), or null for all of them.")
     if cfg.logprob_reduce == "mean" and cfg.noise_method == FLOW_SDE:
         raise PolicyError("policy.logprob_reduce='mean' averages Flow-Noise's chain; "
                           "flow_sde scores one transition: use 'sum'.")
@@ -243,7 +255,7 @@ class FlowChain:
         x = torch.randn(b, self.chunk, self.action_dim, device=device)
         chain, log_probs = [x], []
         sde = self.method == FLOW_SDE and not deterministic
-        step = torch.randint(k_steps, (b,), device=device) if sde else None
+        step = self._draw_sde_steps(b, device) if sde else None
         for k in range(k_steps):
             ks = torch.full((b,), k, device=device, dtype=torch.long)
             if self.method == FLOW_NOISE and not deterministic:  # every step stochastic
@@ -263,6 +275,15 @@ class FlowChain:
         if sde:  # the one stochastic step's terms (the others' are 0)
             log_probs = [torch.stack(log_probs, 1).sum(1)]
         return torch.stack(chain, 1), (torch.stack(log_probs, 1) if log_probs else None), step
+
+    def _draw_sde_steps(self, b: int, device) -> torch.Tensor:
+        """Flow-SDE's stochastic step (B,) per sample, uniform over ``sde_steps`` (all K when
+        None)."""
+        allowed = self.cfg.sde_steps
+        if allowed is None:
+            return torch.randint(self.steps, (b,), device=device)
+        allowed = torch.tensor(list(allowed), dtype=torch.long, device=device)
+        return allowed[torch.randint(len(allowed), (b,), device=device)]
 
     def _act_outputs(self, ctx, b: int, device, deterministic: bool) -> dict:
         """``act``'s chain keys: ``action`` (env units), ``log_prob``, ``token_log_prob``,

@@ -164,6 +164,30 @@ def test_flow_sde_chain_has_one_stochastic_step_and_its_log_prob_is_that_normals
     assert (ev["entropy"] == 0).all()
 
 
+def test_flow_sde_draws_its_stochastic_step_only_from_sde_steps():
+    pi = small_policy("flow_sde", noise_level=0.5, sde_steps=[1, 3])
+    b = obs_batch(torch.randn(400, 4))
+    with torch.no_grad():
+        out = pi.act(b)
+    step, chain = out["flow_step"], out["flow_chain"]
+    counts = torch.bincount(step, minlength=4).tolist()
+    assert counts[0] == counts[2] == 0 and min(counts[1], counts[3]) > 150, counts
+    with torch.no_grad():  # the steps not drawn are the ODE's: c_{k+1} = c_k - v/K
+        s = b["obs", "state"]
+        for k in (0, 2):
+            v, _ = velocity_and_features(pi, s, chain[:, k], 1 - k / 4)
+            torch.testing.assert_close(chain[:, k + 1], chain[:, k] - v / 4)
+    b.update(out)
+    torch.testing.assert_close(pi.evaluate_actions(b)["log_prob"], out["log_prob"])
+
+
+def test_sde_steps_are_checked_against_the_chain():
+    spec = EnvSpec({"state": (4,)}, 2, (-1.0,) * 2, (1.0,) * 2, 50)
+    for bad in ([4], [], [2, 2], [-1]):
+        with pytest.raises(PolicyError, match=r"policy.sde_steps=.*denoise_steps=4"):
+            make_policy(policy_config(name="flow_mlp", denoise_steps=4, sde_steps=bad), spec)
+
+
 @pytest.mark.parametrize("method", ["flow_sde", "flow_noise"])
 def test_ppo_and_grpo_ratios_are_exactly_one_at_the_rollouts_weights(method):
     """What the learner recomputes from the stored chain equals what the rollout logged, and

@@ -149,3 +149,27 @@ def test_evaluation_with_a_policy_override_that_changes_its_tensors_is_refused(t
         "add them)."), line
     line = _eval_refused(capsys, [f"checkpoint={last}", "policy.hidden_sizes=[32]"], tmp_path)
     assert "this policy has no tensor named" in line and "policy.hidden_sizes=" in line, line
+
+
+def test_resuming_with_policy_settings_that_change_its_tensors_is_refused(tmp_path, capsys):
+    """``resume=`` with a policy setting that is not among the fields every resume compares
+    (``RESUME_IDENTITY``) but changes the policy's tensors (Flow-Noise's noise head on a
+    Flow-SDE run; the velocity network's input width with another chunk) is refused at
+    start-up in one line naming the tensors and the setting: the learner loads a resumed
+    policy strictly, and it used to start every worker, then fail there."""
+    logs = tmp_path / "runs"
+    assert train([*COMMON, "policy=flow_mlp", "runner.num_iterations=1",
+                  f"runner.log_dir={logs}"]) == 0
+    last = next(logs.glob("*/*/checkpoints/last.pt"))
+    fix = ("resume it with the config it ran with (config.yaml in its run directory), or start "
+           "from its weights with init_from=.")
+    line = _refused(capsys, [f"resume={last}", "policy=flow_mlp",
+                             "policy.noise_method=flow_noise"], tmp_path / "a")
+    assert line == (
+        f"m2flow-train: config error: resume='{last}': lacks this policy's tensor(s) "
+        "'noise_head.net.0.bias', 'noise_head.net.0.weight', 'noise_head.net.2.bias' and 3 "
+        f"more (its run's policy.noise_method=flow_sde there, flow_noise here); {fix}"), line
+    line = _refused(capsys, [f"resume={last}", "policy=flow_mlp", "policy.chunk=2"],
+                    tmp_path / "b")
+    assert line.startswith(f"m2flow-train: config error: resume='{last}': its tensor "), line
+    assert line.endswith(f"(its run's policy.chunk=4 there, 2 here); {fix}"), line
