@@ -31,8 +31,10 @@ RL turns the sampler into a chain of Gaussian transitions c_{k+1} ~ N(μ_k, σ_k
   dx = [v - (σ_t²/2)·∇log p_t] dt + σ_t dW̄ from t to t - Δ is μ = x - Δ·v -
   σ_t²·Δ/(2t)·ε̂, std σ_t·√Δ, with σ_t = noise_level·√(t / (1 - t)) (at t = 1 the
   denominator is 1 - t_1, as RLinf does). One step per sample, drawn uniformly from the
-  K, is stochastic (``flow_step``), the others are the ODE's; the log-prob is that one
-  transition's, Σ_{h,a} log N(c_{j+1}; μ_j, σ_j²·Δ). Its σ is fixed, so its entropy is
+  K (or from ``sde_steps``: [K-1] puts the noise on the action, where PPO's step moves
+  the ODE's action nearly as it moves the sampled one's mean), is stochastic
+  (``flow_step``), the others are the ODE's; the log-prob is that one transition's,
+  Σ_{h,a} log N(c_{j+1}; μ_j, σ_j²·Δ). Its σ is fixed, so its entropy is
   reported as 0 (no entropy term).
 
 The chain's code (sampling, log-probs, flow matching) is :mod:`m2flow.policies.flow_chain`,
