@@ -10,6 +10,16 @@
         a proprio token; ``openvla``: one action per call, 7 tokens decoded one by one.
         The LM's vocabulary is the tiny BPE's (768), not Llama-2's 32,064: the embedding and
         output rows it lacks are 0.26 B parameters (0.5 GB in bf16).
+    python bench/gpu.py pi0 [--variant pi0|pi05] [--batches 64] [--train-batches 8 32]
+        A full-size π0 / π0.5 (openpi's published layout: SigLIP So400m/14 at 224 px, a Gemma
+        2B prefix, a Gemma 300M action expert; ``policy.size=full``), random weights, bf16 on
+        the GPU, LoRA rank 32 (fp32 adapters, projections and value head): ``act`` (prefix once,
+        then the chunk denoised in ``--denoise-steps`` Euler steps, Flow-SDE) latency and peak
+        memory per batch size; then one PPO-shaped learner step per batch size
+        (``evaluate_actions`` on the stored chains, backward, AdamW). The tokenizer is a
+        synthetic word-level one with PaliGemma's vocabulary size (257,152), written to a
+        temporary folder: the machine has no network and the model's embedding rows are all
+        there whatever the ids mean.
     python bench/gpu.py render [--num-envs 16] [--steps 60] [--image-size 128]
         ManiSkill PushCube-v1 rgb through m2flow's make_env: one simulator process per env,
         CPU physics, SAPIEN rendering on the GPU (render_backend=gpu): env steps/s.
@@ -148,6 +158,123 @@ def vla(args) -> None:
     _emit(args, rec)
 
 
+def _synthetic_tokenizer(folder: str, vocab: int) -> str:
+    """A word-level tokenizer of ``vocab`` ids ('<pad>', '<eos>', '<bos>', '<unk>', then
+    't4', 't5', ...), saved to ``folder`` for ``AutoTokenizer.from_pretrained``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    special = ["<pad>", "<eos>", "<bos>", "<unk>"]
+    words = {w: i for i, w in enumerate(special)}
+    words.update({f"t{i}": i for i in range(len(special), vocab)})
+    tok = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
+                            bos_token="<bos>", unk_token="<unk>").save_pretrained(folder)
+    return folder
+
+
+def pi0(args) -> None:
+    import tempfile
+
+    from tensordict import TensorDict
+
+    from m2flow.envs.base import EnvSpec
+    from m2flow.policies import make_policy, policy_config
+    from m2flow.policies.vla import pi0_model as pm
+
+    dev = "cpu" if args.tiny else "cuda"
+    if args.tiny:  # the CUDA memory counters answer 0 on a CPU
+        torch.cuda.reset_peak_memory_stats = torch.cuda.synchronize = lambda *a: None
+        torch.cuda.memory_allocated = torch.cuda.max_memory_allocated = lambda *a: 0
+    settings = {"variant": args.variant, "image_keys": ["rgb"], "chunk": args.chunk,
+                "denoise_steps": args.denoise_steps, "noise_method": "flow_sde",
+                "lora_rank": 32, "dtype": "float32" if args.tiny else "bfloat16"}
+    if not args.tiny:
+        folder = tempfile.mkdtemp(prefix="paligemma_tok_")
+        settings.update(size="full", tokenizer=_synthetic_tokenizer(folder, pm.PALIGEMMA_VOCAB))
+    img = 64 if args.tiny else 224
+    spec = EnvSpec({"rgb": (img, img, 3), "state": (9,)}, 7, (-1.0,) * 7, (1.0,) * 7, 200,
+                   tasks=("push the cube to the goal",))
+    torch.cuda.reset_peak_memory_stats()
+    t = time.perf_counter()
+    torch.manual_seed(0)
+    policy = make_policy(policy_config("pi0", **settings), spec, device=dev)
+    torch.cuda.synchronize()
+    build_s = time.perf_counter() - t
+    n_params = sum(p.numel() for p in policy.parameters())
+    n_train = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+    rec = {"bench": f"pi0_{args.variant}", "params_b": round(n_params / 1e9, 2),
+           "trainable_m": round(n_train / 1e6, 1), "build_s": round(build_s, 1),
+           "weights_gib": _gib(torch.cuda.memory_allocated()), "chunk": args.chunk,
+           "denoise_steps": args.denoise_steps, "act": {}, "learn": {}}
+
+    def batch(b: int) -> TensorDict:
+        g = torch.Generator().manual_seed(b)
+        return TensorDict({
+            "rgb": torch.randint(0, 256, (b, img, img, 3), dtype=torch.uint8, generator=g),
+            "state": torch.randn(b, 9, generator=g) * 0.3}, batch_size=[b]).to(dev)
+
+    policy.eval()
+    for b in args.batches:
+        obs = batch(b)
+        try:
+            torch.cuda.reset_peak_memory_stats()
+            times = []
+            with torch.no_grad():
+                for i in range(6):
+                    torch.cuda.synchronize()
+                    t = time.perf_counter()
+                    policy.act(TensorDict({"obs": obs}, batch_size=[b]))
+                    torch.cuda.synchronize()
+                    if i:
+                        times.append(time.perf_counter() - t)
+            ms = 1e3 * statistics.median(times)
+            rec["act"][b] = {"ms": round(ms, 1),
+                             "env_steps_per_s": round(b * args.chunk / ms * 1e3, 1),
+                             "peak_gib": _gib(torch.cuda.max_memory_allocated())}
+        except torch.OutOfMemoryError:
+            rec["act"][b] = "out of memory"
+        print(f"act batch {b}: {rec['act'][b]}", flush=True)
+
+    policy.train()
+    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-5)
+    for b in args.train_batches:
+        obs = batch(b)
+        try:
+            with torch.no_grad():
+                out = policy.act(TensorDict({"obs": obs}, batch_size=[b]))
+            data = TensorDict({"obs": obs, "flow_chain": out["flow_chain"],
+                               "flow_step": out["flow_step"]}, batch_size=[b])
+            adv = torch.randn(b, device=dev)
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            times = []
+            for i in range(3):
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                ev = policy.evaluate_actions(data)
+                ratio = torch.exp(ev["log_prob"] - out["log_prob"].detach())
+                loss = -(ratio.clamp(0.8, 1.2) * adv).mean()
+                loss = loss + 0.5 * (ev["value"] - adv).pow(2).mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                torch.cuda.synchronize()
+                if i:
+                    times.append(time.perf_counter() - t)
+            rec["learn"][b] = {"s": round(statistics.median(times), 3),
+                               "peak_gib": _gib(torch.cuda.max_memory_allocated()),
+                               "finite": bool(torch.isfinite(loss).item())}
+        except torch.OutOfMemoryError:
+            opt.zero_grad(set_to_none=True)
+            rec["learn"][b] = "out of memory"
+        print(f"learner step batch {b}: {rec['learn'][b]}", flush=True)
+    rec["trainable_dtypes"] = sorted(str(d) for d in
+                                     {p.dtype for p in policy.parameters() if p.requires_grad})
+    _emit(args, rec)
+
+
 def render(args) -> None:
     from m2flow.envs import env_config, make_env
 
@@ -220,6 +347,13 @@ def main() -> None:
     s.add_argument("--tiny", action="store_true", help="tiny sizes on the CPU (a smoke run)")
     s.add_argument("--gradient-checkpointing", action="store_true",
                    help="policy.gradient_checkpointing: recompute LM layers in backward")
+    s = sub.add_parser("pi0")
+    s.add_argument("--variant", choices=["pi0", "pi05"], default="pi0")
+    s.add_argument("--chunk", type=int, default=5, help="actions per call (RLinf's ManiSkill π0: 5)")
+    s.add_argument("--denoise-steps", type=int, default=4, help="Euler steps (RLinf's: 4)")
+    s.add_argument("--batches", type=int, nargs="+", default=[64])
+    s.add_argument("--train-batches", type=int, nargs="+", default=[8, 32])
+    s.add_argument("--tiny", action="store_true", help="the tiny preset on the CPU (a smoke run)")
     s = sub.add_parser("render")
     s.add_argument("--num-envs", type=int, default=16)
     s.add_argument("--steps", type=int, default=60)
@@ -229,7 +363,7 @@ def main() -> None:
     s.add_argument("--out", required=True)
     sub.add_parser("physx")
     args = p.parse_args()
-    {"vla": vla, "render": render, "qwen": qwen, "physx": physx}[args.cmd](args)
+    {"vla": vla, "pi0": pi0, "render": render, "qwen": qwen, "physx": physx}[args.cmd](args)
 
 
 if __name__ == "__main__":

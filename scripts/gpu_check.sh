@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 OUT=${1:?usage: gpu_check.sh OUT_DIR [STEP ...]}
 shift
 mkdir -p "$OUT"
-STEPS=${*:-"env vla_oft vla_oft_ckpt context_switch physx render reasoning pytest ray_embodied ray_reasoning pipeline plan_gpu vla_openvla"}
+STEPS=${*:-"env vla_oft vla_oft_ckpt pi0 context_switch physx render reasoning pytest ray_embodied ray_reasoning pipeline plan_gpu vla_openvla"}
 export RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1 MUJOCO_GL=egl TOKENIZERS_PARALLELISM=false
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 PY=${PYTHON:-python3}
@@ -99,6 +99,7 @@ print(\"torch\", torch.__version__, \"transformers\", transformers.__version__, 
 step vla_oft 80 $PY bench/gpu.py --results "$R" vla --kind oft
 step vla_oft_ckpt 80 $PY bench/gpu.py --results "$R" vla --kind oft --batches 8 --train-batches 16 32 \
   --gradient-checkpointing
+step pi0 90 $PY bench/gpu.py --results "$R" pi0 --batches 64 --train-batches 8 32
 step context_switch 35 $PY bench/context_switch.py --sizes 1e8 5e8 --repeats 3
 step physx 15 $PY bench/gpu.py --results "$R" physx
 step render 40 $PY bench/gpu.py --results "$R" render --num-envs 16 --steps 60
