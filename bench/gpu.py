@@ -59,6 +59,78 @@ def _gib(n: float) -> float:
     return round(n / 2**30, 2)
 
 
+def _cpu_counters() -> None:
+    """--tiny on a CPU: the CUDA memory counters and synchronisation answer 0 / nothing."""
+    torch.cuda.reset_peak_memory_stats = torch.cuda.synchronize = lambda *a: None
+    torch.cuda.memory_allocated = torch.cuda.max_memory_allocated = lambda *a: 0
+
+
+def _act_and_learn(policy, batch, act_batches, train_batches, stored: list, dev: str,
+                   rec: dict) -> None:
+    """Into ``rec``: ``act`` latency (median of 5 after a warm-up) and peak memory per batch
+    size of ``act_batches``; then per batch size of ``train_batches`` one PPO-shaped learner
+    step timed (median of 2 after a warm-up): ``evaluate_actions`` on the act outputs named
+    ``stored`` (what the rollout keeps for the learner), the ratio times random advantages,
+    the value loss, backward, AdamW on the trainable parameters. ``batch(b)``: observations."""
+    from tensordict import TensorDict
+
+    chunk = getattr(policy, "chunk", 1)
+    policy.eval()
+    for b in act_batches:
+        obs = batch(b)
+        try:
+            torch.cuda.reset_peak_memory_stats()
+            times = []
+            with torch.no_grad():
+                for i in range(6):
+                    torch.cuda.synchronize()
+                    t = time.perf_counter()
+                    policy.act(TensorDict({"obs": obs}, batch_size=[b]))
+                    torch.cuda.synchronize()
+                    if i:
+                        times.append(time.perf_counter() - t)
+            ms = 1e3 * statistics.median(times)
+            rec["act"][b] = {"ms": round(ms, 1), "env_steps_per_s": round(b * chunk / ms * 1e3, 1),
+                             "peak_gib": _gib(torch.cuda.max_memory_allocated())}
+        except torch.OutOfMemoryError:
+            rec["act"][b] = "out of memory"
+        print(f"act batch {b}: {rec['act'][b]}", flush=True)
+
+    policy.train()
+    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-5)
+    for b in train_batches:
+        obs = batch(b)
+        try:
+            with torch.no_grad():
+                out = policy.act(TensorDict({"obs": obs}, batch_size=[b]))
+            data = TensorDict({"obs": obs, **{k: out[k] for k in stored}}, batch_size=[b])
+            adv = torch.randn(b, device=dev)
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            times = []
+            for i in range(3):
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                ev = policy.evaluate_actions(data)
+                ratio = torch.exp(ev["log_prob"] - out["log_prob"].detach())
+                loss = -(ratio * adv).mean()
+                if "value" in ev.keys():
+                    loss = loss + 0.5 * (ev["value"] - adv).pow(2).mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                torch.cuda.synchronize()
+                if i:
+                    times.append(time.perf_counter() - t)
+            rec["learn"][b] = {"s": round(statistics.median(times), 3),
+                               "peak_gib": _gib(torch.cuda.max_memory_allocated()),
+                               "finite": bool(torch.isfinite(loss).item())}
+        except torch.OutOfMemoryError:
+            opt.zero_grad(set_to_none=True)
+            rec["learn"][b] = "out of memory"
+        print(f"learner step batch {b}: {rec['learn'][b]}", flush=True)
+
+
 def vla(args) -> None:
     from tensordict import TensorDict
 
@@ -67,9 +139,8 @@ def vla(args) -> None:
 
     oft = args.kind == "oft"
     dev = "cpu" if args.tiny else "cuda"
-    if args.tiny:  # the CUDA memory counters answer 0 on a CPU
-        torch.cuda.reset_peak_memory_stats = torch.cuda.synchronize = lambda *a: None
-        torch.cuda.memory_allocated = torch.cuda.max_memory_allocated = lambda *a: 0
+    if args.tiny:
+        _cpu_counters()
     size = TINY if args.tiny else {**LLAMA2_7B, "vision": OPENVLA_VISION, "image_size": 224}
     settings = {**size, "image_keys": ["rgb"],
               "chunk": 8 if oft else 1, "lora_rank": 32, "dtype": "float32" if args.tiny else "bfloat16",
@@ -99,60 +170,7 @@ def vla(args) -> None:
             "state": torch.randn(b, 8, generator=g) * 0.3,
             "task": torch.zeros(b, dtype=torch.long)}, batch_size=[b]).to(dev)
 
-    policy.eval()
-    for b in args.batches:
-        obs = batch(b)
-        try:
-            torch.cuda.reset_peak_memory_stats()
-            times = []
-            with torch.no_grad():
-                for i in range(6):
-                    torch.cuda.synchronize()
-                    t = time.perf_counter()
-                    policy.act(TensorDict({"obs": obs}, batch_size=[b]))
-                    torch.cuda.synchronize()
-                    if i:
-                        times.append(time.perf_counter() - t)
-            ms = 1e3 * statistics.median(times)
-            rec["act"][b] = {"ms": round(ms, 1), "env_steps_per_s": round(b * policy.chunk / ms * 1e3, 1),
-                             "peak_gib": _gib(torch.cuda.max_memory_allocated())}
-        except torch.OutOfMemoryError:
-            rec["act"][b] = "out of memory"
-        print(f"act batch {b}: {rec['act'][b]}", flush=True)
-
-    policy.train()
-    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-5)
-    for b in args.train_batches:
-        obs = batch(b)
-        try:
-            with torch.no_grad():
-                out = policy.act(TensorDict({"obs": obs}, batch_size=[b]))
-            data = TensorDict({"obs": obs, "action_tokens": out["action_tokens"]}, batch_size=[b])
-            adv = torch.randn(b, device=dev)
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            times = []
-            for i in range(3):
-                torch.cuda.synchronize()
-                t = time.perf_counter()
-                ev = policy.evaluate_actions(data)
-                ratio = torch.exp(ev["log_prob"] - out["log_prob"].detach())
-                loss = -(ratio * adv).mean()
-                if "value" in ev.keys():
-                    loss = loss + 0.5 * (ev["value"] - adv).pow(2).mean()
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                torch.cuda.synchronize()
-                if i:
-                    times.append(time.perf_counter() - t)
-            rec["learn"][b] = {"s": round(statistics.median(times), 3),
-                               "peak_gib": _gib(torch.cuda.max_memory_allocated()),
-                               "finite": bool(torch.isfinite(loss).item())}
-        except torch.OutOfMemoryError:
-            opt.zero_grad(set_to_none=True)
-            rec["learn"][b] = "out of memory"
-        print(f"learner step batch {b}: {rec['learn'][b]}", flush=True)
+    _act_and_learn(policy, batch, args.batches, args.train_batches, ["action_tokens"], dev, rec)
     masters = {p.dtype for p in policy.parameters() if p.requires_grad}
     rec["trainable_dtypes"] = sorted(str(d) for d in masters)
     _emit(args, rec)
@@ -184,9 +202,8 @@ def pi0(args) -> None:
     from m2flow.policies.vla import pi0_model as pm
 
     dev = "cpu" if args.tiny else "cuda"
-    if args.tiny:  # the CUDA memory counters answer 0 on a CPU
-        torch.cuda.reset_peak_memory_stats = torch.cuda.synchronize = lambda *a: None
-        torch.cuda.memory_allocated = torch.cuda.max_memory_allocated = lambda *a: 0
+    if args.tiny:
+        _cpu_counters()
     settings = {"variant": args.variant, "image_keys": ["rgb"], "chunk": args.chunk,
                 "denoise_steps": args.denoise_steps, "noise_method": "flow_sde",
                 "lora_rank": 32, "dtype": "float32" if args.tiny else "bfloat16"}
@@ -215,61 +232,8 @@ def pi0(args) -> None:
             "rgb": torch.randint(0, 256, (b, img, img, 3), dtype=torch.uint8, generator=g),
             "state": torch.randn(b, 9, generator=g) * 0.3}, batch_size=[b]).to(dev)
 
-    policy.eval()
-    for b in args.batches:
-        obs = batch(b)
-        try:
-            torch.cuda.reset_peak_memory_stats()
-            times = []
-            with torch.no_grad():
-                for i in range(6):
-                    torch.cuda.synchronize()
-                    t = time.perf_counter()
-                    policy.act(TensorDict({"obs": obs}, batch_size=[b]))
-                    torch.cuda.synchronize()
-                    if i:
-                        times.append(time.perf_counter() - t)
-            ms = 1e3 * statistics.median(times)
-            rec["act"][b] = {"ms": round(ms, 1),
-                             "env_steps_per_s": round(b * args.chunk / ms * 1e3, 1),
-                             "peak_gib": _gib(torch.cuda.max_memory_allocated())}
-        except torch.OutOfMemoryError:
-            rec["act"][b] = "out of memory"
-        print(f"act batch {b}: {rec['act'][b]}", flush=True)
-
-    policy.train()
-    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-5)
-    for b in args.train_batches:
-        obs = batch(b)
-        try:
-            with torch.no_grad():
-                out = policy.act(TensorDict({"obs": obs}, batch_size=[b]))
-            data = TensorDict({"obs": obs, "flow_chain": out["flow_chain"],
-                               "flow_step": out["flow_step"]}, batch_size=[b])
-            adv = torch.randn(b, device=dev)
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            times = []
-            for i in range(3):
-                torch.cuda.synchronize()
-                t = time.perf_counter()
-                ev = policy.evaluate_actions(data)
-                ratio = torch.exp(ev["log_prob"] - out["log_prob"].detach())
-                loss = -(ratio.clamp(0.8, 1.2) * adv).mean()
-                loss = loss + 0.5 * (ev["value"] - adv).pow(2).mean()
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                torch.cuda.synchronize()
-                if i:
-                    times.append(time.perf_counter() - t)
-            rec["learn"][b] = {"s": round(statistics.median(times), 3),
-                               "peak_gib": _gib(torch.cuda.max_memory_allocated()),
-                               "finite": bool(torch.isfinite(loss).item())}
-        except torch.OutOfMemoryError:
-            opt.zero_grad(set_to_none=True)
-            rec["learn"][b] = "out of memory"
-        print(f"learner step batch {b}: {rec['learn'][b]}", flush=True)
+    _act_and_learn(policy, batch, args.batches, args.train_batches,
+                   ["flow_chain", "flow_step"], dev, rec)
     rec["trainable_dtypes"] = sorted(str(d) for d in
                                      {p.dtype for p in policy.parameters() if p.requires_grad})
     _emit(args, rec)
