@@ -64,8 +64,6 @@ RULES: list[Rule] = [
     ("warm_start.batch_size", at_least(1), "give the SFT batch size (e.g. 64)"),
     ("warm_start.learning_rate", above(0), "give the SFT step size, e.g. 1e-3"),
     ("runner.num_steps", at_least(1), "set it to the number of GRPO steps to run"),
-    ("runner.max_minutes", optional(above(0), "runner.num_steps decides"),
-     "give GRPO's wall-time budget in minutes"),
     ("runner.eval_interval", at_least(0), "evaluate every N steps, or 0 for first and last only"),
     ("runner.warn_constant_reward_steps", at_least(0),
      "warn after N steps in a row without a reward signal (e.g. 5), or 0 for never"),

@@ -117,8 +117,6 @@ class WarmStartConfig:
 class ReasoningRunnerConfig(RunnerBaseConfig):
     num_steps: int = 100
     """GRPO steps at most."""
-    max_minutes: Optional[float] = None
-    """Stop GRPO after this much wall time (the warm start not counted; None: num_steps)."""
     eval_interval: int = 10
     """Evaluate held-out accuracy every N steps (and before the first and after the last)."""
     checkpoint_interval: int = 50

@@ -272,13 +272,6 @@ class ReasoningRunner(RunLoop):
         if warning is not None:
             logger.info(warning)
 
-    def over_budget(self, loop_seconds: float) -> Optional[str]:
-        """``runner.max_minutes`` of GRPO steps (the warm start is not counted)."""
-        minutes = self.cfg.runner.max_minutes
-        if minutes is not None and loop_seconds > 60 * minutes:
-            return f"runner.max_minutes={minutes} reached"
-        return None
-
     def evaluate(self) -> dict:
         ev = self.eval_accuracy()
         return {"eval/accuracy": ev["accuracy"], "eval/response_len": ev["response_len"]}

@@ -106,6 +106,8 @@ def check_file(name: str, path: Optional[str], fix: str) -> None:
 
 RUNNER_BASE_RULES: list[Rule] = [
     ("runner.checkpoint_interval", at_least(0), "save every N iterations, or 0 for only the last"),
+    ("runner.max_minutes", optional(above(0), "the iteration count decides"),
+     "give the loop's wall-time budget in minutes, or null"),
     ("runner.keep_checkpoints", at_least(0),
      "keep the newest N checkpoints (and the best), or 0 for all"),
     ("runner.progress_interval_s", at_least(0),

@@ -27,6 +27,11 @@ class RunnerBaseConfig:
 
     checkpoint_interval: int = 10
     """Save a checkpoint every N iterations (and after the last); 0: only after the last."""
+    max_minutes: Optional[float] = None
+    """Stop once the loop (iterations and their evaluations) has run this many minutes; the
+    iteration that passes it is the last, evaluated and saved. What comes before the first
+    iteration (start-up, reasoning's warm start) is not counted. None: the iteration count
+    (``num_iterations``, ``num_steps``) decides."""
     keep_checkpoints: int = 5
     """Keep the newest N checkpoints of a run, and the best by evaluation (``best.pt``
     points at it, ``last.pt`` at the newest); 0: keep all."""

@@ -104,7 +104,10 @@ class RunLoop:
 
     def over_budget(self, loop_seconds: float) -> Optional[str]:
         """Why the run stops now for its time budget (this iteration is then the last:
-        evaluated and saved), or None."""
+        evaluated and saved), or None: ``runner.max_minutes`` of loop time."""
+        minutes = self.cfg.runner.max_minutes
+        if minutes is not None and loop_seconds > 60 * minutes:
+            return f"runner.max_minutes={minutes} reached"
         return None
 
     def stop_reason(self, metrics: dict) -> Optional[str]:

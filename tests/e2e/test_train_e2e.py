@@ -130,3 +130,27 @@ def test_episodes_longer_than_an_iteration_are_counted_whole(tmp_path):
     lengths = run["env/episode_len"]
     assert list(lengths.values) == [200.0], (lengths.steps, lengths.values)
     assert run["env/return"].values[0] < -100  # Pendulum: about -1 to -16 a step
+
+
+def test_max_minutes_ends_the_loop_with_the_iteration_that_passes_it(tmp_path, capsys):
+    """runner.max_minutes (every workload's runner): 1000 iterations asked for, a 3 s budget;
+    the run stops at the first iteration past it, evaluates and saves that iteration, and says
+    why."""
+    from m2flow.runs.plot import read_run
+
+    rc = train(["env=gym_pendulum", "cluster=inprocess", "env.num_envs=2",
+                "runner.rollout_steps=50", "runner.num_iterations=1000", "runner.max_minutes=0.05",
+                "runner.eval_interval=0", "runner.eval_episodes=2", "runner.checkpoint_interval=0",
+                "runner.progress_bar=false", f"runner.log_dir={tmp_path}"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "runner.max_minutes=0.05 reached: stopping" in out, out
+    run_dir = next(tmp_path.glob("maniskill_pushcube_ppo_mlp/*"))
+    iterations = checkpoint.load(run_dir / "checkpoints" / "last.pt")["iteration"]
+    assert 1 <= iterations < 1000
+    curves = read_run(run_dir)
+    loop = curves["perf/iteration_s"]
+    assert len(loop.values) == iterations  # every iteration logged, none after the stop
+    # the budget was passed by the last iteration and not before it
+    assert sum(loop.values[:-1]) <= 3.0 + 1.0 and "eval/success_once" in curves
+    assert curves["eval/success_once"].steps == [max(loop.steps)]  # the last one, evaluated
