@@ -383,7 +383,7 @@ class EmbodiedRunner(RunLoop):
         # (a sharded learner gathers the state to rank 0), rank 0 returns it
         learner = self.learner.call(LearnerWorker.state_dict).wait(stoppable=False)[0]
         # the env's spec: init_from's start-up check builds the new policy for it
-        # (embodied.checks._check_policy_tensors)
+        # (embodied.checkpoint_checks._check_policy_tensors)
         return {"global_step": self.global_step, "learner": learner,
                 "env_spec": asdict(self.spec)}
 

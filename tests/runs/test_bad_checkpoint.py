@@ -153,7 +153,7 @@ def test_evaluation_with_a_policy_override_that_changes_its_tensors_is_refused(t
 
 def test_resuming_with_policy_settings_that_change_its_tensors_is_refused(tmp_path, capsys):
     """``resume=`` with a policy setting that is not among the fields every resume compares
-    (``RESUME_IDENTITY``) but changes the policy's tensors (Flow-Noise's noise head on a
+    (``checkpoint_checks.RESUME_IDENTITY``) but changes the policy's tensors (Flow-Noise's noise head on a
     Flow-SDE run; the velocity network's input width with another chunk) is refused at
     start-up in one line naming the tensors and the setting: the learner loads a resumed
     policy strictly, and it used to start every worker, then fail there."""
