@@ -1,25 +1,28 @@
-"""Lift-Cube-Yam from state on one GPU: m2flow against mjlab's own trainer (rsl-rl), side by side.
-Env steps per second, and the success rate each reaches after the same wall time.
+"""Lift-Cube-Yam from state on one GPU: m2flow against mjlab's own trainer (rsl-rl), side by side,
+on the same number of env steps: env steps per second, and the success rate each reaches.
 
 - ``m2flow``: ``m2flow-train --config-name mjlab_liftcube_ppo_mlp`` (mjlab's PPO settings for
   the task, privileged critic; ``cluster=mjlab_gpu_inprocess``: simulation, rollout and learner
-  on GPU 0 in one process), with ``env.num_envs``, ``runner.num_iterations`` and ``seed`` from
-  the arguments. Its closing evaluation (m2flow always evaluates at the end) is left out of
-  its times.
+  on GPU 0 in one process), with ``env.num_envs`` and ``seed`` from the arguments, for
+  ``--budget-s`` seconds of its loop (``runner.max_minutes``) or ``--iterations``. Its closing
+  evaluation (m2flow always evaluates at the end: one round of ``num_envs`` 1000-step episodes,
+  a batch per call) is left out of its times.
 - ``mjlab``: ``python -m mjlab.scripts.train Mjlab-Lift-Cube-Yam`` (rsl-rl's ``OnPolicyRunner``
-  with the task's rl cfg), the same envs and iterations (24 steps per env and iteration in
-  both), tensorboard logger, on GPU 0.
+  with the task's rl cfg), the same envs and as many iterations as m2flow ran (24 steps per env
+  and iteration in both), tensorboard logger, on GPU 0. ``--mjlab-timeout-s`` bounds it: a run
+  past it is interrupted and compared on the iterations it logged (rsl-rl flushes every 10 s).
 
 One after the other, each a subprocess, after a warm-up that compiles Warp's kernels for the GPU
 (cached in Warp's kernel cache, so neither trainer pays for them). Per iteration, both log the
 success rate of the training episodes that ended in it: the lift command's goal reached at some
 step of the episode (m2flow ``env/success_once``; mjlab ``Metrics/lift_height/episode_success``,
-its mean over the envs reset in each step). ``success @ T`` is each trainer's last logged value
-at or before T seconds of training (time since its first iteration was logged), T the shorter
-of the two runs; ``env steps/s`` is env steps over that loop time.
+its mean over the envs reset in each step). ``success @ N`` is each trainer's last logged value
+at or before N env steps, N the fewer of the two runs'; ``env steps/s`` is env steps over the
+trainer's own loop time (m2flow ``perf/iteration_s``, rsl-rl collection + learning time).
 
-    python bench/mjlab_liftcube.py                                  # 4096 envs, 150 iterations
-    python bench/mjlab_liftcube.py --num-envs 8 --iterations 3      # smoke test (CPU: --cpu)
+    python bench/mjlab_liftcube.py                                  # 4096 envs, 50 s of m2flow
+    python bench/mjlab_liftcube.py --iterations 150                 # a fixed count for both
+    python bench/mjlab_liftcube.py --cpu --num-envs 8 --budget-s 20 # rehearsal on Warp's CPU
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ import argparse
 import json
 import math
 import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -43,12 +48,16 @@ MJLAB_SUCCESS = "Metrics/lift_height/episode_success"
 
 def train_m2flow(args, out: Path, env: dict) -> dict:
     log_dir = out / "m2flow"
+    # the closing evaluation takes the batch per call: one env per call (the default, so that
+    # success does not depend on the batch) would be 4096 calls per step of 1000-step episodes
     cmd = [sys.executable, "-c", "from m2flow.cli.train import main; raise SystemExit(main())",
            "--config-name", "mjlab_liftcube_ppo_mlp", f"env.num_envs={args.num_envs}",
-           f"runner.num_iterations={args.iterations}", f"seed={args.seed}",
+           f"runner.num_iterations={args.iterations or 1_000_000}", f"seed={args.seed}",
+           f"runner.max_minutes={args.budget_s / 60 if not args.iterations else 'null'}",
            f"runner.log_dir={log_dir}", "runner.progress_bar=false", "runner.eval_interval=0",
-           f"runner.eval_episodes={args.num_envs}", "runner.checkpoint_interval=0",
-           *(["cluster=inprocess"] if args.cpu else []), *args.overrides]
+           f"runner.eval_episodes={args.num_envs}", "runner.eval_batch_invariant=false",
+           "runner.checkpoint_interval=0", *(["cluster=inprocess"] if args.cpu else []),
+           *args.overrides]
     wall = run("m2flow", cmd, out, env)
     from m2flow.runs.plot import read_run
 
@@ -57,44 +66,76 @@ def train_m2flow(args, out: Path, env: dict) -> dict:
     succ = curves.get(M2FLOW_SUCCESS)
     eval_s = sum(curves["time/eval"].values) if "time/eval" in curves else 0.0
     return {"trainer": "m2flow", "wall_s": wall - eval_s, "loop_s": sum(loop.values),
-            "env_steps": max(loop.steps),
-            # seconds since the first iteration's scalars, as for rsl-rl's events below
-            "curve": list(zip(succ.seconds, succ.steps, succ.values)) if succ else []}
+            "iterations": len(loop.values), "env_steps": max(loop.steps), "cut": False,
+            "curve": list(zip(loop.steps, succ.values)) if succ else []}
 
 
-def train_mjlab(args, out: Path, env: dict) -> dict:
+def run_bounded(name: str, cmd: list[str], out: Path, env: dict,
+                timeout: float | None) -> tuple[float, bool]:
+    """Runs ``cmd`` (output to ``<out>/<name>.log``); past ``timeout`` seconds it gets Ctrl-C
+    (then, 30 s on, a kill). Its wall seconds and whether it was cut; exits on another failure."""
+    print(f"{name}: {' '.join(cmd)}", flush=True)
+    log = out / f"{name}.log"
+    t0 = time.perf_counter()
+    with log.open("w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        try:
+            rc, cut = proc.wait(timeout=timeout), False
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            rc, cut = 0, True
+    if rc != 0:
+        sys.exit(f"{name} failed (exit {rc}); the end of {log}:\n"
+                 + "".join(log.read_text().splitlines(True)[-20:]))
+    return time.perf_counter() - t0, cut
+
+
+def train_mjlab(args, out: Path, env: dict, iterations: int) -> dict:
     log_root = out / "mjlab"
     cmd = [sys.executable, "-m", "mjlab.scripts.train", TASK,
            "--env.scene.num-envs", str(args.num_envs),
-           "--agent.max-iterations", str(args.iterations), "--agent.seed", str(args.seed),
+           "--agent.max-iterations", str(iterations), "--agent.seed", str(args.seed),
            "--agent.logger", "tensorboard", "--agent.upload-model", "False",
-           "--agent.save-interval", str(10 * args.iterations), "--log-root", str(log_root)]
-    wall = run("mjlab", cmd, out, env)
+           "--agent.save-interval", str(10 * iterations), "--log-root", str(log_root)]
+    wall, cut = run_bounded("mjlab", cmd, out, env, args.mjlab_timeout_s)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(newest("*/*/params", log_root).parent), size_guidance={"scalars": 0})
+    acc = EventAccumulator(str(newest("*/*/events.*", log_root).parent),
+                           size_guidance={"scalars": 0})
     acc.Reload()
     per_it = STEPS_PER_ENV * args.num_envs
     fps = acc.Scalars("Perf/total_fps")
-    t0 = fps[0].wall_time
     succ = acc.Scalars(MJLAB_SUCCESS) if MJLAB_SUCCESS in acc.Tags()["scalars"] else []
     loop_s = sum(e.value for tag in ("Perf/collection_time", "Perf/learning_time")
                  for e in acc.Scalars(tag))
     return {"trainer": "mjlab (rsl-rl)", "wall_s": wall, "loop_s": loop_s,
-            "env_steps": (max(e.step for e in fps) + 1) * per_it,
-            "curve": [(e.wall_time - t0, (e.step + 1) * per_it, e.value) for e in succ]}
+            "iterations": len(fps), "env_steps": (max(e.step for e in fps) + 1) * per_it,
+            "cut": cut, "curve": [((e.step + 1) * per_it, e.value) for e in succ]}
 
 
-def at(curve: list, t: float) -> float:
-    """The last value logged at or before ``t`` seconds (nan: none yet)."""
-    vals = [v for s, _, v in curve if s <= t]
+def at(curve: list, n: int) -> float:
+    """The last value logged at or before ``n`` env steps (nan: none yet)."""
+    vals = [v for s, v in curve if s <= n]
     return vals[-1] if vals else math.nan
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--num-envs", type=int, default=4096)
-    p.add_argument("--iterations", type=int, default=150)
+    p.add_argument("--budget-s", type=float, default=50.0,
+                   help="m2flow's loop time (runner.max_minutes); mjlab runs as many iterations")
+    p.add_argument("--iterations", type=int, help="a fixed iteration count for both, not a budget")
+    p.add_argument("--mjlab-timeout-s", type=float, help="interrupt mjlab's run after this")
+    p.add_argument("--deadline-s", type=float,
+                   help="the whole command's wall time: m2flow's budget and mjlab's timeout "
+                        "shrink to fit it, so that a slow warm-up (Warp's first compile) still "
+                        "leaves both a turn and the table printed")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("/tmp/bench_mjlab_liftcube"))
     p.add_argument("--only", choices=["m2flow", "mjlab", "both"], default="both")
@@ -102,6 +143,8 @@ def main() -> None:
     p.add_argument("--results", type=Path, help="append the rows here (JSON lines)")
     p.add_argument("overrides", nargs="*", help="extra overrides for m2flow-train")
     args = p.parse_args()
+    if args.only == "mjlab" and not args.iterations:
+        p.error("--only mjlab needs --iterations (the budget is m2flow's)")
     args.out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "WANDB_MODE": "disabled",
            "PYTHONUNBUFFERED": "1", **({"CUDA_VISIBLE_DEVICES": ""} if args.cpu else {})}
@@ -114,32 +157,47 @@ def main() -> None:
                    f"[e.step(torch.zeros(e.num_envs, e.spec.action_dim, device='{device}')) "
                    "for _ in range(3)]; e.close()"], args.out, env)
     warmup_s = time.perf_counter() - t
-    trainers = {"m2flow": train_m2flow, "mjlab": train_mjlab}
-    chosen = list(trainers) if args.only == "both" else [args.only]
-    rows = [trainers[c](args, args.out, env) for c in chosen]
-    horizon = min(r["curve"][-1][0] if r["curve"] else 0.0 for r in rows)
+    print(f"warm-up: {warmup_s:.0f} s", flush=True)
+    left = lambda: args.deadline_s - (time.perf_counter() - t)  # noqa: E731
+    if args.deadline_s and not args.iterations and args.only == "both":
+        # each trainer's start-up and m2flow's closing evaluation: ~70 s on the GPU together
+        args.budget_s = min(args.budget_s, max(10.0, (left() - 70) / 2))
+        print(f"m2flow's budget: {args.budget_s:.0f} s (deadline in {left():.0f} s)", flush=True)
+    rows = []
+    if args.only in ("m2flow", "both"):
+        rows.append(train_m2flow(args, args.out, env))
+        r = rows[-1]
+        print(f"m2flow: {r['iterations']} iterations, {r['env_steps']:,} env steps in "
+              f"{r['loop_s']:.0f} s: {r['env_steps'] / r['loop_s']:,.0f} env steps/s", flush=True)
+    if args.only in ("mjlab", "both"):
+        if args.deadline_s:
+            cap = max(10.0, left() - 15)
+            args.mjlab_timeout_s = min(args.mjlab_timeout_s or cap, cap)
+        rows.append(train_mjlab(args, args.out, env, args.iterations or rows[0]["iterations"]))
+    n = min(r["env_steps"] for r in rows)
     for r in rows:
-        r["success_at_T"] = at(r["curve"], horizon)
-        r["final_success"] = r["curve"][-1][2] if r["curve"] else math.nan
+        r["success_at_n"] = at(r["curve"], n)
+        r["final_success"] = r["curve"][-1][1] if r["curve"] else math.nan
         r["env_steps_per_s"] = r["env_steps"] / r["loop_s"]
     (args.out / "summary.json").write_text(json.dumps(
-        {"task": TASK, "device": device, "num_envs": args.num_envs,
-         "iterations": args.iterations, "seed": args.seed, "warmup_s": warmup_s,
-         "T_s": horizon, "rows": rows}, indent=1))
+        {"task": TASK, "device": device, "num_envs": args.num_envs, "budget_s": args.budget_s,
+         "iterations": args.iterations, "seed": args.seed, "warmup_s": warmup_s, "N": n,
+         "rows": rows}, indent=1))
     if args.results:
         with args.results.open("a") as f:
             for r in rows:
                 f.write(json.dumps({"bench": "mjlab_liftcube", "device": device,
-                                    "num_envs": args.num_envs, "iterations": args.iterations,
+                                    "num_envs": args.num_envs, "warmup_s": round(warmup_s, 1),
                                     **{k: v for k, v in r.items() if k != "curve"}}) + "\n")
-    print(f"\n{TASK} on {device}, {args.num_envs} envs, {args.iterations} iterations, seed "
-          f"{args.seed}; warm-up (Warp compile) {warmup_s:.0f} s; T = {horizon:.0f} s")
-    print("| trainer | env steps | loop s | env steps/s | success @ T | final success | wall s |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"\n{TASK} on {device}, {args.num_envs} envs, seed {args.seed}; warm-up (Warp "
+          f"compile) {warmup_s:.0f} s; N = {n:,} env steps")
+    print("| trainer | iterations | env steps | loop s | env steps/s | success @ N "
+          "| final success | wall s |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['trainer']} | {r['env_steps']:,} | {r['loop_s']:.0f} "
-              f"| {r['env_steps_per_s']:,.0f} | {r['success_at_T']:.3f} "
-              f"| {r['final_success']:.3f} | {r['wall_s']:.0f} |")
+        print(f"| {r['trainer']}{' (cut)' if r['cut'] else ''} | {r['iterations']} "
+              f"| {r['env_steps']:,} | {r['loop_s']:.0f} | {r['env_steps_per_s']:,.0f} "
+              f"| {r['success_at_n']:.3f} | {r['final_success']:.3f} | {r['wall_s']:.0f} |")
 
 
 if __name__ == "__main__":

@@ -45,8 +45,6 @@ from m2flow.pipelines import Channel, Placement, WorkerGroup
 from m2flow.pipelines.worker import Worker, pin_process
 from m2flow.policies import make_policy
 
-MJLAB_VLA = ["policy=openvla_oft_tiny", "policy.image_keys=[rgb]", "policy.chunk=1",
-             "policy.value_head=true", "policy.critic=head", "env.sim_backend=gpu"]
 CASES = {
     "rgb": ("maniskill_pushcube_ppo_cnn",
             ["env.image_size=128", "policy=cnn_resnet18", "policy.encoder=timm/resnet50",
@@ -63,9 +61,9 @@ CASES = {
     # GPU simulation: mjlab's Lift-Cube-Yam-Rgb (MuJoCo Warp, its batch renderer) with the tiny
     # VLA on its one camera at 64 px, then an OpenVLA-OFT-shaped ~1B (a Llama of Llama-3.2-1B's
     # shape, ViT-B/16 at 224 px; bf16 on CUDA). Each stage's envs are an mjlab env of their own.
-    "mjlab_vla": ("mjlab_liftcube_ppo_cnn", [*MJLAB_VLA, "env.image_size=64"]),
-    "mjlab_vla1b": ("mjlab_liftcube_ppo_cnn",
-                    [*MJLAB_VLA, "env.image_size=224", "policy.image_size=224",
+    "mjlab_vla": ("mjlab_liftcube_ppo_openvla_tiny", []),
+    "mjlab_vla1b": ("mjlab_liftcube_ppo_openvla_tiny",
+                    ["env.image_size=224", "policy.image_size=224",
                      "policy.vision=[timm/vit_base_patch16_224]",
                      "policy.hidden_size=2048", "policy.num_layers=16",
                      "policy.num_heads=32", "policy.intermediate_size=8192"]),

@@ -1,34 +1,37 @@
 #!/usr/bin/env bash
 # Builds, on a machine that reaches PyPI and Debian (after scripts/install.sh), what the GPU
 # check (scripts/gpu_check.sh) installs on a GPU machine that has Python 3.12, torch,
-# transformers, timm and peft but no network:
-#   .kit/site.tar.xz   the packages m2flow needs there that it lacks (sapien, mujoco and
-#                      fast_simplification as cp312 wheels; the pure-Python ones copied from
-#                      .venv), ManiSkill trimmed to the Panda (no other robots, no environment
-#                      maps), SAPIEN without C++ headers and CUDA denoiser, MuJoCo without
-#                      its Studio UI: 52 MiB, checked to be under 56 MiB (a device call
-#                      carries at most 64 MiB)
-#   .kit/ray.tar.xz    Ray (the version installed here, as a cp312 wheel) without its Java jars,
-#                      dashboard front end and libraries m2flow does not use (rllib, tune,
-#                      train, serve, data, llm, air): 29 MiB; beside it, Ray's own dependencies
-#                      as unpacked wheels (gpu_check.sh installs those the machine lacks)
-#   .gl/*.deb          the Vulkan/EGL/GL loader libraries (Debian) the NVIDIA driver needs
-#   .kit/mjlab.tar.xz.{0,1,2}  mjlab and MuJoCo Warp (see mjlab_part below)
-# Both folders are git-ignored; hand them to the GPU machine with the working tree. The parts do
-# not fit in one device call (64 MiB): .kit/calls.txt lists three calls that only unpack
-# (gpu_check.sh OUT unpack), after which a call carrying nothing runs the check.
+# transformers, timm and peft but no network. Four parts, in the order the check needs them:
+#   core       what every step imports that the machine lacks: Hydra, OmegaConf, tensordict,
+#              gymnasium, math_verify, MuJoCo (a cp312 wheel, without its headers and Studio
+#              UI), trimesh and the others mjlab imports (pure-Python ones copied from .venv)
+#   mjlab      mjlab and MuJoCo Warp (see mjlab_part below; Warp's library is most of it)
+#   ray        Ray (the version installed here, a cp312 wheel) without its Java jars, dashboard
+#              front end and the libraries m2flow does not use (rllib, tune, train, serve,
+#              data, llm, air); beside it, Ray's own dependencies as unpacked wheels
+#              (gpu_check.sh installs those the machine lacks)
+#   maniskill  SAPIEN (without C++ headers and CUDA denoiser), ManiSkill trimmed to the Panda
+#              (no other robots, no environment maps), fast_simplification, the kinematics
+#              packages
+# Each part is a .tar.xz; together they are one stream (.kit/parts.tsv: name, offset, size,
+# sha256) cut into pieces .kit/kit.0, .kit/kit.1, ... of LOAD (59) MiB, one per device call
+# (a call carries at most 64 MiB; the working tree adds ~3). gpu_check.sh keeps the pieces
+# under /tmp/kit_pieces and unpacks each part once its bytes have all arrived: core and mjlab
+# after the second call, so that the Lift-Cube step runs in it. .kit/calls.txt lists the calls.
+#   .gl/*.deb  the Vulkan/EGL/GL loader libraries (Debian) the NVIDIA driver needs
+# Both folders are git-ignored; hand them to the GPU machine with the working tree.
 # Not in the kit: SAPIEN's GPU PhysX library, which SAPIEN downloads from GitHub at first use
 # (this machine reaches only PyPI and Debian; the one PyPI package holding a libPhysXGpu_64.so,
 # Isaac Sim's 246 MB physics cache, is PhysX 5.6, not the 5.3.1 SAPIEN 3.0 loads): ManiSkill's
 # GPU simulation cannot run there.
-#   bash scripts/device_kit.sh [site] [ray] [mjlab]      (default: all three)
-#   KIT_PYTHON=3.11 bash scripts/device_kit.sh ray   (a Ray part for this machine's Python, to
-#                                                      try the trimmed Ray here)
+#   bash scripts/device_kit.sh [core] [mjlab] [ray] [maniskill] [pack]  (default: all, then pack)
+#   KIT_PYTHON=3.11 KIT=/tmp/kit311 bash scripts/device_kit.sh   (a kit for this machine's
+#       Python, to rehearse the install and the steps here: scripts/gpu_rehearse.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SP=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-KIT=.kit
-PARTS=${*:-site ray mjlab}
+KIT=${KIT:-.kit}
+PARTS=${*:-core mjlab ray maniskill pack}
 PYV=${KIT_PYTHON:-3.12}
 ver() { .venv/bin/python -c "import importlib.metadata as m; print(m.version('$1'))"; }
 plat=""
@@ -72,18 +75,11 @@ ray_part() {
   [ "$size" -lt $((56 * 1048576)) ] || { echo "device_kit: the Ray part is over 56 MiB"; exit 1; }
 }
 # mjlab and MuJoCo Warp, with what they import (in a Lift-Cube training by m2flow or by mjlab's
-# train.py) that neither the GPU machine's image nor the site kit holds. Left behind: Warp's CPU
+# train.py) that neither the GPU machine's image nor the core part holds. Left behind: Warp's CPU
 # compiler (warp-clang.so, 69 MB; Warp loads it only where present, and the GPU machine compiles
 # kernels for CUDA), ffmpeg's binary (imageio-ffmpeg fetches it on first use, mediapy only for
 # videos), wandb's service binary (a run with logger=tensorboard starts none) and the G1 and Go1
 # meshes (their XML stays: mjlab asserts it at import; those robots' tasks cannot be built).
-# Warp's library alone is 81 MiB compressed, so the whole does not fit one call. The three
-# parts travel in three calls of at most LOAD (59) MiB each (the working tree adds ~3 MiB):
-#   1: .kit/ray.tar.xz  + .kit/mjlab.tar.xz.0 (LOAD minus Ray)
-#   2: .kit/site.tar.xz + .kit/mjlab.tar.xz.1 (LOAD minus the site kit) + .gl
-#   3: .kit/mjlab.tar.xz.2 (the rest)
-# each with .kit/mjlab.sha256; gpu_check.sh keeps the pieces under /tmp/kit_pieces and unpacks
-# the whole once its checksum matches. .kit/calls.txt lists the three carries.
 MJLAB_DISTS="mjlab mujoco-warp warp-lang rsl-rl-lib wandb viser mjviser mediapy imageio-ffmpeg
   tyro docstring-parser typeguard msgspec prettytable wcwidth gitpython gitdb smmap pydantic
   pydantic-core typing-inspection annotated-types platformdirs websockets zstandard pyopengl
@@ -92,7 +88,7 @@ MJLAB_DISTS="mjlab mujoco-warp warp-lang rsl-rl-lib wandb viser mjviser mediapy 
   opentelemetry-exporter-otlp-proto-common opentelemetry-exporter-http-transport
   opentelemetry-exporter-otlp-common"
 mjlab_part() {
-  rm -rf "$KIT/mjlab" "$KIT"/mjlab.tar.xz* "$KIT/mjlab.sha256" && mkdir -p "$KIT/mjlab/whl" "$KIT/mjlab/site"
+  rm -rf "$KIT/mjlab" "$KIT/mjlab.tar.xz" && mkdir -p "$KIT/mjlab/whl" "$KIT/mjlab/site"
   local reqs=() d
   for d in $MJLAB_DISTS; do reqs+=("$d==$(ver "$d")"); done
   download "$KIT/mjlab/whl" --no-deps "${reqs[@]}"
@@ -103,84 +99,99 @@ mjlab_part() {
   find "$KIT/mjlab" -name __pycache__ -prune -exec rm -rf {} +
   tar -C "$KIT/mjlab" -cf - site | xz -T2 -6 > "$KIT/mjlab.tar.xz"
   rm -rf "$KIT/mjlab"
-  (cd "$KIT" && sha256sum mjlab.tar.xz > mjlab.sha256)
-  mjlab_split
+  part_done mjlab
 }
-mjlab_split() {  # the pieces of .kit/mjlab.tar.xz, by the sizes of the other parts (PARTS: split)
-  [ -f "$KIT/ray.tar.xz" ] && [ -f "$KIT/site.tar.xz" ] \
-    || { echo "device_kit: build the ray and site parts first (their sizes set the pieces)"; exit 1; }
-  .venv/bin/python - "$KIT" "${LOAD:-59}" <<'PY'
-import os, sys
-kit, load = sys.argv[1], int(sys.argv[2]) << 20
-whole = open(f"{kit}/mjlab.tar.xz", "rb").read()
-sizes = [load - os.path.getsize(f"{kit}/ray.tar.xz"), load - os.path.getsize(f"{kit}/site.tar.xz")]
-pieces = [whole[:sizes[0]], whole[sizes[0]:sizes[0] + sizes[1]], whole[sizes[0] + sizes[1]:]]
-if len(pieces[2]) > load:
-    sys.exit(f"device_kit: the mjlab part is {len(whole) >> 20} MiB, over three calls of {load >> 20} MiB")
-for i, p in enumerate(pieces):
-    open(f"{kit}/mjlab.tar.xz.{i}", "wb").write(p)
-os.remove(f"{kit}/mjlab.tar.xz")
-calls = [[".kit/ray.tar.xz", ".kit/mjlab.tar.xz.0"],
-         [".kit/site.tar.xz", ".kit/mjlab.tar.xz.1", ".gl"], [".kit/mjlab.tar.xz.2"]]
-with open(f"{kit}/calls.txt", "w") as f:
-    for i, c in enumerate(calls, 1):
-        mib = sum(os.path.getsize(x) for x in c if os.path.isfile(x)) / 2**20
-        f.write(f"call {i} ({mib:.0f} MiB): carry {c + ['.kit/mjlab.sha256']}, "
-                f"command: bash scripts/gpu_check.sh $OUT unpack\n")
-PY
-  echo "device_kit: .kit/mjlab.tar.xz.{0,1,2} (mjlab $(ver mjlab), Warp $(ver warp-lang)); the calls:"
-  cat "$KIT/calls.txt"
+part_done() {  # NAME: the size of .kit/NAME.tar.xz
+  local size; size=$(stat -c %s "$KIT/$1.tar.xz")
+  echo "device_kit: $KIT/$1.tar.xz $((size / 1048576)) MiB"
 }
-site_part() {
-  rm -rf "$KIT/site" "$KIT/whl" "$KIT/site.tar.xz" && mkdir -p "$KIT/site" "$KIT/whl"
-
-  # 1. compiled packages: cp312 manylinux wheels, the versions installed here
-  download "$KIT/whl" --no-deps "sapien==$(ver sapien)" "mujoco==$(ver mujoco)" \
-    "fast_simplification==$(ver fast_simplification)"
-  for w in "$KIT"/whl/*.whl; do
-    .venv/bin/python -m zipfile -e "$w" "$KIT/site"
-  done
-  # SAPIEN: no C++ headers, no CUDA denoiser device (its denoiser core stays: pysapien links it);
-  # MuJoCo: no C headers, no experimental Studio UI (28 MB; nothing m2flow runs imports it)
-  rm -rf "$KIT/whl" "$KIT/site/sapien/include" "$KIT"/site/sapien/oidn_library/*device_cuda* \
-    "$KIT/site/mujoco/include" "$KIT/site/mujoco/experimental"
-
-  # 2. pure-Python packages the GPU machine lacks: copied from this venv (with their dist-info)
-  pure="antlr4 hydra omegaconf tensordict pyvers gymnasium farama_notifications dacite
-        transforms3d trimesh pytorch_kinematics pytorch_seed arm_pytorch_utilities glfw IPython
-        traitlets math_verify latex2sympy2_extended defusedxml mani_skill"
-  for mod in $pure; do
+copy_pure() {  # DIR MODULE...: pure-Python packages copied from this venv, with their dist-info
+  local dir=$1 mod dist; shift
+  for mod in "$@"; do
     [ -e "$SP/$mod" ] || { echo "device_kit: $mod is not installed in .venv (run scripts/install.sh)"; exit 1; }
-    cp -r "$SP/$mod" "$KIT/site/"
+    cp -r "$SP/$mod" "$dir/"
     dist=$(.venv/bin/python -c "import importlib.metadata as m
 print(next(iter(m.packages_distributions()['$mod'])))")
-    cp -r "$SP"/$(echo "$dist" | tr '-' '_')-[0-9]*.dist-info "$KIT/site/" 2>/dev/null \
-      || cp -r "$SP"/"$dist"-[0-9]*.dist-info "$KIT/site/" 2>/dev/null \
-      || cp -r "$SP"/$(echo "$dist" | tr 'A-Z-' 'a-z_')-[0-9]*.dist-info "$KIT/site/"
+    cp -r "$SP"/$(echo "$dist" | tr '-' '_')-[0-9]*.dist-info "$dir/" 2>/dev/null \
+      || cp -r "$SP"/"$dist"-[0-9]*.dist-info "$dir/" 2>/dev/null \
+      || cp -r "$SP"/$(echo "$dist" | tr 'A-Z-' 'a-z_')-[0-9]*.dist-info "$dir/"
   done
+}
+wheels() {  # DIR REQUIREMENT...: cp$PYV wheels unpacked into DIR/site
+  mkdir -p "$1/whl" "$1/site"
+  download "$1/whl" --no-deps "${@:2}"
+  for w in "$1"/whl/*.whl; do .venv/bin/python -m zipfile -e "$w" "$1/site"; done
+  rm -rf "$1/whl"
+}
+core_part() {
+  rm -rf "$KIT/core" "$KIT/core.tar.xz"
+  wheels "$KIT/core" "mujoco==$(ver mujoco)"
+  # MuJoCo: no C headers, no experimental Studio UI (28 MB; nothing m2flow runs imports it)
+  rm -rf "$KIT/core/site/mujoco/include" "$KIT/core/site/mujoco/experimental"
+  copy_pure "$KIT/core/site" antlr4 hydra omegaconf tensordict pyvers gymnasium \
+    farama_notifications dacite trimesh glfw IPython traitlets math_verify latex2sympy2_extended \
+    defusedxml
+  find "$KIT/core" -name __pycache__ -prune -exec rm -rf {} +
+  tar -C "$KIT/core" -cJf "$KIT/core.tar.xz" site && rm -rf "$KIT/core"
+  part_done core
+}
+maniskill_part() {
+  rm -rf "$KIT/maniskill" "$KIT/maniskill.tar.xz"
+  wheels "$KIT/maniskill" "sapien==$(ver sapien)" "fast_simplification==$(ver fast_simplification)"
+  local site="$KIT/maniskill/site"
+  # SAPIEN: no C++ headers, no CUDA denoiser device (its denoiser core stays: pysapien links it)
+  rm -rf "$site/sapien/include" "$site"/sapien/oidn_library/*device_cuda*
+  copy_pure "$site" transforms3d pytorch_kinematics pytorch_seed arm_pytorch_utilities mani_skill
   # ManiSkill: the Panda only (its URDFs and franka_description); no scene map, no examples' videos
-  robots="$KIT/site/mani_skill/assets/robots"
+  local robots="$site/mani_skill/assets/robots"
   find "$robots" -mindepth 1 -maxdepth 1 ! -name panda -exec rm -rf {} +
   rm -rf "$robots/panda/realsense2_description" "$robots/panda/sciurus17_description" \
-    "$KIT/site/mani_skill/assets/environment_maps" "$KIT/site/mani_skill/assets/maniskill2-scene-2.glb" \
-    "$KIT"/site/mani_skill/utils/scene_builder/replicacad/*.hdr
-  find "$KIT/site" -name __pycache__ -prune -exec rm -rf {} +
-
-  tar -C "$KIT" -cJf "$KIT/site.tar.xz" site
-  rm -rf "$KIT/site"
-  local size; size=$(stat -c %s "$KIT/site.tar.xz")
-  echo "device_kit: $KIT/site.tar.xz $((size / 1048576)) MiB"
-  [ "$size" -lt $((56 * 1048576)) ] || { echo "device_kit: the kit is over 56 MiB"; exit 1; }
-
-  # 3. the loaders (as the device README says: amd64 debs, unpacked there with dpkg -x)
+    "$site/mani_skill/assets/environment_maps" "$site/mani_skill/assets/maniskill2-scene-2.glb" \
+    "$site"/mani_skill/utils/scene_builder/replicacad/*.hdr
+  find "$KIT/maniskill" -name __pycache__ -prune -exec rm -rf {} +
+  tar -C "$KIT/maniskill" -cJf "$KIT/maniskill.tar.xz" site && rm -rf "$KIT/maniskill"
+  part_done maniskill
+}
+gl_part() {  # the loaders (as the device README says: amd64 debs, unpacked there with dpkg -x)
   mkdir -p .gl /tmp/amd64/partial
-  o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
+  local o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
   if ! ls .gl/libvulkan1_*.deb >/dev/null 2>&1; then
     apt-get $o update -qq
     (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
   fi
 }
-case " $PARTS " in *" ray "*) ray_part ;; esac
-case " $PARTS " in *" site "*) site_part ;; esac
-case " $PARTS " in *" mjlab "*) mjlab_part ;; *" split "*) mjlab_split ;; esac
+pack() {  # the parts as one stream cut into pieces of one call each; parts.tsv; calls.txt
+  .venv/bin/python - "$KIT" "${LOAD:-59}" <<'PY'
+import hashlib, os, sys
+kit, load = sys.argv[1], int(sys.argv[2]) << 20
+order = ["core", "mjlab", "ray", "maniskill"]  # what the calls' steps need first comes first
+for f in os.listdir(kit):
+    if f.startswith("kit.") and f[4:].isdigit():
+        os.remove(f"{kit}/{f}")
+stream, rows = b"", []
+for name in order:
+    data = open(f"{kit}/{name}.tar.xz", "rb").read()
+    rows.append((name, len(stream), len(data), hashlib.sha256(data).hexdigest()))
+    stream += data
+with open(f"{kit}/parts.tsv", "w") as f:
+    f.write(f"piece_bytes\t{load}\n" + "".join("\t".join(map(str, r)) + "\n" for r in rows))
+pieces = [stream[i:i + load] for i in range(0, len(stream), load)]
+for i, p in enumerate(pieces):
+    open(f"{kit}/kit.{i}", "wb").write(p)
+with open(f"{kit}/calls.txt", "w") as f:
+    for i, p in enumerate(pieces):
+        ready = [n for n, off, size, _ in rows if i * load < off + size <= (i + 1) * load]
+        carry = [".kit/parts.tsv", f".kit/kit.{i}"] + ([".gl"] if i == 0 else [])
+        f.write(f"call {i + 1} ({len(p) / 2**20:.0f} MiB): carry {carry}; "
+                f"completes {', '.join(ready) or 'nothing'}\n")
+print(f"device_kit: {len(stream) / 2**20:.0f} MiB in {len(pieces)} pieces of at most "
+      f"{load >> 20} MiB")
+PY
+  cat "$KIT/calls.txt"
+}
+for part in core mjlab ray maniskill; do
+  case " $PARTS " in *" $part "*) "${part}_part" ;; esac
+done
+case " $PARTS " in *" core "*|*" maniskill "*) gl_part ;; esac
+case " $PARTS " in *" pack "*) pack ;; esac
 du -ch "$KIT" .gl 2>/dev/null | tail -1

@@ -1,6 +1,6 @@
 """The mjlab configs end to end on Warp's CPU device: Cartpole under Ray (env, rollout and
 learner workers as processes) in two pipeline stages (two mjlab envs in the env worker),
-Lift-Cube from state with the privileged critic and from the wrist camera, each for an
+Lift-Cube from state with the privileged critic and from the wrist camera (a CNN, the tiny VLA), each for an
 iteration or two."""
 
 from m2flow.cli.train import main as train
@@ -20,7 +20,7 @@ def test_cartpole_trains_under_ray(tmp_path, capsys):
 
 
 def test_liftcube_state_and_rgb_run_an_iteration_in_process(tmp_path, capsys):
-    for name in ("mjlab_liftcube_ppo_mlp", "mjlab_liftcube_ppo_cnn"):
+    for name in ("mjlab_liftcube_ppo_mlp", "mjlab_liftcube_ppo_cnn", "mjlab_liftcube_ppo_openvla_tiny"):
         rc = train(["--config-name", name, "cluster=inprocess", "env.num_envs=4",
                     "runner.num_iterations=1", "runner.rollout_steps=6", "runner.eval_interval=0",
                     f"runner.log_dir={tmp_path}", *SMALL])

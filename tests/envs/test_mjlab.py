@@ -118,7 +118,11 @@ def run_mjlab(device: str = "cpu") -> dict:
         env.close()
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda:0", marks=pytest.mark.gpu)])
+CUDA = pytest.param("cuda:0", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device")])
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
 def test_adapter_steps_exactly_like_mjlabs_own_env(device):
     """On Warp's CPU device in CI; on CUDA (``pytest -m gpu``) the tensors also stay there."""
     ours = run_adapter(device)

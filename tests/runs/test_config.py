@@ -16,7 +16,7 @@ DEMO_CONFIGS = {"maniskill_pickcube_rlpd_mlp": "demos/PickCube-v1_state.h5"}  # 
 # without init_from= they are refused at start-up with one line
 INIT_CONFIGS = ("maniskill_pickcube_ppo_flow_mlp_from_bc", "maniskill_pushcube_ppo_pi0_tiny")
 GPU_CONFIGS = ("libero_spatial_grpo_openvla_oft", "reasoning_math_grpo_qwen", "mjlab_liftcube_ppo_cnn",
-               "mjlab_liftcube_ppo_mlp")
+               "mjlab_liftcube_ppo_mlp", "mjlab_liftcube_ppo_openvla_tiny")
 
 
 @pytest.mark.parametrize("name", entry_configs())
