@@ -194,4 +194,4 @@ for part in core mjlab ray maniskill; do
 done
 case " $PARTS " in *" core "*|*" maniskill "*) gl_part ;; esac
 case " $PARTS " in *" pack "*) pack ;; esac
-du -ch "$KIT" .gl 2>/dev/null | tail -1
+du -ch "$KIT" .gl 2>/dev/null | tail -1 || true
