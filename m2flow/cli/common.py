@@ -202,6 +202,29 @@ def interruptible(prog: str, run, command=None, hint=lambda: "", cfg=None) -> in
         restore()
 
 
+def resumed_launch(overrides: Sequence[str]) -> Optional[tuple[str, list[str]]]:
+    """``m2flow-train resume=<checkpoint or run>`` without ``--config-name``: the entry config
+    and overrides the run was launched with (kept in its checkpoints, ``runs.session.
+    launched_as``), its ``resume=`` replaced by ``overrides`` (which come last, so they win);
+    None where there is no such ``resume=`` or the checkpoint kept no command (a run of an
+    older m2flow, or one not started by the CLI): the default config is composed then, and a
+    checkpoint of another config is refused at start-up, naming its ``config.yaml``."""
+    from m2flow.runs import checkpoint
+
+    given = [o.partition("=")[2] for o in overrides if o.partition("=")[0].lstrip("+") == "resume"]
+    if not given or given[-1] in ("latest", "auto", "null", "None", ""):
+        return None
+    try:
+        state = checkpoint.load(checkpoint.resolve(given[-1]), mmap=True)
+    except (checkpoint.CheckpointError, OSError, RuntimeError):
+        return None  # the start-up checks say what is wrong with it, in one line
+    launch = state.get("launch") if isinstance(state, dict) else None
+    if not launch:
+        return None
+    kept = [o for o in launch["overrides"] if o.partition("=")[0].lstrip("+") != "resume"]
+    return launch["config_name"], kept + list(overrides)
+
+
 def train_command(config_name: str, overrides: Sequence[str], checkpoint=None) -> str:
     """The ``m2flow-train`` command line with the user's overrides that resumes from
     ``checkpoint`` (replacing any ``resume=``); None: the user's command as it was.

@@ -80,7 +80,7 @@ class SweepJob:
         from hydra.core.hydra_config import HydraConfig
 
         from m2flow.pipelines.futures import Stopped
-        from m2flow.runs.session import RunFailed, RunInterrupted, config_yaml
+        from m2flow.runs.session import RunFailed, RunInterrupted, config_yaml, launched_as
 
         hc = HydraConfig.get()
         self.current = list(hc.overrides.task)
@@ -94,7 +94,8 @@ class SweepJob:
             cfg = run_config(composed)
             runs = Path(cfg.runner.log_dir) / cfg.run_name
             before, text = set(runs.glob("*")), config_yaml(cfg)
-            rc = workload(cfg.workload).train(cfg)
+            with launched_as(self.config_name, self.current):
+                rc = workload(cfg.workload).train(cfg)
             row["status"] = "ok" if rc == 0 else f"exit {rc}"
         except (Stopped, RunInterrupted, KeyboardInterrupt):
             raise  # ends the sweep (Hydra hands it on; interruptible says where)

@@ -4,6 +4,7 @@
     m2flow-train --config-name maniskill_pickcube_ppo_mlp env.num_envs=4
     m2flow-train --cfg                             # print the composed config and exit
     m2flow-train resume=latest                     # continue this config's newest checkpoint
+    m2flow-train resume=runs/X/<time> runner.num_iterations=400  # that run, its own command
     m2flow-train -m seed=0,1,2                     # a sweep: one run per job, then a summary
 """
 
@@ -16,7 +17,7 @@ from typing import Optional
 
 from m2flow.cli.common import (
     DEFAULT_CONFIG, EXIT_CONFIG, interruptible, load_run_config, print_config, quiet_ctrl_c,
-    setup_logging, train_command)
+    resumed_launch, setup_logging, train_command)
 from m2flow.cli.workloads import workload
 
 
@@ -24,8 +25,9 @@ from m2flow.cli.workloads import workload
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="m2flow-train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config-name", "-cn", default=DEFAULT_CONFIG,
-                        help=f"entry config in m2flow/configs (default: {DEFAULT_CONFIG})")
+    parser.add_argument("--config-name", "-cn", default=None,
+                        help=f"entry config in m2flow/configs (default: {DEFAULT_CONFIG}; with "
+                             "resume=<run> alone, the config and overrides that run started with)")
     parser.add_argument("--cfg", action="store_true", help="print the composed config and exit")
     parser.add_argument("--multirun", "-m", action="store_true",
                         help="run every job of the sweeps in the overrides (seed=0,1,2 "
@@ -35,6 +37,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     from m2flow.configs import ConfigError
     from m2flow.configs.loader import sweeps
 
+    if args.config_name is None:
+        found = None if args.multirun else resumed_launch(args.overrides)
+        args.config_name, args.overrides = found or (DEFAULT_CONFIG, args.overrides)
+        if found:  # (on stderr under --cfg, whose stdout is the config alone)
+            print(f"resume: the run's own command: {train_command(*found)}", flush=True,
+                  file=sys.stderr if args.cfg else sys.stdout)
     if args.multirun:
         from m2flow.cli.sweep import multirun
 
@@ -53,7 +61,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         return print_config(cfg)
     setup_logging()
     w = workload(cfg.workload)
-    return interruptible("m2flow-train", lambda: w.train(cfg),
+
+    def run() -> int:
+        from m2flow.runs.session import launched_as
+
+        with launched_as(args.config_name, args.overrides):  # kept in its checkpoints
+            return w.train(cfg)
+
+    return interruptible("m2flow-train", run,
                          command=lambda ckpt: train_command(args.config_name, args.overrides, ckpt),
                          hint=lambda: w.memory_hint(cfg) if w.memory_hint else "", cfg=cfg)
 

@@ -30,9 +30,10 @@ import signal
 import sys
 import threading
 import traceback
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from omegaconf import OmegaConf
 
@@ -49,6 +50,23 @@ from m2flow.pipelines import watchdog
 from m2flow.pipelines.futures import Stopped, clear_stop, request_stop
 from m2flow.runs import checkpoint
 from m2flow.runs.logger import LOG_FILE, LogField, Progress, RunLogger, announce, log, terminal
+
+
+_LAUNCH: Optional[dict] = None  # the command of the run under way (launched_as)
+
+
+@contextmanager
+def launched_as(config_name: str, overrides: Sequence[str]) -> Iterator[None]:
+    """While it lasts, the runs started in this process were launched as ``m2flow-train
+    --config-name <config_name> <overrides>``: every checkpoint keeps that (``launch``), so
+    that ``m2flow-train resume=<run>`` alone composes the run's own config again
+    (``m2flow.cli.common.resumed_launch``). The CLI sets it; a run without it saves none."""
+    global _LAUNCH
+    previous, _LAUNCH = _LAUNCH, {"config_name": config_name, "overrides": list(overrides)}
+    try:
+        yield
+    finally:
+        _LAUNCH = previous
 
 
 class RunSession:
@@ -157,6 +175,7 @@ class RunSession:
             "iteration": iteration,
             "config": config_yaml(self.cfg),
             "metrics": {k: v for k, v in (metrics or {}).items() if isinstance(v, (int, float))},
+            **({"launch": dict(_LAUNCH)} if _LAUNCH is not None else {}),
         }
         folder = self.run_dir / "checkpoints"
         path = checkpoint.save(folder / f"{prefix}_{iteration:05d}.pt", full)

@@ -154,3 +154,36 @@ def test_max_minutes_ends_the_loop_with_the_iteration_that_passes_it(tmp_path, c
     # the budget was passed by the last iteration and not before it
     assert sum(loop.values[:-1]) <= 3.0 + 1.0 and "eval/success_once" in curves
     assert curves["eval/success_once"].steps == [max(loop.steps)]  # the last one, evaluated
+
+
+def test_resume_alone_continues_a_run_with_its_own_command(tmp_path, capsys):
+    """``m2flow-train resume=<run dir>`` without --config-name: the run's checkpoints keep the
+    command it was launched with, so it goes on with its own env (Pendulum here, not the default
+    config's PushCube) and its overrides, the ones given now last. A checkpoint that kept no
+    command (an older m2flow's) is refused, naming its config.yaml."""
+    first = ["--config-name", "maniskill_pushcube_ppo_mlp", "env=gym_pendulum", "cluster=inprocess",
+             "env.num_envs=2", "runner.rollout_steps=50", "runner.num_iterations=2",
+             "runner.eval_interval=0", "runner.eval_episodes=2", "runner.progress_bar=false",
+             f"runner.log_dir={tmp_path}", "run_name=pend"]
+    assert train(first) == 0
+    run_dir = next((tmp_path / "pend").glob("*"))
+    state = checkpoint.load(run_dir / "checkpoints" / "last.pt")
+    assert state["launch"] == {"config_name": "maniskill_pushcube_ppo_mlp", "overrides": first[2:]}
+    capsys.readouterr()
+
+    assert train([f"resume={run_dir}", "runner.num_iterations=3"]) == 0
+    out = capsys.readouterr().out
+    assert ("resume: the run's own command: m2flow-train --config-name maniskill_pushcube_ppo_mlp "
+            "env=gym_pendulum cluster=inprocess") in out and "runner.num_iterations=3" in out
+    resumed = max((tmp_path / "pend").glob("*"))
+    assert resumed != run_dir
+    last = checkpoint.load(resumed / "checkpoints" / "last.pt")
+    assert last["iteration"] == 3 and "name: gym/Pendulum-v1" in last["config"]
+    assert last["launch"]["overrides"][-2:] == [f"resume={run_dir}", "runner.num_iterations=3"]
+
+    del state["launch"]  # as an older m2flow wrote it
+    old = tmp_path / "old.pt"
+    torch.save(state, old)
+    assert train([f"resume={old}", "runner.num_iterations=3"]) == 2
+    err = capsys.readouterr().err
+    assert "was written by another config" in err and "config.yaml" in err
