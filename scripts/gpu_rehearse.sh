@@ -7,7 +7,7 @@
 # stands in for the image's opencv-python-headless, the same cv2), then gpu_check.sh's call1, call2 and
 # call3 with REHEARSE=cpu: the kit unpacked piece by piece, every step at a small size. What a
 # step imports that neither the image nor the kit holds fails here as it would there.
-#   bash scripts/gpu_rehearse.sh [OUT_DIR]          (~15 minutes; the kit build ~6 of them)
+#   bash scripts/gpu_rehearse.sh [OUT_DIR]          (~10 minutes; the kit build ~5 of them)
 #   REUSE_KIT=1 bash scripts/gpu_rehearse.sh        (the kit built by the last rehearsal)
 # Warp's CPU compiler, which the device kit leaves behind (the GPU compiles with NVRTC), is
 # linked in from .venv so that mjlab's kernels compile here.
