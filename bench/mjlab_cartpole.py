@@ -40,6 +40,7 @@ import json
 import math
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -58,16 +59,34 @@ ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "RAY_USAGE_STATS_ENABLED": "0",
 def run(name: str, cmd: list[str], out: Path, env: dict | None = None) -> float:
     """Runs ``cmd`` (its output to ``<out>/<name>.log``, with ``env``, default: on the CPU); its
     wall seconds. Exits on failure."""
+    return run_bounded(name, cmd, out, env or ENV, None)[0]
+
+
+def run_bounded(name: str, cmd: list[str], out: Path, env: dict,
+                timeout: float | None) -> tuple[float, bool]:
+    """``run`` that, past ``timeout`` seconds, gives ``cmd`` Ctrl-C (then, 30 s on, a kill): its
+    wall seconds and whether it was cut. Exits on another failure."""
     print(f"{name}: {shlex.join(cmd)}", flush=True)
     log = out / f"{name}.log"
     t0 = time.perf_counter()
     with log.open("w") as f:
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env or ENV).returncode
-    wall = time.perf_counter() - t0
+        # its own process group only when it may be cut (else a Ctrl-C here reaches it too)
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=timeout is not None)
+        try:
+            rc, cut = proc.wait(timeout=timeout), False
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            rc, cut = 0, True
     if rc != 0:
         sys.exit(f"{name} failed (exit {rc}); the end of {log}:\n"
                  + "".join(log.read_text().splitlines(True)[-20:]))
-    return wall
+    return time.perf_counter() - t0, cut
 
 
 def newest(pattern: str, root: Path) -> Path:

@@ -31,13 +31,11 @@ import argparse
 import json
 import math
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from mjlab_cartpole import newest, run
+from mjlab_cartpole import newest, run, run_bounded
 
 TASK = "Mjlab-Lift-Cube-Yam"
 STEPS_PER_ENV = 24  # the task's rl cfg num_steps_per_env, and the m2flow config's rollout_steps
@@ -68,32 +66,6 @@ def train_m2flow(args, out: Path, env: dict) -> dict:
     return {"trainer": "m2flow", "wall_s": wall - eval_s, "loop_s": sum(loop.values),
             "iterations": len(loop.values), "env_steps": max(loop.steps), "cut": False,
             "curve": list(zip(loop.steps, succ.values)) if succ else []}
-
-
-def run_bounded(name: str, cmd: list[str], out: Path, env: dict,
-                timeout: float | None) -> tuple[float, bool]:
-    """Runs ``cmd`` (output to ``<out>/<name>.log``); past ``timeout`` seconds it gets Ctrl-C
-    (then, 30 s on, a kill). Its wall seconds and whether it was cut; exits on another failure."""
-    print(f"{name}: {' '.join(cmd)}", flush=True)
-    log = out / f"{name}.log"
-    t0 = time.perf_counter()
-    with log.open("w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-        try:
-            rc, cut = proc.wait(timeout=timeout), False
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            rc, cut = 0, True
-    if rc != 0:
-        sys.exit(f"{name} failed (exit {rc}); the end of {log}:\n"
-                 + "".join(log.read_text().splitlines(True)[-20:]))
-    return time.perf_counter() - t0, cut
 
 
 def train_mjlab(args, out: Path, env: dict, iterations: int) -> dict:

@@ -211,7 +211,7 @@ def resumed_launch(overrides: Sequence[str]) -> Optional[tuple[str, list[str]]]:
     checkpoint of another config is refused at start-up, naming its ``config.yaml``."""
     from m2flow.runs import checkpoint
 
-    given = [o.partition("=")[2] for o in overrides if o.partition("=")[0].lstrip("+") == "resume"]
+    given = [o.partition("=")[2] for o in overrides if _is_resume(o)]
     if not given or given[-1] in ("latest", "auto", "null", "None", ""):
         return None
     try:
@@ -221,8 +221,12 @@ def resumed_launch(overrides: Sequence[str]) -> Optional[tuple[str, list[str]]]:
     launch = state.get("launch") if isinstance(state, dict) else None
     if not launch:
         return None
-    kept = [o for o in launch["overrides"] if o.partition("=")[0].lstrip("+") != "resume"]
+    kept = [o for o in launch["overrides"] if not _is_resume(o)]
     return launch["config_name"], kept + list(overrides)
+
+
+def _is_resume(override: str) -> bool:
+    return override.partition("=")[0].lstrip("+") == "resume"
 
 
 def train_command(config_name: str, overrides: Sequence[str], checkpoint=None) -> str:
@@ -234,7 +238,7 @@ def train_command(config_name: str, overrides: Sequence[str], checkpoint=None) -
     """
     kept = list(overrides)
     if checkpoint is not None:
-        kept = [o for o in kept if o.partition("=")[0].lstrip("+") != "resume"]
+        kept = [o for o in kept if not _is_resume(o)]
         kept.append(f"resume={checkpoint}")
     return shlex.join(["m2flow-train", "--config-name", config_name, *kept])
 
