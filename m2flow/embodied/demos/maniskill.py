@@ -343,6 +343,24 @@ def save(stem: Path, demos: list[Demo], env_cfg: EnvConfig, spec) -> tuple[Path,
 # -- the command ------------------------------------------------------------------------
 
 
+def closing_line(cfg: DemosConfig, tally: Tally, demos: list[Demo], h5_path: Path) -> str:
+    """``m2flow-demos``' last line: what happened to the seeds and what was written."""
+    steps = sum(len(d.actions) for d in demos)
+    return (f"m2flow-demos: {tally.tried} episodes tried, motion planner solved {tally.planned}, "
+            f"{tally.converted} succeed after conversion, kept {tally.kept} ({steps} steps) in "
+            f"{tally.seconds:.0f} s; wrote {h5_path} and its .json")
+
+
+def wanted(cfg: DemosConfig) -> int:
+    """The episodes ``m2flow-demos`` is asked to keep."""
+    return cfg.demos.episodes
+
+
+def succeeded(cfg: DemosConfig, tally: Tally) -> bool:
+    """``m2flow-demos`` exits 0: every asked-for episode was kept."""
+    return tally.kept >= cfg.demos.episodes
+
+
 def register_schema() -> None:
     """``demos_schema`` and the env adapters' settings (``env/<schema>``)."""
     from m2flow.configs import schema
