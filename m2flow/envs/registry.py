@@ -31,6 +31,7 @@ ENVS = Registry(
         "gym/*": "m2flow.envs.gymnasium_env:GymnasiumEnv",
         "LIBERO/*": "m2flow.envs.libero:LiberoEnv",
         "mjlab/*": "m2flow.envs.mjlab_env:MjlabEnv",
+        "MetaWorld/*": "m2flow.envs.metaworld:MetaWorldEnv",
     },
     base_config=EnvConfig,
 )

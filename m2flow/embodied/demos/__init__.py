@@ -11,7 +11,8 @@ A recorder module offers the same few names, which the command calls in this ord
 - ``output_stem(cfg)``: where the dataset goes (``X`` for ``X.h5`` and ``X.json``);
 - ``generate(cfg, log)``: ``(demos, tally, spec)``; a Ctrl-C ends it early with the demos kept
   so far and ``tally.interrupted`` (``tally.tried`` and ``tally.kept`` count episodes);
-- ``save(stem, demos, env_cfg, spec)``: writes the dataset, returns ``(h5 path, json path)``;
+- ``save(stem, demos, env_cfg, spec, tally)``: writes the dataset (with the tally), returns
+  ``(h5 path, json path)``;
 - ``closing_line(cfg, tally, demos, h5_path)``: the command's last line,
   ``wanted(cfg)``: the episodes asked for, and ``succeeded(cfg, tally)``: whether it exits 0.
 """
@@ -23,6 +24,8 @@ from types import ModuleType
 
 RECORDERS = {
     "ManiSkill": "m2flow.embodied.demos.maniskill",
+    "LIBERO": "m2flow.embodied.demos.libero",
+    "MetaWorld": "m2flow.embodied.demos.metaworld",
 }
 """Env family (the part of ``env.name`` before ``/``) -> its recorder module, imported when
 picked (each imports its simulator)."""
