@@ -142,9 +142,14 @@ def recording_env(env_cfg: EnvConfig):
     """m2flow's env for the experts: one env, in this process, with the state they read."""
     from m2flow.envs import make_env
 
+    return make_env(recording_config(env_cfg))
+
+
+def recording_config(env_cfg: EnvConfig) -> EnvConfig:
+    """``env_cfg`` as the experts' env is built: one env, in this process, with the state."""
     rgb = env_cfg.obs_mode != "state"
-    return make_env(replace(env_cfg, num_envs=1, processes=False,
-                            privileged_state=env_cfg.privileged_state or rgb))
+    return replace(env_cfg, num_envs=1, processes=False,
+                   privileged_state=env_cfg.privileged_state or rgb)
 
 
 def generate(cfg: DemosConfig, log: Callable[[str], None] = print):
@@ -175,27 +180,15 @@ def generate(cfg: DemosConfig, log: Callable[[str], None] = print):
     finally:
         env.close()
     tally.kept, tally.seconds = len(demos), time.perf_counter() - start
-    return demos, tally, _Spec(env.spec, env.task_names, env_cfg=env_cfgs(cfg.env), tally=tally)
+    return demos, tally, env.spec
 
 
-@dataclass
-class _Spec:
-    """The env's spec with what ``save`` writes beside it."""
+def task_names(env_cfg: EnvConfig) -> tuple:
+    """Meta-World's names of the env's tasks, in ``spec.tasks`` order."""
+    from m2flow.envs.metaworld import suite_tasks
 
-    spec: object
-    task_names: tuple
-    env_cfg: dict
-    tally: Tally
-
-    def __getattr__(self, name):
-        return getattr(self.spec, name)
-
-
-def env_cfgs(env_cfg: EnvConfig) -> dict:
-    """The env config the episodes were recorded with (as ``recording_env`` builds it)."""
-    rgb = env_cfg.obs_mode != "state"
-    return asdict(replace(env_cfg, num_envs=1, processes=False,
-                          privileged_state=env_cfg.privileged_state or rgb))
+    names = suite_tasks(env_cfg.name.split("/", 1)[1])
+    return names if env_cfg.task_ids is None else tuple(names[t] for t in env_cfg.task_ids)
 
 
 # -- the dataset ------------------------------------------------------------------------
@@ -211,14 +204,18 @@ def output_stem(cfg: DemosConfig) -> Path:
     return Path("demos") / f"metaworld_{what}_{cfg.env.obs_mode}{size}"
 
 
-def save(stem: Path, demos: list[Demo], env_cfg: EnvConfig, spec) -> tuple[Path, Path]:
-    """Writes ``stem``.h5 and ``stem``.json (the module docstring's layout)."""
+def save(stem: Path, demos: list[Demo], env_cfg: EnvConfig, spec,
+         tally: Optional[Tally] = None) -> tuple[Path, Path]:
+    """Writes ``stem``.h5 and ``stem``.json (the module docstring's layout; each task's tried
+    and kept from ``tally``, where given)."""
     import h5py
 
     from m2flow.policies.vla.text import prompt
 
     stem.parent.mkdir(parents=True, exist_ok=True)
     h5_path, json_path = stem.with_name(stem.name + ".h5"), stem.with_name(stem.name + ".json")
+    names, recorded = task_names(env_cfg), asdict(recording_config(env_cfg))
+    counts = tally.per_task if tally is not None else {}
     episodes = []
     with h5py.File(h5_path, "w") as f:
         for i, demo in enumerate(demos):
@@ -236,18 +233,17 @@ def save(stem: Path, demos: list[Demo], env_cfg: EnvConfig, spec) -> tuple[Path,
             episodes.append(dict(
                 episode_id=i, episode_seed=demo.seed,
                 reset_kwargs=dict(seed=demo.seed, task=demo.task), task=demo.task,
-                task_name=spec.task_names[demo.task], elapsed_steps=len(demo.actions),
+                task_name=names[demo.task], elapsed_steps=len(demo.actions),
                 success=bool(demo.success[-1]), language_instruction=text, prompt=prompt(text)))
-    counts = spec.tally.per_task
     meta = dict(
         env_info=dict(env_id=env_cfg.name, max_episode_steps=spec.max_episode_steps,
-                      env_kwargs=spec.env_cfg),
+                      env_kwargs=recorded),
         source_type="scripted_expert",
         source_desc=("Meta-World's scripted experts (metaworld.policies.ENV_POLICY_MAP) on "
                      "the 39-dim state, in m2flow's env; successful episodes only, each up to "
                      "its first success"),
-        m2flow=dict(env=spec.env_cfg, obs_keys=sorted(demos[0].obs) if demos else [],
-                    tasks=[dict(task=k, name=spec.task_names[k], language_instruction=t,
+        m2flow=dict(env=recorded, obs_keys=sorted(demos[0].obs) if demos else [],
+                    tasks=[dict(task=k, name=names[k], language_instruction=t,
                                 tried=counts.get(k, [0, 0])[0], kept=counts.get(k, [0, 0])[1])
                            for k, t in enumerate(spec.tasks)]),
         episodes=episodes,
