@@ -96,11 +96,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     if tally.interrupted:  # Ctrl-C or SIGTERM: what was kept is written, and said so
         wrote = "nothing was written"
         if demos:
-            wrote = f"wrote {lib.save(stem, demos, cfg.env, spec)[0]} with them"
+            wrote = f"wrote {lib.save(stem, demos, cfg.env, spec, tally)[0]} with them"
         print(f"m2flow-demos: interrupted after {tally.tried} episodes tried, {tally.kept} of "
               f"{lib.wanted(cfg)} kept; {wrote}.", file=sys.stderr, flush=True)
         return code()
-    h5_path, _ = lib.save(stem, demos, cfg.env, spec)
+    h5_path, _ = lib.save(stem, demos, cfg.env, spec, tally)
     print(lib.closing_line(cfg, tally, demos, h5_path), flush=True)
     return 0 if lib.succeeded(cfg, tally) else 1
 

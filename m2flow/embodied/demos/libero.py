@@ -1,0 +1,326 @@
+"""Successful demonstrations of LIBERO's pick-and-place suites from a scripted expert
+(:mod:`m2flow.embodied.demos.libero_expert`), recorded through m2flow's own LIBERO env (the
+command is ``m2flow-demos env=libero_object``, :mod:`m2flow.cli.demos`).
+
+Every task of ``env.task_ids`` (all of the suite by default) is tried from LIBERO's own init
+states ``demos.first_init_state``, ... (``demos.init_states_per_task`` of them; 50 is all):
+the env resets with that seed (init state ``seed % 50``, then its settle steps), the expert
+plans from the privileged state (the env is built with ``env.privileged_state=true``) and
+acts; an episode is kept only if the task's BDDL predicate holds (the env's ``success``,
+which ends the episode) within the suite's time limit. Success per task is printed at the end
+of each task and saved in the JSON (``success_per_task``).
+
+The dataset (``demos.output``: ``X.h5`` and ``X.json``) is the layout of
+:mod:`m2flow.embodied.demos.maniskill` (ManiSkill's RecordEpisode): groups ``traj_<i>`` with
+``obs/<key>`` (T+1, ...) for every key the env gives (``rgb``, ``wrist_rgb`` (T+1, S, S, 3)
+uint8, gzip; ``state`` (T+1, 8); ``privileged`` (T+1, P); ``task`` (T+1,) int64),
+``actions`` (T, 7) float32 (OSC_POSE, gripper -1 open / +1 closed), ``rewards``,
+``success``, ``terminated``, ``truncated`` (T,); the JSON's ``episodes`` give each episode's
+``task`` (index in ``spec.tasks``), ``task_name``, ``language_instruction`` and ``prompt``,
+``init_state`` and ``reset_kwargs``, and its top level ``env_info``, ``tasks`` (the
+instructions in order), ``privileged_layout`` (per task: (name, start, stop)) and
+``success_per_task``. ``algorithm=bc algorithm.dataset=X.h5`` trains on it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+from m2flow.envs.libero import LiberoEnvConfig
+
+CONFIG_DIR = "demos"
+DEFAULT_CONFIG = "libero"
+SUITES = ("libero_object", "libero_spatial")
+"""The suites whose tasks the expert has grasps and places for (pick-and-place only)."""
+INIT_STATES = 50  # LIBERO's init states per task
+
+
+@dataclass
+class LiberoDemosOptions:
+    """What ``m2flow-demos`` records for a LIBERO suite and where it writes it."""
+
+    init_states_per_task: int = INIT_STATES
+    """Init states tried per task (LIBERO has 50: all of them by default)."""
+    first_init_state: int = 0
+    """The first init state tried; then the next ones (wrapping at 50)."""
+    output: Optional[str] = None
+    """Path of the dataset: writes OUTPUT.h5 and OUTPUT.json (a trailing .h5 is dropped);
+    None: demos/<suite>_<obs mode><image size>, e.g. demos/libero_object_rgb128."""
+    overwrite: bool = False
+    """Replace an existing dataset at OUTPUT."""
+
+
+@dataclass
+class LiberoDemosConfig:
+    """``m2flow-demos`` for LIBERO: the env (m2flow's env config) and the demos options."""
+
+    env: LiberoEnvConfig = field(default_factory=LiberoEnvConfig)
+    """The env as training builds it; ``privileged_state`` is set (the expert reads it) and
+    ``num_envs`` is 1 (one env records one episode at a time)."""
+    demos: LiberoDemosOptions = field(default_factory=LiberoDemosOptions)
+
+
+@dataclass
+class Demo:
+    """One kept episode as recorded in memory (what the dataset holds for it)."""
+
+    task: int
+    init_state: int
+    obs: dict  # key -> (T+1, ...) numpy
+    actions: np.ndarray  # (T, 7) float32
+    rewards: np.ndarray  # (T,) float32
+    success: np.ndarray  # (T,) bool
+    terminated: np.ndarray  # (T,) bool
+    truncated: np.ndarray  # (T,) bool
+
+
+@dataclass
+class Tally:
+    """Outcomes of a recording run, per task (index in ``spec.tasks``)."""
+
+    tried: int = 0
+    kept: int = 0
+    per_task: dict = field(default_factory=dict)
+    """task -> [tried, kept]."""
+    seconds: float = 0.0
+    steps: int = 0
+    """Env steps taken (kept or not; settle steps not counted)."""
+    interrupted: bool = False
+
+
+# -- record -------------------------------------------------------------------------------
+
+
+def record_episode(env, expert, layout, task: int, seed: int) -> tuple[bool, Demo]:
+    """One episode of ``expert`` in ``env`` (one env) on ``task`` from init state ``seed``:
+    (success at its end, the episode)."""
+    import torch
+
+    from m2flow import keys
+    from m2flow.embodied.demos.libero_expert import named
+
+    priv = keys.leaf(keys.PRIVILEGED)
+    out = env.reset(seed=[seed], task=[task])
+    obs = [{k: v[0].numpy() for k, v in out["obs"].items()}]
+    expert.reset(named(obs[0][priv], layout))
+    actions, rewards, success, terminated, truncated = [], [], [], [], []
+    while True:
+        a = expert.act(named(obs[-1][priv], layout))
+        out = env.step(torch.from_numpy(a)[None])
+        nxt = out["next"][0]
+        actions.append(a)
+        obs.append({k: v.numpy() for k, v in nxt["obs"].items()})
+        success.append(bool(nxt["success"]))
+        rewards.append(float(nxt["reward"]))
+        terminated.append(bool(nxt["terminated"]))
+        truncated.append(bool(nxt["truncated"]))
+        if bool(nxt["done"]):
+            break
+    demo = Demo(task=task, init_state=seed % INIT_STATES,
+                obs={k: np.stack([o[k] for o in obs]) for k in obs[0]},
+                actions=np.stack(actions).astype(np.float32),
+                rewards=np.array(rewards, dtype=np.float32), success=np.array(success),
+                terminated=np.array(terminated), truncated=np.array(truncated))
+    return success[-1], demo
+
+
+def task_list(env_cfg: LiberoEnvConfig) -> list:
+    """(index in ``spec.tasks``, suite task id, objects in slot order) of each task recorded."""
+    from m2flow.envs.libero import suite_tasks, task_objects
+
+    suite = env_cfg.name.split("/", 1)[1]
+    tasks = suite_tasks(suite, env_cfg.assets_path)
+    ids = list(range(len(tasks))) if env_cfg.task_ids is None else list(env_cfg.task_ids)
+    return [(k, t, task_objects(tasks[t][2])) for k, t in enumerate(ids)]
+
+
+def generate(cfg: LiberoDemosConfig, log: Callable[[str], None] = print):
+    """(the kept demos (module docstring), the tally, the env's spec). A
+    ``KeyboardInterrupt`` ends it early with the demos kept so far and ``tally.interrupted``."""
+    from m2flow.embodied.demos.libero_expert import expert_for
+    from m2flow.envs import make_env
+    from m2flow.envs.libero import privileged_dim, privileged_layout
+
+    d = cfg.demos
+    env = make_env(replace(cfg.env, num_envs=1))
+    spec = env.spec
+    slots = (spec.obs_shapes["privileged"][0] - privileged_dim(0)) // privileged_dim(1)
+    demos, tally = [], Tally()
+    start = time.perf_counter()
+    try:
+        for k, task_id, objects in task_list(cfg.env):
+            expert = expert_for(objects)
+            layout = privileged_layout(objects, slots)
+            counts = tally.per_task.setdefault(k, [0, 0])
+            for i in range(d.init_states_per_task):
+                seed = (d.first_init_state + i) % INIT_STATES
+                t0 = time.perf_counter()
+                ok, demo = record_episode(env, expert, layout, k, seed)
+                tally.tried, tally.steps = tally.tried + 1, tally.steps + len(demo.actions)
+                counts[0] += 1
+                if ok:
+                    demos.append(demo)
+                    counts[1] += 1
+                    tally.kept += 1
+                log(f"task {task_id} init state {seed}: "
+                    f"{'kept' if ok else 'failed'}, {len(demo.actions)} steps "
+                    f"({time.perf_counter() - t0:.1f} s)")
+            log(f"task {task_id} ({spec.tasks[k]}): success {counts[1]}/{counts[0]}")
+    except KeyboardInterrupt:
+        tally.interrupted = True
+    finally:
+        env.close()
+    tally.seconds = time.perf_counter() - start
+    return demos, tally, spec
+
+
+# -- the dataset ------------------------------------------------------------------------
+
+
+def output_stem(cfg: LiberoDemosConfig) -> Path:
+    """OUTPUT without its .h5: demos.output, or demos/<suite>_<obs mode><size>."""
+    if cfg.demos.output:
+        p = Path(cfg.demos.output).expanduser()
+        return p.with_suffix("") if p.suffix in (".h5", ".json") else p
+    suite = cfg.env.name.split("/", 1)[1]
+    size = cfg.env.image_size if cfg.env.obs_mode != "state" else ""
+    return Path("demos") / f"{suite}_{cfg.env.obs_mode}{size}"
+
+
+def save(stem: Path, demos: list, env_cfg: LiberoEnvConfig, spec,
+         tally: Optional[Tally] = None) -> tuple[Path, Path]:
+    """Writes ``stem``.h5 and ``stem``.json (the module docstring's layout); with ``tally``,
+    the JSON's ``success_per_task``: {task index: instruction, tried, kept, success}."""
+    import h5py
+
+    from m2flow.envs.libero import privileged_dim, privileged_layout, suite_tasks
+    from m2flow.policies.vla.text import prompt
+
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    h5_path, json_path = stem.with_name(stem.name + ".h5"), stem.with_name(stem.name + ".json")
+    suite = env_cfg.name.split("/", 1)[1]
+    tasks = task_list(env_cfg)
+    names = suite_tasks(suite, env_cfg.assets_path)
+    slots = (spec.obs_shapes["privileged"][0] - privileged_dim(0)) // privileged_dim(1)
+    episodes = []
+    with h5py.File(h5_path, "w") as f:
+        for i, demo in enumerate(demos):
+            g = f.create_group(f"traj_{i}", track_order=True)
+            obs = g.create_group("obs", track_order=True)
+            for key, value in demo.obs.items():
+                image = value.dtype == np.uint8 and value.ndim == 4
+                obs.create_dataset(key, data=value, **(dict(compression="gzip",
+                                                           compression_opts=5) if image else {}))
+            g.create_dataset("actions", data=demo.actions, dtype=np.float32)
+            g.create_dataset("rewards", data=demo.rewards, dtype=np.float32)
+            for name in ("terminated", "truncated", "success"):
+                g.create_dataset(name, data=getattr(demo, name), dtype=bool)
+            text = spec.tasks[demo.task]
+            episodes.append(dict(
+                episode_id=i, episode_seed=demo.init_state,
+                reset_kwargs=dict(seed=demo.init_state, task=demo.task),
+                control_mode="OSC_POSE", elapsed_steps=len(demo.actions),
+                success=bool(demo.success[-1]), task=demo.task,
+                task_name=names[tasks[demo.task][1]][0], init_state=demo.init_state,
+                language_instruction=text, prompt=prompt(text)))
+    meta = dict(
+        env_info=dict(env_id=env_cfg.name, env_kwargs=asdict(env_cfg),
+                      max_episode_steps=spec.max_episode_steps),
+        source_type="scripted",
+        source_desc=("m2flow's scripted LIBERO expert (m2flow.embodied.demos.libero_expert) "
+                     "from the privileged state, OSC_POSE; LIBERO's own init states; episodes "
+                     "whose BDDL predicate holds only, each up to its first success"),
+        tasks=list(spec.tasks),
+        privileged_layout={str(k): [(n, s.start, s.stop) for n, s in privileged_layout(o, slots)]
+                           for k, _, o in tasks},
+        m2flow=dict(env=asdict(env_cfg), obs_keys=sorted(demos[0].obs) if demos else []),
+        episodes=episodes,
+    )
+    if tally is not None:
+        meta["success_per_task"] = {
+            str(k): dict(instruction=spec.tasks[k], tried=n, kept=m, success=m / n if n else None)
+            for k, (n, m) in sorted(tally.per_task.items())}
+    json_path.write_text(json.dumps(meta, indent=2))
+    return h5_path, json_path
+
+
+# -- the command ------------------------------------------------------------------------
+
+
+def closing_line(cfg: LiberoDemosConfig, tally: Tally, demos: list, h5_path: Path) -> str:
+    """``m2flow-demos``' last line: success per task, what was kept and written."""
+    rates = " ".join(f"{k}:{m}/{n}" for k, (n, m) in sorted(tally.per_task.items()))
+    steps = sum(len(d.actions) for d in demos)
+    rate = tally.steps / tally.seconds if tally.seconds else 0.0
+    return (f"m2flow-demos: {tally.tried} episodes tried, kept {tally.kept} ({steps} steps) in "
+            f"{tally.seconds:.0f} s ({rate:.1f} env steps/s); success per task {rates}; "
+            f"wrote {h5_path} and its .json")
+
+
+def wanted(cfg: LiberoDemosConfig) -> int:
+    """Episodes tried: init states per task x tasks."""
+    n = len(cfg.env.task_ids) if cfg.env.task_ids is not None else _suite_size(cfg.env)
+    return cfg.demos.init_states_per_task * n
+
+
+def succeeded(cfg: LiberoDemosConfig, tally: Tally) -> bool:
+    """``m2flow-demos`` exits 0: every task was tried and kept at least one episode."""
+    return bool(tally.per_task) and all(m > 0 for _, m in tally.per_task.values())
+
+
+def _suite_size(env_cfg: LiberoEnvConfig) -> int:
+    from m2flow.envs.libero import SUITE_NUM_TASKS
+
+    return SUITE_NUM_TASKS[env_cfg.name.split("/", 1)[1]]
+
+
+def register_schema() -> None:
+    """``libero_demos_schema`` and the env adapters' settings (``env/<schema>``)."""
+    from m2flow.configs import schema
+    from m2flow.envs.registry import register_schemas as register_envs
+
+    schema.store("libero_demos_schema", LiberoDemosConfig)
+    register_envs(schema)
+
+
+def load_demos_config(config_name: str = DEFAULT_CONFIG, overrides=()) -> LiberoDemosConfig:
+    """``m2flow/configs/demos/<config_name>.yaml`` with ``overrides``, checked; bad input is a
+    ConfigError of one line."""
+    from m2flow.configs import ConfigError, load_config, to_object
+    from m2flow.envs import EnvError
+    from m2flow.envs.registry import ENVS
+
+    register_schema()
+    cfg: LiberoDemosConfig = to_object(load_config(f"{CONFIG_DIR}/{config_name}", overrides))
+    family, _, suite = cfg.env.name.partition("/")
+    if family != "LIBERO" or suite not in SUITES:
+        raise ConfigError(
+            f"config error: env.name={cfg.env.name!r}: the scripted LIBERO expert has grasps "
+            f"for the pick-and-place suites LIBERO/{', LIBERO/'.join(SUITES)}; pick one "
+            "(env=libero_object or env=libero_spatial).")
+    d = cfg.demos
+    if not 1 <= d.init_states_per_task <= INIT_STATES or not 0 <= d.first_init_state < INIT_STATES:
+        raise ConfigError(
+            f"config error: demos.init_states_per_task={d.init_states_per_task} and "
+            f"demos.first_init_state={d.first_init_state}: LIBERO has {INIT_STATES} init states "
+            f"per task; give 1-{INIT_STATES} and 0-{INIT_STATES - 1}.")
+    cfg.env.privileged_state, cfg.env.num_envs = True, 1  # the expert reads it; one at a time
+    try:
+        cls = ENVS.require(cfg.env.name)
+        ENVS.check_settings(cfg.env, cls, "env")
+        cls.check_config(cfg.env)
+    except EnvError as e:
+        raise ConfigError(f"config error: {str(e).splitlines()[0]}") from None
+    stem = output_stem(cfg)
+    existing = [p for p in (stem.with_name(stem.name + ".h5"), stem.with_name(stem.name + ".json"))
+                if p.exists()]
+    if existing and not d.overwrite:
+        raise ConfigError(f"config error: demos.output: {existing[0]} exists; pick another "
+                          "demos.output or set demos.overwrite=true.")
+    return cfg
