@@ -192,6 +192,10 @@ class MetaWorldEnvConfig(ProcessEnvConfig):
     goal_observable: Optional[bool] = None
     """Goal position in the state observation; None: the suite's convention (MT and one
     task: yes; ML45: no)."""
+    task_one_hot: bool = False
+    """Append a one-hot of the task index (over the env's tasks) to ``state``: Meta-World's
+    ``use_one_hot`` (its MT benchmarks' task encoding), for a state policy without a task
+    embedding of its own."""
 
 
 def check_config(cfg: MetaWorldEnvConfig) -> tuple[str, int]:
@@ -333,14 +337,15 @@ class MetaWorldTaskEnv(gym.Env):
         self.t = 0
         box = lambda n: gym.spaces.Box(-np.inf, np.inf, (n,), np.float32)  # noqa: E731
         spaces = {keys.leaf(keys.TASK): gym.spaces.Box(0, len(tasks) - 1, (), np.int64)}
+        one_hot = len(tasks) if cfg.task_one_hot else 0
         if self.render_rgb:
             s = cfg.image_size
             spaces[keys.leaf(keys.RGB)] = gym.spaces.Box(0, 255, (s, s, 3), np.uint8)
-            spaces[keys.leaf(keys.STATE)] = box(PROPRIO_DIM)
+            spaces[keys.leaf(keys.STATE)] = box(PROPRIO_DIM + one_hot)
             if cfg.privileged_state:
                 spaces[keys.leaf(keys.PRIVILEGED)] = box(STATE_DIM)
         else:
-            spaces[keys.leaf(keys.STATE)] = box(STATE_DIM)
+            spaces[keys.leaf(keys.STATE)] = box(STATE_DIM + one_hot)
         self.observation_space = gym.spaces.Dict(spaces)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (ACTION_DIM,), np.float32)
         self._build(task)
@@ -390,13 +395,14 @@ class MetaWorldTaskEnv(gym.Env):
     def _obs(self, obs: np.ndarray) -> dict:
         state = obs.astype(np.float32)
         out = {keys.leaf(keys.TASK): np.int64(self.task)}
-        if not self.render_rgb:
-            out[keys.leaf(keys.STATE)] = state
-            return out
-        out[keys.leaf(keys.RGB)] = self.render_frame()
-        out[keys.leaf(keys.STATE)] = state[:PROPRIO_DIM].copy()
-        if self.cfg.privileged_state:
-            out[keys.leaf(keys.PRIVILEGED)] = state
+        if self.render_rgb:
+            out[keys.leaf(keys.RGB)] = self.render_frame()
+            if self.cfg.privileged_state:
+                out[keys.leaf(keys.PRIVILEGED)] = state
+            state = state[:PROPRIO_DIM]
+        if self.cfg.task_one_hot:
+            state = np.concatenate([state, np.eye(len(self.tasks), dtype=np.float32)[self.task]])
+        out[keys.leaf(keys.STATE)] = state.copy() if self.render_rgb else state
         return out
 
     def render_frame(self) -> np.ndarray:

@@ -171,6 +171,21 @@ def test_scripted_experts_succeed_on_the_installed_mujoco(name):
         env.close()
 
 
+def test_task_one_hot_appends_metaworlds_task_encoding_to_the_state():
+    plain = make_env(env_config(name="MetaWorld/MT10", num_envs=2, task_ids=[2, 5]))
+    hot = make_env(env_config(name="MetaWorld/MT10", num_envs=2, task_ids=[2, 5],
+                              task_one_hot=True))
+    try:
+        assert hot.spec.obs_shapes["state"] == (39 + 2,)
+        a = plain.reset(seed=[4, 4], task=[1, 0])["obs", "state"]
+        b = hot.reset(seed=[4, 4], task=[1, 0])["obs", "state"]
+        assert torch.equal(b[:, :39], a)
+        assert b[:, 39:].tolist() == [[0.0, 1.0], [1.0, 0.0]]
+    finally:
+        plain.close()
+        hot.close()
+
+
 def test_ml45_hides_the_goal_and_mt_shows_it():
     env = make_env(env_config(name="MetaWorld/ML45-test", num_envs=1))
     mt = make_env(env_config(name="MetaWorld/MT50", num_envs=1, task_ids=[0]))

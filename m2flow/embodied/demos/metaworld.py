@@ -106,9 +106,11 @@ def expert(task_name: str):
 
 def expert_state(obs) -> np.ndarray:
     """The 39-dim state an expert reads, from one env's observation (a TensorDict row)."""
+    from m2flow.envs.metaworld import STATE_DIM
+
     key = keys.leaf(keys.PRIVILEGED) if keys.leaf(keys.PRIVILEGED) in obs.keys() \
         else keys.leaf(keys.STATE)
-    return obs[key].double().numpy()
+    return obs[key][:STATE_DIM].double().numpy()  # without env.task_one_hot's entries
 
 
 def run_episode(env, policy, seed: int, task: int) -> Demo:
