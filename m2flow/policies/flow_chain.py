@@ -9,6 +9,10 @@ a VLA's cached prefix); :class:`FlowChain` does the rest:
 - the chain: K Euler steps on the grid t_k = 1 - k/K, c_0 ~ N(0, I) at t = 1,
   c_{k+1} = c_k - v(ctx, c_k, t_k)/K; c_K (t = 0) is the action, in normalised units (each
   bounded dim's [low, high] -> [-1, 1]), mapped back and clipped for the env;
+- ``deterministic`` (evaluation): the ODE's chain from c_0 = 0, the noise's mean, so that an
+  episode's actions do not depend on its batch or on the global generator (:meth:`FlowChain.
+  _start`); sampled chains (training) draw c_0 and the stochastic steps from torch's global
+  generator, which the run seeds;
 - ``flow_noise``: every step c_{k+1} ~ N(c_k - v_k/K, σ_k²), σ_k from a learned noise head on
   the velocity's features (:class:`NoiseHead`), the log-prob the chain's joint density;
 - ``flow_sde``: one step per sample (``flow_step``) is the Euler–Maruyama step of the
@@ -252,7 +256,7 @@ class FlowChain:
         elementwise log-probs of its scored transitions (B, n, H, A) (None if
         ``deterministic``: the ODE's chain) and Flow-SDE's stochastic step (B,) (else None)."""
         k_steps = self.steps
-        x = torch.randn(b, self.chunk, self.action_dim, device=device)
+        x = self._start(b, device, deterministic)
         chain, log_probs = [x], []
         sde = self.method == FLOW_SDE and not deterministic
         step = self._draw_sde_steps(b, device) if sde else None
@@ -275,6 +279,18 @@ class FlowChain:
         if sde:  # the one stochastic step's terms (the others' are 0)
             log_probs = [torch.stack(log_probs, 1).sum(1)]
         return torch.stack(chain, 1), (torch.stack(log_probs, 1) if log_probs else None), step
+
+    def _start(self, b: int, device, deterministic: bool) -> torch.Tensor:
+        """c_0 (B, H, A): a draw of N(0, I) for sampled chains; for the deterministic chain
+        the noise's mean, 0, so that its action is a function of the observation alone (the
+        analogue of a Gaussian policy's mean). openpi and RLinf draw c_0 at random at
+        inference too; that makes an episode's actions depend on how many others share its
+        batch and on what drew from the generator before it, which evaluation's promise
+        (episode e acts the same whatever the env count) cannot allow."""
+        shape = (b, self.chunk, self.action_dim)
+        if deterministic:
+            return torch.zeros(shape, device=device)
+        return torch.randn(shape, device=device)
 
     def _draw_sde_steps(self, b: int, device) -> torch.Tensor:
         """Flow-SDE's stochastic step (B,) per sample, uniform over ``sde_steps`` (all K when

@@ -60,6 +60,22 @@ def test_deterministic_action_is_the_mean_and_repeatable():
     torch.testing.assert_close(a1, a2)
 
 
+@pytest.mark.parametrize("name", registered_policies())
+def test_every_policys_deterministic_action_does_not_depend_on_its_batch(name):
+    """Evaluation's promise: one observation acted on alone, or as row 3 of a batch of 9,
+    gets the same deterministic action, whatever drew from the global generator between the
+    calls. A flow policy whose ODE starts from a random draw fails this."""
+    torch.manual_seed(0)
+    pi = make_policy(policy_config(name=name), SPECS[name]).eval()
+    batch = random_obs(SPECS[name], 9)
+    with torch.no_grad():
+        torch.manual_seed(1)
+        in_batch = pi.act(batch, deterministic=True)["action"][3]
+        torch.manual_seed(2)
+        alone = pi.act(batch[3:4], deterministic=True)["action"][0]
+    torch.testing.assert_close(alone, in_batch, rtol=1e-5, atol=1e-5)
+
+
 def test_unknown_policy_lists_known_names():
     with pytest.raises(PolicyError, match=r"Unknown policy 'mpl'. Known: .*mlp.*Did you mean 'mlp'"):
         make_policy(policy_config(name="mpl"), STATE_SPEC)
