@@ -5,7 +5,9 @@ no shadow maps) and, with --standard, Meta-World's standard look. Each case buil
 MT10 suite with --envs envs (env i on task i) both ways (``env.processes`` false / true),
 alive at once and timed in interleaved rounds (this machine's speed drifts under other
 load); random actions, episodes auto-reset as they end. Prints env steps/s per case and way
-(the median of the rounds) and appends them to bench/results.csv.
+(the median of the rounds) with the CPU time per env step of this process and its env
+processes (which other load on the machine changes less), and appends them to
+bench/results.csv.
 
     python bench/metaworld_procs.py [--envs 4] [--steps 50] [--rounds 3] [--sizes 64 128]
 """
@@ -16,6 +18,7 @@ import argparse
 import statistics
 import time
 
+import psutil
 import record
 import torch
 
@@ -25,13 +28,20 @@ WARMUP_STEPS = 5
 WAYS = {"in-process": False, "processes": True}
 
 
-def rate(env, steps: int, gen: torch.Generator) -> float:
-    """Env steps per second of ``steps`` batched steps with random actions."""
+def cpu_seconds(env) -> float:
+    """CPU time (user + system) spent so far by this process and ``env``'s env processes."""
+    procs = [psutil.Process()] + [psutil.Process(p) for p in getattr(env.slots, "pids", [])]
+    return sum(sum(p.cpu_times()[:2]) for p in procs)
+
+
+def rate(env, steps: int, gen: torch.Generator) -> tuple[float, float]:
+    """(env steps per second, CPU milliseconds per env step) of ``steps`` batched steps with
+    random actions. The CPU cost does not depend on how many cores other jobs leave free."""
     n = env.num_envs
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), cpu_seconds(env)
     for _ in range(steps):
         env.step(torch.rand(n, 4, generator=gen) * 2 - 1)
-    return n * steps / (time.perf_counter() - start)
+    return n * steps / (time.perf_counter() - start), 1e3 * (cpu_seconds(env) - cpu) / (n * steps)
 
 
 def cases(sizes, standard: bool) -> dict:
@@ -70,10 +80,12 @@ def main() -> None:
         finally:
             for env in envs.values():
                 env.close()
-        for way, rates in got.items():
+        for way, got_way in got.items():
+            rates, cpu = [r for r, _ in got_way], statistics.median(c for _, c in got_way)
             median = statistics.median(rates)
             print(f"{case:18s} {way:10s} {args.envs} envs: {median:7.1f} env steps/s "
-                  f"(rounds: {', '.join(f'{r:.0f}' for r in rates)})", flush=True)
+                  f"(rounds: {', '.join(f'{r:.0f}' for r in rates)}), {cpu:.2f} CPU ms per "
+                  "env step", flush=True)
             rows.append((f"MT10 {case}", args.envs, way, median))
     record.append("metaworld_procs", rows)
 

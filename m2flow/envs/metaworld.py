@@ -46,7 +46,10 @@ RLinf's MT50 table reports and lists in the same file (``DIFFICULTY_TO_TASKS``).
 
 Processes: ``env.processes=false`` (default) steps every env in this process; ``true`` gives
 each env its own process (forked from a server that imported MuJoCo and Meta-World once), so
-envs render on several cores at once (see ``bench/metaworld_procs.py`` for the trade).
+envs simulate and render on several cores at once. The default is the one that collects
+faster where no core is free (a shared CPU machine): there the messages of each step cost
+more than the overlap gains; ``bench/metaworld_procs.py`` measures both, in env steps/s and
+in CPU time per env step.
 
 MuJoCo: Meta-World 3.1.1 pins MuJoCo 3.3.0; m2flow runs it on its one MuJoCo (3.11.0, for
 LIBERO and mjlab): the ``[metaworld]`` extra resolves Meta-World 3.0.0 (MuJoCo >= 3.0) and
