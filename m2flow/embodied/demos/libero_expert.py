@@ -129,9 +129,15 @@ def hand_down(yaw: float) -> np.ndarray:
     return np.array([[c, s, 0.0], [s, -c, 0.0], [0.0, 0.0, -1.0]])
 
 
-def waypoints(parts: dict, moved: str, target: str) -> list:
+def waypoints(parts: dict, moved: str, target: str, start: Optional[np.ndarray] = None) -> list:
     """The expert's waypoints for moving object ``moved`` onto/into ``target``; ``parts``:
     the privileged vector by name (:func:`m2flow.envs.libero.privileged_layout`).
+
+    ``start``: the hand's position at the start. The hand moves across the scene at its
+    height (LIBERO starts it above every fixture, and the privileged state has no fixtures'
+    poses, e.g. a cabinet between the hand and a bowl), and a rim is grasped on the side
+    facing it (where the arm comes from, so no fixture stands there). None: straight to
+    above the object, a rim grasped on the hand's yaw-0 closing axis (world -y).
 
     >>> soup = dict(alphabet_soup_1_pos=np.array([0.1, -0.2, 0.04]),
     ...             alphabet_soup_1_quat=np.array([0, 0, 0, 1.0]),
@@ -142,19 +148,25 @@ def waypoints(parts: dict, moved: str, target: str) -> list:
     grasp, place = GRASPS[object_class(moved)], PLACES[object_class(target)]
     pos, quat = parts[f"{moved}_pos"], parts[f"{moved}_quat"]
     yaw = yaw_of(quat) if grasp.align_yaw else 0.0
+    travel_z = None if start is None else float(start[2])
+    if grasp.rim and start is not None:  # turn the closing axis towards the start
+        to_start = np.asarray(start[:2], dtype=np.float64) - pos[:2]
+        yaw = float(np.arctan2(to_start[0], -to_start[1]))
     # the fingers close along the hand's y axis: hand_down(yaw)[:, 1]
     at = np.asarray(pos, dtype=np.float64) + grasp.rim * hand_down(yaw)[:, 1]
     at[2] = pos[2] + grasp.dz
     above = at + [0, 0, CLEARANCE]
     goal = np.asarray(parts[f"{target}_pos"], dtype=np.float64)
     top = goal[2] + place.top
-    carry_z = max(above[2], top + grasp.below + CARRY)
+    carry_z = max(above[2], top + grasp.below + CARRY, travel_z or -np.inf)
     # over the target the held point keeps its offset from the object's centre (a rim grasp)
     over = goal + (at - np.asarray(pos)) * [1, 1, 0]
     over[2] = carry_z
     release = over.copy()
     release[2] = top + grasp.below + place.release
-    return [
+    travel = [] if travel_z is None or travel_z <= above[2] else [
+        Waypoint(np.array([at[0], at[1], travel_z]), yaw, OPEN)]
+    return travel + [
         Waypoint(above, yaw, OPEN),
         Waypoint(at, yaw, OPEN),
         Waypoint(at, yaw, CLOSE, hold=GRIPPER_STEPS),
@@ -200,7 +212,8 @@ class LiberoExpert:
         self.k = self.t = 0
 
     def reset(self, parts: dict) -> None:
-        self.plan, self.k, self.t = waypoints(parts, self.moved, self.target), 0, 0
+        self.plan = waypoints(parts, self.moved, self.target, parts.get("eef_pos"))
+        self.k = self.t = 0
 
     @property
     def done(self) -> bool:
