@@ -1,6 +1,7 @@
 """``m2flow-demos env=metaworld_*``: Meta-World's scripted experts recorded through m2flow's
-env, in the .h5/.json layout of the ManiSkill demos; replaying a file's actions in a fresh env
-from its seeds gives its observations back and succeeds; BC's reader loads it."""
+env, in the .h5/.json layout of the ManiSkill demos, from seeds evaluation does not use;
+replaying a file's actions in a fresh env from its seeds gives its observations back and
+succeeds; BC's reader loads it."""
 
 import json
 import os
@@ -16,6 +17,7 @@ h5py = pytest.importorskip("h5py")
 from m2flow.cli.demos import main  # noqa: E402
 from m2flow.cli.common import EXIT_CONFIG  # noqa: E402
 from m2flow.embodied.algorithms.helpers.expert_data import read_demos  # noqa: E402
+from m2flow.embodied.eval_protocol import MULTI_TASK_EPISODES  # noqa: E402
 from m2flow.envs import env_config, make_env  # noqa: E402
 from m2flow.envs.metaworld import INSTRUCTIONS  # noqa: E402
 
@@ -40,6 +42,8 @@ def test_the_file_holds_n_successful_episodes_per_task_with_rgb_and_state(rgb_de
     assert [e["task_name"] for e in episodes] == ["reach-v3"] * PER_TASK + ["push-v3"] * PER_TASK
     assert all(e["language_instruction"] == INSTRUCTIONS[e["task_name"]] for e in episodes)
     assert meta["source_type"] == "scripted_expert"
+    # m2flow-eval starts episode e of a task from seed e: none of those is a demo's
+    assert min(e["episode_seed"] for e in episodes) >= MULTI_TASK_EPISODES
     with h5py.File(rgb_demos.with_suffix(".h5"), "r") as f:
         assert sorted(f) == [f"traj_{i}" for i in range(len(episodes))]
         for e in episodes:

@@ -42,6 +42,9 @@ CONFIG_DIR = "demos"
 DEFAULT_CONFIG = "metaworld"
 SCHEMA = "metaworld_demos_schema"
 TRIES_PER_KEPT = 3  # demos.max_tries_per_task's default: this many seeds per episode asked
+FIRST_SEED = 100_000
+"""demos.seed's default: far past the seeds m2flow-eval starts a suite's episodes from (episode
+e of a task from seed e), so no evaluated initial state is among the demonstrations'."""
 
 
 @dataclass
@@ -53,8 +56,8 @@ class DemosOptions:
     output: Optional[str] = None
     """Path of the dataset: writes OUTPUT.h5 and OUTPUT.json (a trailing .h5 is dropped);
     None: demos/metaworld_<suite>_<obs mode><image size>, e.g. demos/metaworld_MT50_rgb64."""
-    seed: int = 0
-    """First seed tried for each task; then seed + 1, ..."""
+    seed: int = FIRST_SEED
+    """First seed tried for each task; then seed + 1, ... (default: past evaluation's)."""
     max_tries_per_task: Optional[int] = None
     """Seeds to try per task at most; None: 3 x episodes_per_task."""
     overwrite: bool = False
