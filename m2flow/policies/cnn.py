@@ -21,7 +21,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from m2flow import keys
-from m2flow.policies import critics, hidden_state
+from m2flow.policies import critics, hidden_state, task_embedding
 from m2flow.policies.base import PolicyError
 from m2flow.policies.layers import ACTIVATIONS, orthogonal_linear
 from m2flow.policies.mlp import HIDE_FIELD, GaussianActorCritic, GaussianConfig, check_critic
@@ -256,26 +256,28 @@ class GaussianCNNPolicy(GaussianActorCritic):
         state_dim = shapes["state"][0] if "state" in shapes else 0
         self.has_state = "state" in shapes
         self.encoder = _encoder(cfg, tuple(shapes["rgb"]))
-        self._build_heads(cfg.feature_dim + state_dim, env_spec.action_dim, cfg)
+        self.task_emb = task_embedding.build(cfg.task_embedding, env_spec)
+        # [image features, state, E[task]]
+        n_features = cfg.feature_dim + state_dim + task_embedding.width(self.task_emb)
+        self._build_heads(n_features, env_spec.action_dim, cfg)
         ranges = hidden_state.ranges(cfg.actor_hidden_state,
                                      state_dim if self.has_state else None, HIDE_FIELD)
         if ranges and not self.has_state:
             raise PolicyError("policy.actor_hidden_state hides dims of ('obs', 'state'), "
                               f"but this env gives none ({shapes}); drop the setting.")
-        self._hide_from_actor(ranges, cfg.feature_dim, cfg.feature_dim + state_dim)
+        self._hide_from_actor(ranges, cfg.feature_dim, n_features)
         self.state_norm = state_norm(state_dim, cfg, self.has_state)
         self.privileged_critic = cfg.critic == PRIVILEGED_CRITIC
         if self.privileged_critic:  # replaces the critic over the encoder's features
             n_priv = critics.privileged_dim(shapes, "policy.critic=privileged")
             self.critic = critics.PrivilegedCritic(n_priv, cfg.hidden_sizes, cfg.activation)
-        self.state_aux = critics.StateAux.build(cfg.feature_dim + state_dim, shapes,
-                                                cfg.state_aux)
+        self.state_aux = critics.StateAux.build(n_features, shapes, cfg.state_aux)
 
     def _features(self, obs: TensorDict) -> torch.Tensor:
         features = self.encoder(obs[keys.leaf(keys.RGB)])
         if self.has_state:
             features = torch.cat([features, self.state_norm(obs[keys.leaf(keys.STATE)])], dim=-1)
-        return features  # (B, feature_dim + D)
+        return task_embedding.append(self.task_emb, features, obs)  # (B, feature_dim + D [+ E])
 
     def _value(self, obs: TensorDict, features: torch.Tensor) -> torch.Tensor:
         if not self.privileged_critic:

@@ -70,7 +70,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from m2flow import keys
-from m2flow.policies import critics, flow_chain, hidden_state
+from m2flow.policies import critics, flow_chain, hidden_state, task_embedding
 from m2flow.policies.base import Policy, PolicyError
 from m2flow.policies.config import MLPHeadsConfig
 from m2flow.policies.flow_chain import (  # noqa: F401  (the maths, also importable from here)
@@ -82,7 +82,7 @@ from m2flow.policies.normalizer import RunningNorm, state_norm
 
 
 @dataclass
-class FlowMLPConfig(MLPHeadsConfig, FlowChainSettings):
+class FlowMLPConfig(MLPHeadsConfig, FlowChainSettings, task_embedding.TaskEmbeddingSettings):
     """``policy.name=flow_mlp``: a flow-matching actor over state and an MLP critic."""
 
     activation: str = "gelu"
@@ -126,6 +126,7 @@ class FlowMLPPolicy(FlowChain, Policy):
             raise PolicyError(f"policy.time_embed_dim={cfg.time_embed_dim}: must be even and "
                               ">= 2 (sin and cos of each frequency).")
         check_critic(cfg.critic)
+        task_embedding.check(cfg.task_embedding)
         if cfg.critic == PRIVILEGED_CRITIC and env_cfg is not None:
             critics.check_env(env_cfg, "policy.critic=privileged", "use policy.critic=shared")
         hidden_state.ranges(cfg.actor_hidden_state, None, HIDE_FIELD)
@@ -143,8 +144,10 @@ class FlowMLPPolicy(FlowChain, Policy):
                               f"this env gives {shapes}. Use env.obs_mode=state.")
         obs_dim, act_dim = shapes["state"][0], env_spec.action_dim
         self.cfg = cfg
+        self.task_emb = task_embedding.build(cfg.task_embedding, env_spec)
+        n_state = obs_dim + task_embedding.width(self.task_emb)  # [state, E[task]]
         n_act = cfg.chunk * act_dim
-        width = obs_dim + n_act + cfg.time_embed_dim
+        width = n_state + n_act + cfg.time_embed_dim
         layers = []
         for h in cfg.hidden_sizes:
             layers += [orthogonal_linear(width, h), ACTIVATIONS[cfg.activation]()]
@@ -158,16 +161,18 @@ class FlowMLPPolicy(FlowChain, Policy):
             n_priv = critics.privileged_dim(shapes, "policy.critic=privileged")
             self.critic = critics.PrivilegedCritic(n_priv, cfg.hidden_sizes, cfg.activation)
         else:
-            self.critic = mlp(obs_dim, list(cfg.hidden_sizes), 1, cfg.activation,
+            self.critic = mlp(n_state, list(cfg.hidden_sizes), 1, cfg.activation,
                               CRITIC_OUT_GAIN)
         hidden = hidden_state.ranges(cfg.actor_hidden_state, obs_dim, HIDE_FIELD)
-        self.register_buffer("actor_sees", hidden_state.sees(hidden, obs_dim), persistent=False)
+        self.register_buffer("actor_sees", hidden_state.sees(hidden, n_state), persistent=False)
 
     # -- networks -------------------------------------------------------------------------
 
     def _state(self, obs: TensorDict) -> torch.Tensor:
-        """The normalised state (B, D)."""
-        return self.obs_norm(obs[keys.leaf(keys.STATE)].float())
+        """The normalised state (B, D), with the task's embedding after it on a multi-task
+        env (B, D + ``task_embedding``)."""
+        state = self.obs_norm(obs[keys.leaf(keys.STATE)].float())
+        return task_embedding.append(self.task_emb, state, obs)
 
     def _velocity(self, s: torch.Tensor, x: torch.Tensor,
                   t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

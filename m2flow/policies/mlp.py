@@ -6,7 +6,9 @@ log-std. Critic: a separate MLP -> value, over the same state or, with
 group: its noise-free observations). ``policy.actor_hidden_state`` hides dims of the
 state from the actor alone (the critic reads them all): each [start, end) range is fed to the
 actor as its running mean (0 after normalisation); behaviour cloning needs it where the state
-holds the robot's joint velocities (``m2flow.policies.hidden_state``). Actions are raw
+holds the robot's joint velocities (``m2flow.policies.hidden_state``). On a multi-task env
+actor and critic also read a learned embedding of ``("obs", "task")``
+(``policy.task_embedding``, :mod:`m2flow.policies.task_embedding`). Actions are raw
 Gaussian samples; the env clips them to its bounds, and log-probs are of the unclipped sample.
 """
 
@@ -22,7 +24,7 @@ from torch import nn
 from torch.distributions import Normal
 
 from m2flow import keys
-from m2flow.policies import critics, hidden_state
+from m2flow.policies import critics, hidden_state, task_embedding
 from m2flow.policies.base import Policy, PolicyError
 from m2flow.policies.config import MLPHeadsConfig
 from m2flow.policies.layers import ACTIVATIONS, ACTOR_OUT_GAIN, CRITIC_OUT_GAIN, mlp
@@ -35,7 +37,7 @@ MIN_STD = 1e-6  # rsl-rl's lower clamp of a scalar standard deviation
 
 
 @dataclass
-class GaussianConfig(MLPHeadsConfig):
+class GaussianConfig(MLPHeadsConfig, task_embedding.TaskEmbeddingSettings):
     """The settings of the Gaussian actor-critics (mlp, cnn)."""
 
     init_log_std: float = -0.5
@@ -82,6 +84,7 @@ class GaussianActorCritic(Policy):
             raise PolicyError(f"policy.init_log_std={policy_cfg.init_log_std}: must be finite "
                               "(e.g. -0.5).")
         check_critic(policy_cfg.critic)
+        task_embedding.check(policy_cfg.task_embedding)
         if policy_cfg.critic == PRIVILEGED_CRITIC:
             critics.check_env(env_cfg, "policy.critic=privileged", "use policy.critic=shared")
         hidden_state.ranges(policy_cfg.actor_hidden_state, None, HIDE_FIELD)
@@ -196,17 +199,20 @@ class GaussianMLPPolicy(GaussianActorCritic):
                 f"{env_spec.obs_shapes}. Use env.obs_mode=state or an image policy."
             )
         obs_dim = env_spec.obs_shapes["state"][0]
-        self._build_heads(obs_dim, env_spec.action_dim, cfg, _check_std(cfg.std))
+        self.task_emb = task_embedding.build(cfg.task_embedding, env_spec)
+        n_features = obs_dim + task_embedding.width(self.task_emb)  # [state, E[task]]
+        self._build_heads(n_features, env_spec.action_dim, cfg, _check_std(cfg.std))
         self.obs_norm = state_norm(obs_dim, cfg)
         self.privileged_critic = check_critic(cfg.critic) == PRIVILEGED_CRITIC
         hidden = hidden_state.ranges(cfg.actor_hidden_state, obs_dim, HIDE_FIELD)
-        self._hide_from_actor(hidden, 0, obs_dim)
+        self._hide_from_actor(hidden, 0, n_features)
         if self.privileged_critic:  # replaces the critic over the state
             n_priv = critics.privileged_dim(env_spec.obs_shapes, "policy.critic=privileged")
             self.critic = critics.PrivilegedCritic(n_priv, cfg.hidden_sizes, cfg.activation)
 
     def _features(self, obs: TensorDict) -> torch.Tensor:
-        return self.obs_norm(obs[keys.leaf(keys.STATE)])
+        state = self.obs_norm(obs[keys.leaf(keys.STATE)])
+        return task_embedding.append(self.task_emb, state, obs)  # (B, D [+ task_embedding])
 
     def _value(self, obs: TensorDict, features: torch.Tensor) -> torch.Tensor:
         if not self.privileged_critic:
