@@ -6,7 +6,6 @@ RLinf's camera; the scripted experts solve tasks of each difficulty on the insta
 bad configs raise EnvError naming the field."""
 
 import os
-import pickle
 
 import numpy as np
 import pytest
@@ -70,7 +69,6 @@ def test_an_episode_is_metaworlds_own_env_on_the_same_goal(name):
         ref_obs, _ = ref.reset()
         np.testing.assert_allclose(obs["state"][0].numpy(), ref_obs.astype(np.float32))
         policy = expert(name)
-        successes = 0
         for _ in range(60):
             action = policy.get_action(ref_obs).astype(np.float32)
             out = env.step(torch.from_numpy(action)[None])
@@ -81,7 +79,6 @@ def test_an_episode_is_metaworlds_own_env_on_the_same_goal(name):
                                        ref_obs.astype(np.float32), rtol=1e-6, atol=1e-6)
             assert out["next", "reward"][0].item() == pytest.approx(ref_reward, rel=1e-5)
             assert bool(out["next", "success"][0]) == bool(info["success"])
-            successes += bool(info["success"])
         assert np.abs(ref_obs[4:7] - obs["state"][0, 4:7].numpy()).max() > 1e-3  # it moved
     finally:
         env.close()
@@ -197,9 +194,7 @@ def test_ml45_hides_the_goal_and_mt_shows_it():
         mt.close()
 
 
-def test_the_env_process_is_picklable_and_configs_are_checked():
-    cfg = env_config(name="MetaWorld/MT10")
-    pickle.dumps(cfg)
+def test_bad_configs_raise_env_errors_naming_the_field():
     with pytest.raises(EnvError, match="Did you mean 'reach-v3'"):
         make_env(env_config(name="MetaWorld/reach-v2"))
     with pytest.raises(EnvError, match="env.task_ids"):
