@@ -14,7 +14,7 @@ Gaussian samples; the env clips them to its bounds, and log-probs are of the unc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import List, Optional
 
 import numpy as np
@@ -33,6 +33,7 @@ from m2flow.policies.normalizer import RunningNorm, state_norm
 SHARED_CRITIC, PRIVILEGED_CRITIC = "shared", critics.PRIVILEGED
 LOG_STD, SCALAR_STD = "log", "scalar"
 HIDE_FIELD = "policy.actor_hidden_state"  # the setting of mlp and cnn
+STATE_INPUT, PRIVILEGED_INPUT = keys.leaf(keys.STATE), keys.leaf(keys.PRIVILEGED)
 MIN_STD = 1e-6  # rsl-rl's lower clamp of a scalar standard deviation
 
 
@@ -60,6 +61,11 @@ class MLPPolicyConfig(GaussianConfig):
     std: str = LOG_STD
     """'log': learn the log of the actions' standard deviation (cleanRL's); 'scalar': the
     standard deviation itself, clamped at MIN_STD (rsl-rl's default ``std_type``)."""
+    inputs: List[str] = field(default_factory=lambda: [STATE_INPUT])
+    """The flat observations the MLP reads, concatenated in this order: ``state``, and
+    ``privileged`` (``env.privileged_state=true``) for a control that sees the simulator's
+    poses (a LIBERO or Meta-World suite's state baseline); ``actor_hidden_state`` indexes the
+    concatenation."""
 
 
 class GaussianActorCritic(Policy):
@@ -185,6 +191,10 @@ class GaussianMLPPolicy(GaussianActorCritic):
     def check_config(policy_cfg: MLPPolicyConfig, env_cfg) -> None:
         GaussianActorCritic.check_config(policy_cfg, env_cfg)
         _check_std(policy_cfg.std)
+        _check_inputs(policy_cfg.inputs)
+        if PRIVILEGED_INPUT in policy_cfg.inputs:
+            critics.check_env(env_cfg, "policy.inputs=[..., privileged]",
+                              "read policy.inputs=[state]")
         if env_cfg.obs_mode != "state":
             raise PolicyError(
                 f"policy=mlp reads only ('obs','state'); env.obs_mode={env_cfg.obs_mode} renders "
@@ -193,12 +203,15 @@ class GaussianMLPPolicy(GaussianActorCritic):
 
     def __init__(self, cfg: MLPPolicyConfig, env_spec):
         super().__init__()
-        if "state" not in env_spec.obs_shapes or len(env_spec.obs_shapes["state"]) != 1:
-            raise PolicyError(
-                "policy.name='mlp' reads a flat ('obs', 'state') vector; this env gives "
-                f"{env_spec.obs_shapes}. Use env.obs_mode=state or an image policy."
-            )
-        obs_dim = env_spec.obs_shapes["state"][0]
+        self.inputs = _check_inputs(cfg.inputs)
+        for name in self.inputs:
+            if name not in env_spec.obs_shapes or len(env_spec.obs_shapes[name]) != 1:
+                raise PolicyError(
+                    f"policy.name='mlp' reads a flat ('obs', {name!r}) vector; this env gives "
+                    f"{env_spec.obs_shapes}. Use env.obs_mode=state (and "
+                    "env.privileged_state=true for 'privileged'), or an image policy."
+                )
+        obs_dim = sum(env_spec.obs_shapes[name][0] for name in self.inputs)
         self.task_emb = task_embedding.build(cfg.task_embedding, env_spec)
         n_features = obs_dim + task_embedding.width(self.task_emb)  # [state, E[task]]
         self._build_heads(n_features, env_spec.action_dim, cfg, _check_std(cfg.std))
@@ -210,8 +223,14 @@ class GaussianMLPPolicy(GaussianActorCritic):
             n_priv = critics.privileged_dim(env_spec.obs_shapes, "policy.critic=privileged")
             self.critic = critics.PrivilegedCritic(n_priv, cfg.hidden_sizes, cfg.activation)
 
+    def _state(self, obs: TensorDict) -> torch.Tensor:
+        """The inputs, concatenated (B, D): ``state`` alone unless ``policy.inputs`` says."""
+        if self.inputs == [STATE_INPUT]:
+            return obs[STATE_INPUT]
+        return torch.cat([obs[name].float() for name in self.inputs], dim=-1)
+
     def _features(self, obs: TensorDict) -> torch.Tensor:
-        state = self.obs_norm(obs[keys.leaf(keys.STATE)])
+        state = self.obs_norm(self._state(obs))
         return task_embedding.append(self.task_emb, state, obs)  # (B, D [+ task_embedding])
 
     def _value(self, obs: TensorDict, features: torch.Tensor) -> torch.Tensor:
@@ -221,9 +240,19 @@ class GaussianMLPPolicy(GaussianActorCritic):
 
     def observe(self, batch: TensorDict) -> None:
         if isinstance(self.obs_norm, RunningNorm):
-            self.obs_norm.update(batch[keys.STATE])
+            self.obs_norm.update(self._state(batch[keys.OBS]))
         if self.privileged_critic:
             self.critic.observe(batch)
+
+
+def _check_inputs(inputs) -> list:
+    """``policy.inputs`` as a list, or a PolicyError naming the allowed keys."""
+    inputs = list(inputs)
+    allowed = (STATE_INPUT, PRIVILEGED_INPUT)
+    if not inputs or len(set(inputs)) != len(inputs) or not set(inputs) <= set(allowed):
+        raise PolicyError(f"policy.inputs={inputs}: distinct keys among {list(allowed)}, "
+                          "e.g. [state] or [state, privileged].")
+    return inputs
 
 
 def check_critic(critic: str) -> str:

@@ -398,3 +398,33 @@ def test_mlp_std_is_the_learned_parameter_or_its_exp(std):
 def test_mlp_refuses_an_unknown_std():
     with pytest.raises(PolicyError, match=r"policy.std='exp'"):
         make_policy(policy_config(name="mlp", std="exp"), STATE_SPEC)
+
+
+def test_mlp_inputs_concatenate_the_state_and_the_simulators_poses():
+    """``policy.inputs=[state, privileged]``: the control that sees the poses (a suite's
+    state baseline). The actor's input is [state, privileged], normalised together."""
+    spec = EnvSpec({"state": (3,), "privileged": (4,)}, 2, (-1.0,) * 2, (1.0,) * 2, 50)
+    torch.manual_seed(0)
+    pi = make_policy(policy_config(name="mlp", inputs=["state", "privileged"]), spec)
+    obs = {"state": torch.randn(5, 3), "privileged": torch.randn(5, 4)}
+    batch = TensorDict({"obs": obs}, batch_size=[5])
+    pi.observe(batch)
+    both = torch.cat([obs["state"], obs["privileged"]], -1)
+    torch.testing.assert_close(pi.obs_norm.mean, both.mean(0), rtol=1e-4, atol=1e-5)
+    with torch.no_grad():
+        by_hand = pi.actor_mean(pi.obs_norm(both))
+        torch.testing.assert_close(pi.act(batch, deterministic=True)["action"], by_hand)
+        moved = batch.clone()
+        moved["obs", "privileged"] += 1.0
+        assert not torch.allclose(pi.act(moved, deterministic=True)["action"], by_hand)
+
+
+def test_mlp_inputs_are_checked_at_start_up():
+    from m2flow.envs import env_config
+
+    pi_cfg = policy_config(name="mlp", inputs=["state", "privileged"])
+    env_cfg = env_config("gym/Pendulum-v1")
+    with pytest.raises(PolicyError, match=r"env.privileged_state=true"):
+        policy_class("mlp").check_config(pi_cfg, env_cfg)
+    with pytest.raises(PolicyError, match=r"policy.inputs=\['rgb'\]: distinct keys among"):
+        policy_class("mlp").check_config(policy_config(name="mlp", inputs=["rgb"]), env_cfg)

@@ -41,6 +41,7 @@ from m2flow.runs.learner import Trainer
 from m2flow.runs.weights import SendsWeights, WeightSender
 
 ADAM_EPS = 1e-5  # cleanRL's PPO value
+NORMALISED = (keys.STATE, keys.PRIVILEGED)  # the flat observations policies keep statistics of
 POLICY_METHODS = ("act", "evaluate_actions", "value")  # a sharded policy gathers around these
 
 
@@ -235,14 +236,16 @@ def observed_rows(batch: TensorDict, dp: DataParallel) -> TensorDict:
     """What ``Policy.observe`` (running observation statistics) is given: ``batch``, or with
     several ranks the state observations of the global batch, in rank order, the same on every
     rank (so their statistics, which sync to the rollout with the weights, stay identical).
-    The policies' statistics read ``("obs", "state")`` alone."""
+    The policies' statistics read the flat observations: ``("obs", "state")`` and
+    ``("obs", "privileged")``."""
     if not dp.active:
         return batch
-    has_state = keys.STATE in batch.keys(True)
-    if not all(dp.gather_objects(has_state)):
+    present = tuple(k for k in NORMALISED if k in batch.keys(True))
+    seen = dp.gather_objects(present)  # every rank calls it: a collective
+    if not present or any(tuple(p) != present for p in seen):
         return batch.select()
-    state = dp.gather_rows(batch[keys.STATE])  # (B_global, D)
-    return TensorDict({keys.STATE: state}, batch_size=[state.shape[0]])
+    rows = {k: dp.gather_rows(batch[k]) for k in present}  # (B_global, D) each
+    return TensorDict(rows, batch_size=[rows[present[0]].shape[0]])
 
 
 def mean_over_ranks(metrics: dict, dp: DataParallel) -> dict:
