@@ -191,6 +191,11 @@ def _check_learner_ranks(lay: Layout, cfg: TrainConfig) -> None:
             field, learners,
             "algorithm=bc draws its dataset sample itself, the same on every learner rank, so "
             f"several ranks would train on copies of it; use {field}=1 for behaviour cloning.")
+    if getattr(cfg.algorithm, "precision", None) == "fp16":
+        raise field_error(
+            "algorithm.precision", "fp16",
+            f"adds a gradient scaler, and with {field}={learners} each rank's scaler would skip "
+            f"steps on its own; use algorithm.precision=bf16 or fp32, or {field}=1.")
 
 
 def _check_rollout_ranks(lay: Layout) -> None:
