@@ -5,7 +5,7 @@ Which of a config's knobs a plan sets: the env workers and the envs each holds (
 stays the config's), the pipeline stages, learner overlap, and the placement (the
 ``cluster`` keys, written by :mod:`m2flow.pipelines.planner.planfile`).
 
->>> g = graph({"num_envs": 8, "rollout_steps": 50, "chunk": 1, "group": 1})
+>>> g = graph({"total_envs": 8, "rollout_steps": 50, "chunk": 1, "group": 1})
 >>> g.loop[0], g.samples, g.stages, g.workers
 (Phase(component='env', phase='step'), 400, (1, 2, 4), (1, 2, 4))
 """
@@ -25,10 +25,10 @@ WORKERS = (1, 2, 4)
 
 def facts(layout: Layout, cfg, chunk: int, param_mb: float) -> dict[str, Any]:
     """What the graph needs from an embodied run's layout, its config (``TrainConfig``) and
-    its policy. The graph's ``num_envs`` is the run's total (``layout.total_envs``): a plan
-    divides it among the env workers it tries."""
+    its policy. ``total_envs`` is the envs of all env workers: a plan divides it among the env
+    workers it tries (``env.num_envs`` is the share of one)."""
     return {
-        "num_envs": layout.total_envs,
+        "total_envs": layout.total_envs,
         "rollout_steps": layout.rollout_steps,
         "chunk": chunk,
         "group": max(1, layout.reset_group_size),
@@ -40,7 +40,10 @@ def facts(layout: Layout, cfg, chunk: int, param_mb: float) -> dict[str, Any]:
 
 def graph(f: Mapping[str, Any]) -> Graph:
     """The component graph of an embodied run with facts ``f`` (see :func:`facts`)."""
-    n, steps = int(f["num_envs"]), int(f["rollout_steps"])
+    if "total_envs" not in f:
+        raise ValueError("the profile's facts have no total_envs (an m2flow before the run's "
+                         "Layout called it num_envs); measure it again with m2flow-plan.")
+    n, steps = int(f["total_envs"]), int(f["rollout_steps"])
 
     def knobs(plan, elastic: bool = False) -> list[str]:
         """``elastic``: build as many env groups as the largest stage count tried, so the run
@@ -104,7 +107,7 @@ def monitor(cfg, layout: Layout):
     if not profile.is_file():  # a plan file kept without its profile: its own number
         return PlanMonitor(plan_file.predicted.get("iteration_s", 0.0) or float("nan"))
     prof = Profile.load(profile)
-    g = graph({**prof.facts, "num_envs": layout.total_envs,
+    g = graph({**prof.facts, "total_envs": layout.total_envs,
                "rollout_steps": layout.rollout_steps})
     models = models_for(prof, g)
     plan = plan_of(cfg.cluster, g, stages=layout.pipeline_stages,

@@ -82,7 +82,7 @@ def profile(cfg: TrainConfig, *, say: Callable[[str], None] = print,
     base_mb = measure.pss_mb([os.getpid()])  # a worker process with torch and m2flow
     prof = Profile("embodied", node, source={
         "env": cfg.env.name, "policy": cfg.policy.name, "algorithm": cfg.algorithm.name,
-        "num_envs": n, "date": f"{datetime.now():%Y-%m-%d %H:%M}"})
+        "total_envs": n, "date": f"{datetime.now():%Y-%m-%d %H:%M}"})
     every = list(range(node.cores))
     counts = sorted({1, node.cores})
     say(f"profile: {n} envs of {cfg.env.name} as groups of {_groups(sizes)}, policy "
