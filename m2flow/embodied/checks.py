@@ -3,7 +3,8 @@ value and the fix, before any worker or simulator starts.
 
 In order, cheapest first: the ranges of every numeric field the env and policy settings
 classes share (the table ``RULES``), the algorithm's own ``validate()``, the cluster and its
-placement on this machine, the fields that must agree (``check_config``), the checkpoints
+placement on this machine, the run's counts (its ``Layout``: ``m2flow.embodied.layout``) and
+the fields that must agree (``check_config``), the checkpoints
 it reads (``resume``, ``init_from``, ``eval.checkpoint``: ``m2flow.embodied.checkpoint_checks``),
 and registry names with the env's and the policy's own
 ``check_config`` hooks (which check the fields of their own settings classes).
@@ -14,9 +15,9 @@ from __future__ import annotations
 from typing import Optional
 
 from m2flow.configs import ConfigError
-from m2flow.embodied.algorithms.base import AlgorithmConfig
 from m2flow.embodied.checkpoint_checks import check_paths
 from m2flow.embodied.config import TrainConfig
+from m2flow.embodied.layout import Layout, check_layout
 from m2flow.runs.checks import (
     Rule,
     above,
@@ -129,38 +130,20 @@ def check_names(cfg: TrainConfig) -> None:
         raise ConfigError(f"config error: {e}") from None
 
 
-def update_samples(algo, collected: int) -> tuple[int, str]:
-    """``algo.update_samples(collected)``; a plugin's config that does not extend
-    AlgorithmConfig trains on what was collected."""
-    own = getattr(algo, "update_samples", None)
-    return own(collected) if own else AlgorithmConfig.update_samples(algo, collected)
+def check_config(cfg: TrainConfig, offloads: Optional[dict[str, list[str]]] = None) -> Layout:
+    """Config errors that only show in combination, before any worker starts; the run's
+    layout they were checked on. ``offloads``: who offloads for whom in the run
+    (``offloads_for``), when it has a learner."""
+    layout = Layout.of(cfg)
+    check_run(layout, cfg, offloads)
+    return layout
 
 
-def check_config(cfg: TrainConfig, offloads: Optional[dict[str, list[str]]] = None) -> None:
-    """Config errors that only show in combination, before any worker starts. ``offloads``:
-    who offloads for whom in the run (``offloads_for``), when it has a learner."""
-    n = cfg.env.num_envs
-    stages, groups = cfg.rollout.pipeline_stages, cfg.rollout.env_groups
-    if stages > n:
-        raise field_error("rollout.pipeline_stages", stages,
-                          f"must be <= env.num_envs={n} (every stage needs an env); use 1 to {n}.")
-    if groups is not None and not stages <= groups <= n:
-        raise field_error(
-            "rollout.env_groups", groups,
-            f"must be in [rollout.pipeline_stages={stages}, env.num_envs={n}] (a stage is one "
-            "or more env groups, a group one or more envs); change it or leave it unset.")
-    _check_reset_groups(cfg)
-    _check_learner_ranks(cfg)
-    _check_rollout_ranks(cfg)
-    env = cfg.cluster.placement.components.get("env")
-    env_workers = 1 if env is None else env.workers
-    samples, source = update_samples(cfg.algorithm, n * env_workers * cfg.runner.rollout_steps)
-    minibatches = getattr(cfg.algorithm, "num_minibatches", 1)
-    if minibatches > samples:
-        raise field_error(
-            "algorithm.num_minibatches", minibatches,
-            f"must be <= the {samples} samples an update trains on ({source}); lower it or "
-            "raise that.")
+def check_run(layout: Layout, cfg: TrainConfig,
+              offloads: Optional[dict[str, list[str]]] = None) -> None:
+    """The counts of ``layout`` (:func:`m2flow.embodied.layout.check_layout`), then the
+    settings that must agree across env, policy, algorithm and runner."""
+    check_layout(layout, cfg)
     pretrain = getattr(cfg.algorithm, "aux_pretrain_iterations", 0)
     if pretrain and not getattr(cfg.policy, "state_aux", 0) > 0:
         raise field_error(
@@ -188,108 +171,20 @@ def check_config(cfg: TrainConfig, offloads: Optional[dict[str, list[str]]] = No
         )
 
 
-def _check_reset_groups(cfg: TrainConfig) -> None:
-    """``env.num_envs`` (per env worker) holds whole reset groups of the algorithm (GRPO's)."""
-    from m2flow.embodied.algorithms import algorithm_class
-
-    size = algorithm_class(cfg.algorithm.name).reset_group_size(cfg.algorithm)
-    n = cfg.env.num_envs
-    if size >= 1 and n % size:
-        fit = max(size, round(n / size) * size)
-        raise field_error(
-            "env.num_envs", n,
-            f"must be a multiple of {size}, the envs of one reset group of "
-            f"algorithm={cfg.algorithm.name} (e.g. algorithm.group_size): each env worker holds "
-            f"whole groups that reset to one initial state; use env.num_envs={fit}.")
-    groups = cfg.rollout.env_groups
-    if size > 1 and groups and groups > 1 and _gpu_batched(cfg):
-        from m2flow.embodied.workers.stages import stage_sizes
-
-        sizes = stage_sizes(n, groups)
-        if any(s % size for s in sizes):
-            raise field_error(
-                "rollout.env_groups", groups,
-                f"splits env.num_envs={n} into batches of {sizes}, but on ManiSkill's GPU "
-                f"backend a reset group of {size} envs shares one initial state only within one "
-                f"batch; choose rollout.env_groups so that every batch holds whole groups "
-                f"(a divisor of {n // size}).")
-
-
-def _check_learner_ranks(cfg: TrainConfig) -> None:
-    """Several learner ranks (data parallel) each train on the trajectories of whole env
-    workers, an equal number each (so a GRPO group, which lives in one env worker, is never
-    split), and each needs its own process."""
-    comps = cfg.cluster.placement.components
-    learners = comps["learner"].workers if "learner" in comps else 1
-    if learners <= 1:
-        return
-    field = "cluster.placement.components.learner.workers"
-    env_workers = comps["env"].workers if "env" in comps else 1
-    if env_workers % learners:
-        fit = max(d for d in range(1, env_workers + 1) if env_workers % d == 0 and d <= learners)
-        raise field_error(
-            field, learners,
-            f"must divide cluster.placement.components.env.workers={env_workers}: each learner "
-            "rank trains on the trajectories of whole env workers, equally many each; use "
-            f"{field}={fit} or cluster.placement.components.env.workers="
-            f"{env_workers + learners - env_workers % learners}.")
-    if cfg.cluster.backend != "ray":
-        raise field_error(
-            field, learners,
-            f"data-parallel learner ranks each need their own process (torch.distributed), but "
-            f"cluster.backend={cfg.cluster.backend} runs every worker in this one; use "
-            f"cluster.backend=ray or {field}=1.")
-    if cfg.algorithm.name == "bc":
-        raise field_error(
-            field, learners,
-            "algorithm=bc draws its dataset sample itself, the same on every learner rank, so "
-            f"several ranks would train on copies of it; use {field}=1 for behaviour cloning.")
-
-
-def _check_rollout_ranks(cfg: TrainConfig) -> None:
-    """M rollout workers serve the E x S stages (env worker, stage) of E env workers, equally
-    many each (``stages.rollout_rank``: round-robin), so M must divide E x S: none idle, none
-    the bottleneck."""
-    comps = cfg.cluster.placement.components
-    m = comps["rollout"].workers if "rollout" in comps else 1
-    e = comps["env"].workers if "env" in comps else 1
-    stages = e * cfg.rollout.pipeline_stages
-    if stages % m == 0:
-        return
-    field = "cluster.placement.components.rollout.workers"
-    fits = [n for n in range(1, stages + 1) if stages % n == 0]
-    raise field_error(
-        field, m,
-        f"must divide the {stages} stages (cluster.placement.components.env.workers={e} x "
-        f"rollout.pipeline_stages={cfg.rollout.pipeline_stages}) it serves, equally many per "
-        f"rollout worker; use {field} in {fits}, or more env workers or stages.")
-
-
-def _gpu_batched(cfg: TrainConfig) -> bool:
-    """ManiSkill on its GPU backend (asked for, or ``auto`` with the env placed on a GPU)."""
-    if not cfg.env.name.startswith("ManiSkill/"):
-        return False
-    env = cfg.cluster.placement.components.get("env")
-    on_gpu = env is not None and bool(env.gpus)
-    return cfg.env.sim_backend == "gpu" or (cfg.env.sim_backend == "auto" and on_gpu)
-
-
-def memory_hint(cfg: TrainConfig) -> str:
+def memory_hint(layout: Layout, cfg: TrainConfig) -> str:
     """The fields that size an embodied run's memory, with their values: the fix an
     out-of-memory line gives (``m2flow.runs.session.RunOutOfMemory``).
 
     >>> from m2flow.cli.common import load_run_config
-    >>> memory_hint(load_run_config("maniskill_pushcube_ppo_mlp", ["env.num_envs=8"]))
+    >>> cfg = load_run_config("maniskill_pushcube_ppo_mlp", ["env.num_envs=8"])
+    >>> memory_hint(Layout.of(cfg), cfg)
     "lower env.num_envs (now 8: a simulator process each) or set algorithm.micro_batch_size (now unset: each learner step takes its whole minibatch of 100 samples at once); m2flow-plan predicts a placement's memory"
     """
-    env = cfg.cluster.placement.components.get("env")
-    workers = 1 if env is None else env.workers
-    n = cfg.env.num_envs
+    n, workers = layout.num_envs, layout.env_workers
     sims = "" if cfg.env.sim_backend == "gpu" else ": a simulator process each"
     per = f" per env worker, {workers} workers" if workers > 1 else ""
     algo = cfg.algorithm
-    samples, _ = update_samples(algo, n * workers * cfg.runner.rollout_steps)
-    mini = samples // max(1, getattr(algo, "num_minibatches", 1))
+    mini = layout.update_samples // max(1, getattr(algo, "num_minibatches", 1))
     micro = getattr(algo, "micro_batch_size", None)
     now = (f"now {micro}" if micro else
            f"now unset: each learner step takes its whole minibatch of {mini} samples at once")

@@ -137,8 +137,9 @@ def run_protocol(runner, cfg, progress: bool = True) -> dict:
     max_steps = ev.max_steps or spec.max_episode_steps
     if not max_steps:
         raise ValueError(f"env {cfg.env.name!r} has no time limit; set eval.max_steps.")
-    rounds = episode_rounds(len(names), per_task, runner.env.world_size, cfg.env.num_envs,
-                            cfg.seed, ev.videos_per_task, one_task_env=not multi)
+    rounds = episode_rounds(len(names), per_task, runner.layout.env_workers,
+                            runner.layout.num_envs, cfg.seed, ev.videos_per_task,
+                            one_task_env=not multi)
     results = [TaskResult(j, n) for j, n in enumerate(names)]
     videos: list[tuple[Slot, EvalEpisode]] = []
     per_episode: list[dict] = []

@@ -5,7 +5,7 @@ Which of a config's knobs a plan sets: the env workers and the envs each holds (
 stays the config's), the pipeline stages, learner overlap, and the placement (the
 ``cluster`` keys, written by :mod:`m2flow.pipelines.planner.planfile`).
 
->>> g = graph({"num_envs": 8, "rollout_steps": 50, "chunk": 1, "group": 1})
+>>> g = graph({"total_envs": 8, "rollout_steps": 50, "chunk": 1, "group": 1})
 >>> g.loop[0], g.samples, g.stages, g.workers
 (Phase(component='env', phase='step'), 400, (1, 2, 4), (1, 2, 4))
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from m2flow.embodied.layout import Layout
 from m2flow.pipelines.planner.graph import ComponentSpec, Graph, Phase
 
 STAGES = (1, 2, 4)
@@ -22,17 +23,15 @@ WORKERS = (1, 2, 4)
 """Env worker counts the search tries (see bench/README.md#scalingpy)."""
 
 
-def facts(cfg, chunk: int, param_mb: float) -> dict[str, Any]:
-    """What the graph needs from an embodied config (``TrainConfig``) and its policy."""
-    from m2flow.embodied.algorithms import algorithm_class
-
-    env = cfg.cluster.placement.components.get("env")
-    workers = 1 if env is None else env.workers
+def facts(layout: Layout, cfg, chunk: int, param_mb: float) -> dict[str, Any]:
+    """What the graph needs from an embodied run's layout, its config (``TrainConfig``) and
+    its policy. ``total_envs`` is the envs of all env workers: a plan divides it among the env
+    workers it tries (``env.num_envs`` is the share of one)."""
     return {
-        "num_envs": cfg.env.num_envs * workers,
-        "rollout_steps": cfg.runner.rollout_steps,
+        "total_envs": layout.total_envs,
+        "rollout_steps": layout.rollout_steps,
         "chunk": chunk,
-        "group": max(1, algorithm_class(cfg.algorithm.name).reset_group_size(cfg.algorithm)),
+        "group": max(1, layout.reset_group_size),
         "reset": cfg.runner.reset_every_iteration,
         "overlap": cfg.algorithm.name != "bc",
         "param_mb": param_mb,
@@ -41,7 +40,10 @@ def facts(cfg, chunk: int, param_mb: float) -> dict[str, Any]:
 
 def graph(f: Mapping[str, Any]) -> Graph:
     """The component graph of an embodied run with facts ``f`` (see :func:`facts`)."""
-    n, steps = int(f["num_envs"]), int(f["rollout_steps"])
+    if "total_envs" not in f:
+        raise ValueError("the profile's facts have no total_envs (an m2flow before the run's "
+                         "Layout called it num_envs); measure it again with m2flow-plan.")
+    n, steps = int(f["total_envs"]), int(f["rollout_steps"])
 
     def knobs(plan, elastic: bool = False) -> list[str]:
         """``elastic``: build as many env groups as the largest stage count tried, so the run
@@ -85,7 +87,7 @@ TIMERS = {"env": "sim", "rollout": "infer", "learner": "learn"}
 """Each component's busy time in the runner's metrics (``time/env_sim``, ...)."""
 
 
-def monitor(cfg):
+def monitor(cfg, layout: Layout):
     """The watch on a run started with a plan (``cluster.plan=FILE``; ``auto`` has become
     the file it wrote): predicted seconds per iteration of the run's own plan (from the
     profile saved next to the plan file, with the run's sizes), and for an ``auto`` plan the
@@ -105,18 +107,15 @@ def monitor(cfg):
     if not profile.is_file():  # a plan file kept without its profile: its own number
         return PlanMonitor(plan_file.predicted.get("iteration_s", 0.0) or float("nan"))
     prof = Profile.load(profile)
-    env = cfg.cluster.placement.components.get("env")
-    workers = env.workers if env is not None else 1
-    g = graph({**prof.facts, "num_envs": cfg.env.num_envs * workers,
-               "rollout_steps": cfg.runner.rollout_steps})
+    g = graph({**prof.facts, "total_envs": layout.total_envs,
+               "rollout_steps": layout.rollout_steps})
     models = models_for(prof, g)
-    plan = plan_of(cfg.cluster, g, stages=cfg.rollout.pipeline_stages,
+    plan = plan_of(cfg.cluster, g, stages=layout.pipeline_stages,
                    overlap=cfg.runner.overlap_learner)
     pred = predict(plan, g, models, prof.node)
     if not pred.feasible:
         return None
-    stages = stages_within(g, cfg.rollout.env_groups or cfg.rollout.pipeline_stages,
-                           cfg.env.num_envs)
+    stages = stages_within(g, layout.env_groups, layout.num_envs)
     replan = (models, g, prof.node, plan, stages) if plan_file.auto else None
     return PlanMonitor(pred.iteration_s, replan=replan, timers=TIMERS,
                        source=str(cfg.cluster.plan))

@@ -32,9 +32,9 @@ import torch
 from tensordict import TensorDict
 
 from m2flow import keys
-from m2flow.embodied.algorithms import algorithm_class
 from m2flow.embodied.config import TrainConfig
 from m2flow.embodied import graph as embodied_graph
+from m2flow.embodied.layout import Layout
 from m2flow.embodied.workers import resets
 from m2flow.embodied.workers.buffer import TrajectoryBuffer
 from m2flow.embodied.workers.learner_worker import LearnerWorker
@@ -76,20 +76,19 @@ def profile(cfg: TrainConfig, *, say: Callable[[str], None] = print,
             node: Optional[Node] = None) -> tuple[Profile, Graph]:
     """Measures every component of ``cfg``'s run on this node; the profile and its graph."""
     node = node or measure.this_node(cfg.cluster)
-    env_cfg = cfg.cluster.placement.components.get("env")
-    n = cfg.env.num_envs * (env_cfg.workers if env_cfg is not None else 1)
+    layout = Layout.of(cfg)
+    n = layout.total_envs
     sizes = sizes_of(n)
     base_mb = measure.pss_mb([os.getpid()])  # a worker process with torch and m2flow
     prof = Profile("embodied", node, source={
         "env": cfg.env.name, "policy": cfg.policy.name, "algorithm": cfg.algorithm.name,
-        "num_envs": n, "date": f"{datetime.now():%Y-%m-%d %H:%M}"})
+        "total_envs": n, "date": f"{datetime.now():%Y-%m-%d %H:%M}"})
     every = list(range(node.cores))
     counts = sorted({1, node.cores})
     say(f"profile: {n} envs of {cfg.env.name} as groups of {_groups(sizes)}, policy "
         f"{cfg.policy.name}, on {node.cores} cores and {node.gpus} GPUs")
     cluster = Cluster(ClusterConfig(backend="local", num_gpus=0))
-    group = max(1, algorithm_class(cfg.algorithm.name).reset_group_size(cfg.algorithm))
-    envs = _Envs(cfg, sizes, group=group)
+    envs = _Envs(cfg, sizes, group=max(1, layout.reset_group_size))
     rollout = learner = None
     try:
         spec = envs.spec
@@ -149,7 +148,7 @@ def profile(cfg: TrainConfig, *, say: Callable[[str], None] = print,
         if node.gpus:
             say("profile: policy and learner on GPU 0")
             _on_gpu(prof, cfg, spec, sizes, steps, traj)
-        prof.facts = embodied_graph.facts(cfg, chunk, param_mb)
+        prof.facts = embodied_graph.facts(layout, cfg, chunk, param_mb)
     finally:
         for group in (learner, rollout):
             if group is not None:
@@ -390,7 +389,7 @@ def calibrate(cfg: TrainConfig, iterations: int, warm: int = 1) -> list[tuple]:
             # the mean, not the median: with overlap an iteration's boundary moves work to the
             # next, so single iterations swing widely and only the total is its rate
             timed = phases[warm:]
-            out.append((cfg.rollout.pipeline_stages, overlap, statistics.fmean(times[warm:]),
+            out.append((runner.layout.pipeline_stages, overlap, statistics.fmean(times[warm:]),
                         times[warm:], {k: statistics.fmean(p.get(k, 0.0) for p in timed)
                                        for k in timed[0]}))
         runner.drain()

@@ -19,11 +19,11 @@ from typing import Optional, Sequence
 
 from tensordict import TensorDict
 
-from m2flow.embodied.algorithms import algorithm_class
-from m2flow.embodied.checks import check_config, memory_hint
+from m2flow.embodied.checks import check_run, memory_hint
 from m2flow.embodied.config import TrainConfig
 from m2flow.embodied import eval_protocol
 from m2flow.embodied.graph import monitor as plan_monitor
+from m2flow.embodied.layout import Layout
 from m2flow.embodied.no_signal import NoSignalWatch
 from m2flow.embodied.workers.env_eval import EvalRound
 from m2flow.embodied.workers.env_worker import EnvWorker
@@ -67,6 +67,10 @@ class EmbodiedRunner(RunLoop):
     """Builds the cluster, places the three components and runs PPO iterations in the run
     loop (:class:`m2flow.runs.loop.RunLoop`, ``train``).
 
+    The run's shape is resolved once, into ``self.layout`` (:class:`m2flow.embodied.layout.
+    Layout`): the counts below (env workers, envs, stages, reset groups) are read from it, and
+    each worker is given its part of it.
+
     Args:
         cfg: the root config.
         train: False builds env and rollout workers only (evaluation).
@@ -76,8 +80,9 @@ class EmbodiedRunner(RunLoop):
 
     def __init__(self, cfg: TrainConfig, *, train: bool = True):
         self.cfg = cfg
+        self.layout = Layout.of(cfg)  # checked with the placement in _start
         t0 = time.perf_counter()
-        announce(_building(cfg, train))
+        announce(_building(cfg, self.layout, train))
         self.session = RunSession(cfg, workload=WORKLOAD,
                                   best_metric=f"eval/{cfg.runner.success_metric}")
         try:
@@ -90,36 +95,35 @@ class EmbodiedRunner(RunLoop):
             "; weights by Ray objects" if self.weight_link is None else
             f"; weights by {self.session.links[-1].backend} broadcast")
         announce(f"start-up: ready in {time.perf_counter() - t0:.1f} s: {self.env.world_size} "
-                 f"env worker(s) x {cfg.env.num_envs} envs, {self.rollout.world_size} rollout"
+                 f"env worker(s) x {self.layout.num_envs} envs, {self.rollout.world_size} rollout"
                  f"{learners}; placement {self.placement.mode}{sync}; {memory_in_use()}")
         if not train:
             self.session.phase = "evaluation"  # all that is left to do
 
     def _start(self, cfg: TrainConfig, train: bool) -> None:
-        r = cfg.runner
+        r, lay = cfg.runner, self.layout
         self.cluster, self.placement = self.session.cluster, self.session.placement
         # who steps aside for whom on a shared device (without a learner: only checks the mode)
         offloads = self.session.offloads_for(["rollout", "learner"] if train else [])
-        check_config(cfg, offloads)
-        groups = cfg.rollout.env_groups or cfg.rollout.pipeline_stages
-        group_size = algorithm_class(cfg.algorithm.name).reset_group_size(cfg.algorithm)
-        self.env = self.session.group("env", EnvWorker, cfg.env, seed=cfg.seed, groups=groups,
-                               channel_timeout=r.channel_timeout_s, reset_group_size=group_size)
+        check_run(lay, cfg, offloads)
+        # an env worker's part of the layout: its envs (cfg.env.num_envs), groups, reset groups
+        self.env = self.session.group("env", EnvWorker, cfg.env, seed=cfg.seed,
+                                      groups=lay.env_groups, channel_timeout=r.channel_timeout_s,
+                                      reset_group_size=lay.reset_group_size)
         self.spec = self.env.call(EnvWorker.spec, ranks=[0]).wait()[0]
         self.rollout = self.session.group("rollout", RolloutWorker, cfg.policy, self.spec, seed=cfg.seed,
                                    channel_timeout=r.channel_timeout_s)
         self.chunk = self.rollout.call(RolloutWorker.chunk, ranks=[0]).wait()[0]  # env steps per call
-        self.env_ranks = list(range(self.env.world_size))
+        self.env_ranks = list(range(lay.env_workers))
         # stage (env rank e, stage k) goes to rollout rank (k * E + e) mod M: E env workers ->
         # M rollout workers, no relay (the start-up checks give each rank equally many)
         self.obs_ch = Channel(
             "obs", self.rollout, item_type=TensorDict,
-            routes={(e, k): rollout_rank(e, k, len(self.env_ranks), self.rollout.world_size)
-                    for e in self.env_ranks for k in range(groups)},
+            routes={(e, k): rollout_rank(e, k, lay.env_workers, lay.rollout_workers)
+                    for e in self.env_ranks for k in range(lay.env_groups)},
         )
-        self.set_stages(cfg.rollout.pipeline_stages)
+        self.set_stages(lay.pipeline_stages)
         self.act_ch = Channel("action", self.env, item_type=TensorDict)  # (e, k) -> env rank e
-        self.num_envs = cfg.env.num_envs * self.env.world_size
         self.iteration, self.global_step = 0, 0
         self._pending: Optional[_Collection] = None  # a collection started ahead (overlap)
         self._last_end: Optional[float] = None
@@ -135,7 +139,7 @@ class EmbodiedRunner(RunLoop):
             self.switcher = self.session.take_turns(
                 {"rollout": self.rollout, "learner": self.learner}, offloads)
             self.traj_ch = Channel("trajectory", self.learner, item_type=TensorDict, routes={
-                e: learner_rank(e, len(self.env_ranks), self.learner.world_size)
+                e: learner_rank(e, lay.env_workers, lay.learner_ranks)
                 for e in self.env_ranks})
             self.weight_link = self.session.weight_link(self.learner, self.rollout)
             if cfg.resume:
@@ -146,7 +150,7 @@ class EmbodiedRunner(RunLoop):
 
     def set_stages(self, stages: int) -> None:
         """Pipeline stages from the next collection on (1 to rollout.env_groups)."""
-        groups = self.cfg.rollout.env_groups or self.cfg.rollout.pipeline_stages
+        groups = self.layout.env_groups
         if not 1 <= stages <= groups:
             raise ValueError(f"pipeline stages={stages}: use 1 to rollout.env_groups={groups}.")
         self.stages = stages
@@ -212,8 +216,8 @@ class EmbodiedRunner(RunLoop):
         episodes = episodes or self.cfg.runner.eval_episodes
         metric = self.cfg.runner.success_metric
         self.switcher.activate("rollout")  # its cost is part of time/eval
-        rounds = eval_protocol.episode_rounds(1, episodes, len(self.env_ranks),
-                                              self.cfg.env.num_envs, self.cfg.seed,
+        rounds = eval_protocol.episode_rounds(1, episodes, self.layout.env_workers,
+                                              self.layout.num_envs, self.cfg.seed,
                                               videos_per_task=0, one_task_env=True)
         per_rank = [EpisodeStats() for _ in self.env_ranks]
         progress = self.session.progress(f"eval {self.cfg.env.name}", episodes)
@@ -277,7 +281,7 @@ class EmbodiedRunner(RunLoop):
         call (or by ``drain``).
         """
         r = self.cfg.runner
-        steps = r.rollout_steps * self.num_envs * self.chunk  # env steps (a call runs a chunk)
+        steps = self.layout.collected * self.chunk  # env steps (a call runs a chunk)
         t0 = time.perf_counter()
         self.session.phase = "collection"
         switch = self.switcher.activate("rollout")  # (off with overlap: check_config)
@@ -334,7 +338,7 @@ class EmbodiedRunner(RunLoop):
 
     def describe(self) -> str:
         cfg = self.cfg
-        return (f"{self.num_envs} envs of {cfg.env.name}, placement {self.placement.mode}, "
+        return (f"{self.layout.total_envs} envs of {cfg.env.name}, placement {self.placement.mode}, "
                 f"backend {cfg.cluster.backend}")
 
     def before_loop(self, logger) -> dict:
@@ -344,7 +348,7 @@ class EmbodiedRunner(RunLoop):
         self._no_signal = NoSignalWatch(r.warn_no_signal_iterations, self.cfg.algorithm.name)
         self._success_stop = SuccessStop(r.stop_at_success, r.stop_after_evals,
                                          metric=r.success_metric)
-        self._plan_watch = plan_monitor(self.cfg)  # predicted against measured iterations
+        self._plan_watch = plan_monitor(self.cfg, self.layout)  # predicted vs measured
         return {}
 
     def watch(self, metrics: dict, logger) -> None:
@@ -369,7 +373,7 @@ class EmbodiedRunner(RunLoop):
         return self._success_stop.describe(success) if self._success_stop.update(success) else None
 
     def memory_hint(self) -> str:
-        return memory_hint(self.cfg)
+        return memory_hint(self.layout, self.cfg)
 
     def abandon(self) -> None:
         self._pending = None  # its workers are ended with the session
@@ -465,12 +469,12 @@ def _sum(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
     return {k: a.get(k, 0.0) + b.get(k, 0.0) for k in a.keys() | b.keys()}
 
 
-def _building(cfg: TrainConfig, train: bool) -> str:
+def _building(cfg: TrainConfig, layout: Layout, train: bool) -> str:
     """The start-up line: what is about to be built."""
     who = "rollout and learner" if train else "rollout (evaluation)"
     resume = f"; resuming {cfg.resume}" if train and cfg.resume else ""
     return (f"start-up: building the {cfg.cluster.backend} cluster, env workers of "
-            f"{cfg.env.num_envs} {cfg.env.name} simulators each, policy {cfg.policy.name} for "
+            f"{layout.num_envs} {cfg.env.name} simulators each, policy {cfg.policy.name} for "
             f"{who}{resume}")
 
 

@@ -68,8 +68,9 @@ def check(cfg: TrainConfig) -> None:
 
 def memory_hint(cfg: TrainConfig) -> str:
     from m2flow.embodied.checks import memory_hint as hint
+    from m2flow.embodied.layout import Layout
 
-    return hint(cfg)
+    return hint(Layout.of(cfg), cfg)
 
 
 def train(cfg: TrainConfig) -> int:

@@ -76,7 +76,7 @@ def test_a_run_with_an_auto_plan_logs_its_drift_and_re_plans_the_stages(tmp_path
 
     node = Node(cores=2, memory_mb=24_000)
     p = profile(node, infer_per_item=1e-6, sizes=(1, 2, 4), learn=5.0)
-    p.facts = dict(FACTS, num_envs=4, rollout_steps=8)
+    p.facts = dict(FACTS, total_envs=4, rollout_steps=8)
     g = graph(p.facts)
     best = next(pr for pr in search(g, models_for(p, g), node)
                 if pr.feasible and pr.plan.mode == "collocated" and pr.plan.workers == 1

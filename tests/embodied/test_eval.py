@@ -139,7 +139,7 @@ def test_the_report_counts_success_once_and_at_end_per_task(tmp_path):
 
     class Runner:
         spec = SimpleNamespace(tasks=("push it", "pull it"), max_episode_steps=4)
-        env = SimpleNamespace(world_size=1)
+        layout = SimpleNamespace(env_workers=1, num_envs=4)  # the run's shape it reads
         session = SimpleNamespace(progress=lambda desc, total, bar=True: Progress(
             desc, total, write=lines.append, every_s=0))
 

@@ -42,7 +42,7 @@ def profile(node, *, infer_per_item=0.001, infer_fixed=0.0, infer_threads_help=F
     return p
 
 
-FACTS = {"num_envs": 16, "rollout_steps": 50, "chunk": 1, "group": 1}
+FACTS = {"total_envs": 16, "rollout_steps": 50, "chunk": 1, "group": 1}
 
 
 def test_time_fit_recovers_lines_per_core_count_and_amdahl_between():
@@ -104,7 +104,7 @@ def test_inference_as_slow_as_simulation_on_cores_of_its_own_pipelines():
     """Env on core 0 (8 ms of sim per step for 8 envs), rollout on core 1 (8 ms per 8
     observations): with S=2 the two overlap and a step costs about one of them."""
     node = Node(cores=2)
-    facts = dict(FACTS, num_envs=8)
+    facts = dict(FACTS, total_envs=8)
     g = embodied_graph(facts)
     p = profile(node, infer_per_item=SIM_S, sizes=(2, 4, 8))
     preds = {pr.plan.label(): pr for pr in search(g, models_for(p, g), node) if pr.feasible}
@@ -166,7 +166,7 @@ def test_resets_of_every_stage_start_at_once_for_envs_in_processes():
     count (the env worker starts every group's reset before it waits for any); one after
     another, 4 stages of one env would take 4 x 0.5 s. On one core: 2 s either way."""
     node = Node(cores=2)
-    g = embodied_graph(dict(FACTS, num_envs=4))
+    g = embodied_graph(dict(FACTS, total_envs=4))
     p = profile(node, sizes=(1, 2, 4), reset_s=0.5)
     preds = {pr.plan.label(g): pr for pr in search(g, models_for(p, g), node) if pr.feasible}
     for s in (1, 2, 4):
@@ -212,7 +212,7 @@ def test_infeasible_resources_are_refused_with_a_clear_message():
 
 
 def test_a_reset_group_that_does_not_split_over_workers_is_refused():
-    g = embodied_graph(dict(FACTS, num_envs=4, group=4))
+    g = embodied_graph(dict(FACTS, total_envs=4, group=4))
     node = Node(cores=2)
     preds = search(g, models_for(profile(node, sizes=(1, 2, 4)), g), node)
     two = next(p for p in preds if p.plan.workers == 2)
@@ -246,7 +246,7 @@ def test_the_plan_file_round_trips_into_a_config_that_composes(tmp_path):
     from m2flow.cli.common import load_run_config
 
     node = Node(cores=2, memory_mb=24_000)
-    g = embodied_graph(dict(FACTS, num_envs=4))
+    g = embodied_graph(dict(FACTS, total_envs=4))
     p = profile(node, infer_per_item=SIM_S, sizes=(1, 2, 4))
     preds = search(g, models_for(p, g), node)
     best = next(pr for pr in preds if pr.feasible and pr.plan.mode == "hybrid"
@@ -363,7 +363,7 @@ def test_a_run_drifting_from_its_prediction_re_plans_its_stages():
     from m2flow.pipelines.planner.search import Plan
 
     node = Node(cores=2)
-    g = embodied_graph(dict(FACTS, num_envs=8))
+    g = embodied_graph(dict(FACTS, total_envs=8))
     models = models_for(profile(node, infer_per_item=1e-5, sizes=(2, 4, 8)), g)
     plan = Plan("hybrid", (("env", C(cpu_ids=[0], cpus=1)), ("rollout", C(cpu_ids=[1], cpus=1)),
                            ("learner", C(cpus=2))), stages=1)

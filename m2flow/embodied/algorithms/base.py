@@ -37,8 +37,7 @@ from tensordict import TensorDict
 
 from m2flow import keys
 from m2flow.pipelines.distributed import SINGLE, DataParallel
-
-PRECISIONS = ("auto", "fp32", "bf16")
+from m2flow.runs.learner import PRECISIONS  # the Trainer's: one list of what it can run
 
 
 class AlgorithmError(ValueError):
@@ -67,9 +66,10 @@ class AlgorithmConfig:
     max_grad_norm: Optional[float] = 0.5
     """Global gradient-norm clip (None: none)."""
     precision: str = "auto"
-    """auto | fp32 | bf16: the autocast dtype of the learner's forward/backward; parameters
-    and optimiser state are fp32 either way. auto: bf16 when the policy's own parameters are
-    bf16 (e.g. a VLA built with dtype bfloat16), else fp32."""
+    """auto | fp32 | bf16 | fp16: the autocast dtype of the learner's forward/backward;
+    parameters and optimiser state are fp32 either way. auto: bf16 (fp16) when the policy's
+    own parameters are bf16 (fp16; e.g. a VLA built with dtype bfloat16), else fp32. fp16
+    adds a gradient scaler, which one learner rank alone may own."""
 
     def update_samples(self, collected: int) -> tuple[int, str]:
         """(the samples one update trains on, where that number comes from, for a config

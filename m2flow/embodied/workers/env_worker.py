@@ -74,7 +74,8 @@ class EnvWorker(Worker):
         self.cfg = cfg
         self.seed = seed
         self.timeout = channel_timeout
-        resets.check_group_size(cfg.num_envs, reset_group_size)
+        # its part of the run's layout, checked at start-up (embodied.layout.check_layout):
+        # reset_group_size divides cfg.num_envs, groups is within 1..cfg.num_envs
         self.reset_group_size = reset_group_size
         self.sizes = stage_sizes(cfg.num_envs, groups)
         # ChunkedEnv: a policy may return action chunks (K env steps per call)

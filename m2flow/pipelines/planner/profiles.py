@@ -71,7 +71,7 @@ class Profile:
     """'embodied' or 'reasoning': which component graph the planner searches."""
     node: Node
     facts: dict[str, Any] = field(default_factory=dict)
-    """The workload's constants the graph needs (e.g. ``num_envs``, ``rollout_steps``)."""
+    """The workload's constants the graph needs (e.g. ``total_envs``, ``rollout_steps``)."""
     timings: list[Timing] = field(default_factory=list)
     memory: list[Memory] = field(default_factory=list)
     source: dict[str, Any] = field(default_factory=dict)
