@@ -21,6 +21,7 @@ STACKS = (
     "mani_skill", "sapien", "fast_simplification", "h5py", "mplib", "toppra",  # [maniskill]
     "libero", "robosuite", "mujoco",  # [libero]
     "mjlab", "mujoco_warp", "warp",  # [mjlab]
+    "metaworld",  # [metaworld]
     "timm", "peft",  # [vla] (transformers stays: the reasoning workload uses it)
 )
 

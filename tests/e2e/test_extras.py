@@ -92,10 +92,11 @@ def test_every_stack_names_an_extra_that_installs_it():
             for module in requires.modules:
                 assert dists_of(module) & listed, f"{name}: {module} is not in [{extra[1]}]"
             seen.add(extra[1])
-    assert seen == {"maniskill", "libero", "mjlab", "vla"}, seen
+    assert seen == {"maniskill", "libero", "mjlab", "metaworld", "vla"}, seen
     assert EXTRAS["all"] == [f"m2flow[{','.join(e for e in EXTRAS if e not in ('dev', 'all'))}]"]
     assert '-e ".[dev,all]"' in (REPO_ROOT / "scripts" / "install.sh").read_text()
-    stack_dists = {dist(r) for e in ("maniskill", "libero", "mjlab", "vla") for r in EXTRAS[e]}
+    stack_dists = {dist(r) for e in ("maniskill", "libero", "mjlab", "metaworld", "vla")
+                   for r in EXTRAS[e]}
     assert not stack_dists & {dist(r) for r in PROJECT["dependencies"]}
 
 
