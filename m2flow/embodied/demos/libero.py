@@ -254,8 +254,10 @@ def save(stem: Path, demos: list, env_cfg: LiberoEnvConfig, spec,
 
 
 def closing_line(cfg: LiberoDemosConfig, tally: Tally, demos: list, h5_path: Path) -> str:
-    """``m2flow-demos``' last line: success per task, what was kept and written."""
-    rates = " ".join(f"{k}:{m}/{n}" for k, (n, m) in sorted(tally.per_task.items()))
+    """``m2flow-demos``' last line: success per task (by the suite's task id), what was
+    kept and written."""
+    ids = cfg.env.task_ids or list(range(_suite_size(cfg.env)))  # the suite's task ids
+    rates = " ".join(f"{ids[k]}:{m}/{n}" for k, (n, m) in sorted(tally.per_task.items()))
     steps = sum(len(d.actions) for d in demos)
     rate = tally.steps / tally.seconds if tally.seconds else 0.0
     return (f"m2flow-demos: {tally.tried} episodes tried, kept {tally.kept} ({steps} steps) in "
