@@ -6,9 +6,10 @@ The actor is a velocity network v(s, x, t): an MLP over the normalised state s, 
 action chunk x (H actions of A dims, flattened) and a sinusoidal embedding of the time t
 (openpi's, periods 4e-3 to 4). An action chunk is denoised in K Euler steps on the grid
 t_k = 1 - k/K: the chain c_0 ~ N(0, I) at t = 1, c_{k+1} = c_k - v(s, c_k, t_k)/K, and
-c_K (t = 0) is the action. Evaluation (``deterministic``) runs the ODE from c_0 = 0, the
-noise's mean, as a Gaussian policy is evaluated at its mean: openpi and RLinf draw c_0 at
-random at inference, which would make an episode's actions depend on its batch. The chain lives in normalised action units: each bounded dim's
+c_K (t = 0) is the action. Evaluation (``deterministic``) runs the ODE from a c_0 drawn from a
+generator seeded by the observation itself: openpi and RLinf draw c_0 from a shared generator
+at inference, which makes an episode's actions depend on its batch; c_0 = 0 would not, but a
+cloned flow carries 0 to averaged actions (``flow_chain.FlowChain._start``). The chain lives in normalised action units: each bounded dim's
 [low, high] is mapped to [-1, 1]; the env action is c_K mapped back and clipped to the
 bounds, and the stored chain (what log-probs are of) is never clipped. The critic is an MLP
 over the normalised state (or, with ``policy.critic=privileged``,
@@ -188,11 +189,11 @@ class FlowMLPPolicy(FlowChain, Policy):
     def act(self, batch: TensorDict, deterministic: bool = False) -> TensorDict:
         """``action`` (B, H, A) in the env's units (B, A for H = 1), clipped to its bounds;
         ``flow_chain`` (B, K+1, H, A), ``flow_step`` (B,) for Flow-SDE; ``log_prob``,
-        ``token_log_prob`` (B, H·A) and ``value``. ``deterministic``: the ODE's chain from
-        c_0 = 0 (no noise; log-probs 0), a function of the observation alone."""
+        ``token_log_prob`` (B, H·A) and ``value``. ``deterministic``: the ODE's chain from a
+        c_0 seeded by the observation (log-probs 0), a function of the observation alone."""
         obs = batch[keys.OBS]
         s = self._state(obs)
-        out = self._act_outputs(s, s.shape[0], s.device, deterministic)
+        out = self._act_outputs(s, s.shape[0], s.device, deterministic, obs)
         out[keys.VALUE] = self.value(obs)
         return TensorDict(out, batch_size=batch.batch_size)
 

@@ -9,10 +9,12 @@ a VLA's cached prefix); :class:`FlowChain` does the rest:
 - the chain: K Euler steps on the grid t_k = 1 - k/K, c_0 ~ N(0, I) at t = 1,
   c_{k+1} = c_k - v(ctx, c_k, t_k)/K; c_K (t = 0) is the action, in normalised units (each
   bounded dim's [low, high] -> [-1, 1]), mapped back and clipped for the env;
-- ``deterministic`` (evaluation): the ODE's chain from c_0 = 0, the noise's mean, so that an
-  episode's actions do not depend on its batch or on the global generator (:meth:`FlowChain.
-  _start`); sampled chains (training) draw c_0 and the stochastic steps from torch's global
-  generator, which the run seeds;
+- ``deterministic`` (evaluation): the ODE's chain from a c_0 ~ N(0, I) drawn from a generator
+  seeded by the row's own observation (:func:`observation_seeds`), so that an episode's actions
+  do not depend on its batch or on the global generator, yet c_0 is a draw of the noise the
+  policy was trained from (:meth:`FlowChain._start` says why not c_0 = 0); sampled chains
+  (training) draw c_0 and the stochastic steps from torch's global generator, which the run
+  seeds;
 - ``flow_noise``: every step c_{k+1} ~ N(c_k - v_k/K, σ_k²), σ_k from a learned noise head on
   the velocity's features (:class:`NoiseHead`), the log-prob the chain's joint density;
 - ``flow_sde``: one step per sample (``flow_step``) is the Euler–Maruyama step of the
@@ -26,6 +28,7 @@ The maths is documented in :mod:`m2flow.policies.flow` (the first policy to use 
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
@@ -45,6 +48,7 @@ TIME_ALPHA = 1.5  # openpi's flow-matching times: Beta(1.5, 1), biased to the no
 TIME_MIN = 0.001  # ... squeezed into [0.001, 1] (t = TIME_MIN + (1 - TIME_MIN) * beta)
 NOISE_ACTIVATION = "tanh"  # RLinf's ExploreNoiseNet
 LOG_2PI = math.log(2 * math.pi)
+UNSEEDED = (keys.PRIVILEGED,)  # observations an actor never reads: not part of its noise's seed
 
 
 @dataclass
@@ -103,6 +107,31 @@ def check_settings(cfg: FlowChainSettings) -> None:
     if cfg.logprob_reduce == "mean" and cfg.noise_method == FLOW_SDE:
         raise PolicyError("policy.logprob_reduce='mean' averages Flow-Noise's chain; "
                           "flow_sde scores one transition: use 'sum'.")
+
+
+def observation_seeds(obs) -> list[int]:
+    """One 63-bit seed per row of ``obs`` (a TensorDict (B,)): a hash of the bytes of the row's
+    observations, key by key in sorted order (those in ``UNSEEDED`` left out). The same
+    observation gives the same seed whatever batch it is in; different observations give
+    unrelated seeds.
+
+    >>> import torch
+    >>> from tensordict import TensorDict
+    >>> obs = TensorDict({"state": torch.tensor([[0.0, 1.0], [2.0, 3.0]])}, batch_size=[2])
+    >>> a, b = observation_seeds(obs)
+    >>> observation_seeds(obs[1:]) == [b], a != b
+    (True, True)
+    """
+    b = obs.batch_size[0]
+    digests = [hashlib.blake2b(digest_size=8) for _ in range(b)]
+    names = sorted((k for k in obs.keys(True, True)
+                    if (keys.OBS, *((k,) if isinstance(k, str) else k)) not in UNSEEDED),
+                   key=str)
+    for name in names:
+        rows = obs[name].detach().cpu().contiguous().numpy()  # (B, ...)
+        for i in range(b):
+            digests[i].update(rows[i].tobytes())
+    return [int.from_bytes(d.digest(), "little") & (2 ** 63 - 1) for d in digests]
 
 
 # -- the maths, as pure functions (tests/policies/test_flow.py checks them by hand) ----------
@@ -251,12 +280,13 @@ class FlowChain:
         sigma = sde_sigma(tt, self.cfg.noise_level, 1.0 - 1.0 / self.steps)
         return sde_step(x, v, tt, 1.0 / self.steps, sigma)
 
-    def _chain(self, ctx, b: int, device, deterministic: bool):
+    def _chain(self, ctx, b: int, device, deterministic: bool, seeds=None):
         """Samples a chain (B, K+1, H, A) for the B samples of ``ctx``; returns it, the
         elementwise log-probs of its scored transitions (B, n, H, A) (None if
-        ``deterministic``: the ODE's chain) and Flow-SDE's stochastic step (B,) (else None)."""
+        ``deterministic``: the ODE's chain) and Flow-SDE's stochastic step (B,) (else None).
+        ``seeds``: the deterministic chain's c_0 seed per row (:meth:`_start`)."""
         k_steps = self.steps
-        x = self._start(b, device, deterministic)
+        x = self._start(b, device, deterministic, seeds)
         chain, log_probs = [x], []
         sde = self.method == FLOW_SDE and not deterministic
         step = self._draw_sde_steps(b, device) if sde else None
@@ -280,17 +310,25 @@ class FlowChain:
             log_probs = [torch.stack(log_probs, 1).sum(1)]
         return torch.stack(chain, 1), (torch.stack(log_probs, 1) if log_probs else None), step
 
-    def _start(self, b: int, device, deterministic: bool) -> torch.Tensor:
-        """c_0 (B, H, A): a draw of N(0, I) for sampled chains; for the deterministic chain
-        the noise's mean, 0, so that its action is a function of the observation alone (the
-        analogue of a Gaussian policy's mean). openpi and RLinf draw c_0 at random at
-        inference too; that makes an episode's actions depend on how many others share its
-        batch and on what drew from the generator before it, which evaluation's promise
-        (episode e acts the same whatever the env count) cannot allow."""
+    def _start(self, b: int, device, deterministic: bool, seeds=None) -> torch.Tensor:
+        """c_0 (B, H, A), a draw of N(0, I): from torch's global generator for sampled chains;
+        for the deterministic chain, row i's from a generator seeded by ``seeds[i]`` (the
+        policy's :func:`observation_seeds`), so that its action is a function of the
+        observation alone. openpi and RLinf draw c_0 from a shared generator at inference,
+        which makes an episode's actions depend on how many others share its batch and on
+        what drew before, and evaluation's promise (episode e acts the same whatever the env
+        count) cannot allow that. c_0 = 0, the noise's mean, would keep the promise too, but
+        it is not a point the flow was trained to carry from: a cloned policy's ODE from 0
+        lands on averaged, indecisive actions (on PickCube-v1 its BC scored well under the
+        random start's). ``seeds`` None with ``deterministic``: c_0 = 0."""
         shape = (b, self.chunk, self.action_dim)
-        if deterministic:
+        if not deterministic:
+            return torch.randn(shape, device=device)
+        if seeds is None:
             return torch.zeros(shape, device=device)
-        return torch.randn(shape, device=device)
+        rows = [torch.randn(shape[1:], generator=torch.Generator().manual_seed(s))
+                for s in seeds]
+        return torch.stack(rows).to(device)
 
     def _draw_sde_steps(self, b: int, device) -> torch.Tensor:
         """Flow-SDE's stochastic step (B,) per sample, uniform over ``sde_steps`` (all K when
@@ -301,10 +339,12 @@ class FlowChain:
         allowed = torch.tensor(list(allowed), dtype=torch.long, device=device)
         return allowed[torch.randint(len(allowed), (b,), device=device)]
 
-    def _act_outputs(self, ctx, b: int, device, deterministic: bool) -> dict:
+    def _act_outputs(self, ctx, b: int, device, deterministic: bool, obs=None) -> dict:
         """``act``'s chain keys: ``action`` (env units), ``log_prob``, ``token_log_prob``,
-        ``flow_chain`` and, for Flow-SDE, ``flow_step``."""
-        chain, log_probs, step = self._chain(ctx, b, device, deterministic)
+        ``flow_chain`` and, for Flow-SDE, ``flow_step``. ``obs``: the rows' observations,
+        which seed the deterministic chain's c_0."""
+        seeds = observation_seeds(obs) if deterministic and obs is not None else None
+        chain, log_probs, step = self._chain(ctx, b, device, deterministic, seeds)
         if log_probs is None:
             per_dim = torch.zeros(b, self.chunk, self.action_dim, device=device)
         else:

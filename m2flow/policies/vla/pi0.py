@@ -395,7 +395,7 @@ class Pi0Policy(FlowChain, Policy):
         obs = batch[keys.OBS]
         ctx = self._run_prefix(self._prefix(obs))
         b = obs.batch_size[0]
-        out = self._act_outputs(ctx, b, self.action_center.device, deterministic)
+        out = self._act_outputs(ctx, b, self.action_center.device, deterministic, obs)
         out[keys.VALUE] = self._value(obs, ctx)
         return TensorDict(out, batch_size=batch.batch_size)
 
