@@ -3,9 +3,11 @@
 :func:`m2flow.envs.libero_init_states.check_task`: its length against the compiled model, each
 object's pose after the set against the saved qpos, and the objects' positions after the
 settle steps against those recorded under MuJoCo 3.3.0 (``RECORD``: the first
-:data:`STATES` init states of every task of LIBERO-Object and LIBERO-Spatial, written by
+:data:`STATES` init states of the tasks it holds, task 0 of LIBERO-Object and LIBERO-Spatial
+today, written by
 ``python -m m2flow.envs.libero_init_states --states 5 --record RECORD`` with mujoco==3.3.0
-first on the path). The fast test checks task 0 of each suite; the slow one every task."""
+first on the path). The fast test checks task 0 of each suite; the slow one every task: its
+set and size everywhere, its settling where the record holds the task."""
 
 import os
 
@@ -27,6 +29,8 @@ def _check_against_record(suite: str, task: int) -> None:
     c = check_task(suite, task, states=STATES)
     assert c.states == STATES and c.size_ok, c.worst
     assert c.set_error <= SET_TOLERANCE, c
+    if f"{suite}_task{task}" not in reference and task > 0:  # not recorded under 3.3.0 yet
+        return
     assert settle_gap(c.settled, reference[f"{suite}_task{task}"]) <= SETTLE_TOLERANCE, c
     assert c.settle_drift > 0  # the objects did settle: a moving simulation was compared
 
