@@ -8,8 +8,8 @@ action chunk x (H actions of A dims, flattened) and a sinusoidal embedding of th
 t_k = 1 - k/K: the chain c_0 ~ N(0, I) at t = 1, c_{k+1} = c_k - v(s, c_k, t_k)/K, and
 c_K (t = 0) is the action. Evaluation (``deterministic``) runs the ODE from a c_0 drawn from a
 generator seeded by the observation itself: openpi and RLinf draw c_0 from a shared generator
-at inference, which makes an episode's actions depend on its batch; c_0 = 0 would not, but a
-cloned flow carries 0 to averaged actions (``flow_chain.FlowChain._start``). The chain lives in normalised action units: each bounded dim's
+at inference, which makes an episode's actions depend on its batch; c_0 = 0 would not either,
+but it scores another policy than theirs (``flow_chain.FlowChain._start``). The chain lives in normalised action units: each bounded dim's
 [low, high] is mapped to [-1, 1]; the env action is c_K mapped back and clipped to the
 bounds, and the stored chain (what log-probs are of) is never clipped. The critic is an MLP
 over the normalised state (or, with ``policy.critic=privileged``,

@@ -318,9 +318,10 @@ class FlowChain:
         which makes an episode's actions depend on how many others share its batch and on
         what drew before, and evaluation's promise (episode e acts the same whatever the env
         count) cannot allow that. c_0 = 0, the noise's mean, would keep the promise too, but
-        it is not a point the flow was trained to carry from: a cloned policy's ODE from 0
-        lands on averaged, indecisive actions (on PickCube-v1 its BC scored well under the
-        random start's). ``seeds`` None with ``deterministic``: c_0 = 0."""
+        it evaluates another policy than the one openpi and RLinf score (the ODE's image of
+        one atypical point instead of a draw of the noise the flow carries to actions);
+        the seeded draw keeps their distribution over episodes. ``seeds`` None with
+        ``deterministic``: c_0 = 0."""
         shape = (b, self.chunk, self.action_dim)
         if not deterministic:
             return torch.randn(shape, device=device)
