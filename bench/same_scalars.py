@@ -8,7 +8,9 @@ run): the script stops it with Ctrl-C (SIGINT) once iteration N-1's line is logg
 the scalars of iterations 0 to N-1. Wall-clock tags (``time/``, ``perf/``, ``switch/``) are
 left out; every other value must be equal to the bit.
 
-    # PYTHONPATH picks the checkout whose m2flow runs (a worktree of the commit before)
+    # PYTHONPATH picks the checkout whose m2flow runs (a worktree of the commit before); the
+    # job runs with that checkout as its current directory, since Ray puts the driver's
+    # current directory before PYTHONPATH on every worker's path
     git worktree add /tmp/before <commit>
     PYTHONPATH=/tmp/before python bench/same_scalars.py record --iterations 30 --out /tmp/a.json
     PYTHONPATH=$PWD python bench/same_scalars.py record --iterations 30 --out /tmp/b.json
@@ -31,6 +33,18 @@ from pathlib import Path
 UNTIMED = ("time/", "perf/", "switch/")
 
 
+def checkout() -> Path:
+    """The checkout whose ``m2flow`` the job imports: the first PYTHONPATH entry holding an
+    ``m2flow`` package, else this script's repository. The job runs there: Ray inserts the
+    driver's current directory into each worker's ``sys.path`` ahead of PYTHONPATH, so a job
+    started elsewhere would run the env, rollout and learner workers from that directory's
+    m2flow, whatever PYTHONPATH says."""
+    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        if entry and (Path(entry) / "m2flow" / "__init__.py").is_file():
+            return Path(entry).resolve()
+    return Path(__file__).resolve().parent.parent
+
+
 def record(iterations: int, overrides: list[str], out: Path) -> int:
     """Runs ``m2flow-train`` with ``overrides``, stops it after iteration ``iterations``-1
     and writes {tag: {step: value}} of iterations 0..N-1 to ``out``."""
@@ -45,8 +59,10 @@ def record(iterations: int, overrides: list[str], out: Path) -> int:
            f"runner.log_dir={log_dir}", "runner.progress_bar=false",
            "runner.checkpoint_interval=0"]
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
+    where = checkout()
+    print(f"same_scalars: running m2flow from {where}", flush=True)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env)
+                            env=env, cwd=where)
     last_step, done = None, re.compile(rf"^.*\bit\s+{iterations - 1}\s+\|\s+steps\s+(\d+)")
     for line in proc.stdout:
         sys.stdout.write(line)
