@@ -31,7 +31,7 @@ def privileged_dim(obs_shapes: dict, setting: str) -> int:
     key = keys.leaf(keys.PRIVILEGED)
     if key not in obs_shapes or len(obs_shapes[key]) != 1:
         raise PolicyError(f"{setting} needs a flat ('obs', 'privileged') vector; this "
-                          f"env gives {obs_shapes}. Set env.privileged_state=true (ManiSkill, mjlab).")
+                          f"env gives {obs_shapes}. Set env.privileged_state=true.")
     return obs_shapes[key][0]
 
 
@@ -40,7 +40,7 @@ def check_env(env_cfg, setting: str, instead: str) -> None:
     (e.g. ``policy.critic=privileged``); ``instead``: the other way out."""
     if not getattr(env_cfg, "privileged_state", False):
         raise PolicyError(f"{setting} reads ('obs','privileged'), which the env returns only "
-                          f"with env.privileged_state=true (ManiSkill, mjlab); set it, or {instead}.")
+                          f"with env.privileged_state=true; set it, or {instead}.")
 
 
 class PrivilegedCritic(nn.Module):

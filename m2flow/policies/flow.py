@@ -83,7 +83,7 @@ from m2flow.policies.normalizer import RunningNorm, state_norm
 
 
 @dataclass
-class FlowMLPConfig(MLPHeadsConfig, FlowChainSettings, task_embedding.TaskEmbeddingSettings):
+class FlowMLPConfig(MLPHeadsConfig, FlowChainSettings):
     """``policy.name=flow_mlp``: a flow-matching actor over state and an MLP critic."""
 
     activation: str = "gelu"
@@ -97,6 +97,10 @@ class FlowMLPConfig(MLPHeadsConfig, FlowChainSettings, task_embedding.TaskEmbedd
     """[start, end) ranges of the state's dims the velocity network reads as their running
     mean (0 after normalisation); the critic reads them all ([[9, 18]]: ManiSkill Panda's
     joint velocities). None: it reads the whole state."""
+    task_embedding: int = task_embedding.WIDTH
+    """Width of a learned embedding of ``("obs", "task")`` after the state, for the velocity
+    network and the critic, when the env runs 2 or more tasks
+    (``m2flow.policies.task_embedding``); 0: none. One-task envs get none."""
 
 
 class FlowMLPPolicy(FlowChain, Policy):

@@ -48,7 +48,9 @@ TIME_ALPHA = 1.5  # openpi's flow-matching times: Beta(1.5, 1), biased to the no
 TIME_MIN = 0.001  # ... squeezed into [0.001, 1] (t = TIME_MIN + (1 - TIME_MIN) * beta)
 NOISE_ACTIVATION = "tanh"  # RLinf's ExploreNoiseNet
 LOG_2PI = math.log(2 * math.pi)
-UNSEEDED = (keys.PRIVILEGED,)  # observations an actor never reads: not part of its noise's seed
+# not part of the noise's seed: what an actor never reads (the simulator's state), and the task
+# index, so that a policy that ignores the task (policy.task_embedding=0) acts alike on each
+UNSEEDED = (keys.PRIVILEGED, keys.TASK)
 
 
 @dataclass

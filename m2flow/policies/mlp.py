@@ -38,7 +38,7 @@ MIN_STD = 1e-6  # rsl-rl's lower clamp of a scalar standard deviation
 
 
 @dataclass
-class GaussianConfig(MLPHeadsConfig, task_embedding.TaskEmbeddingSettings):
+class GaussianConfig(MLPHeadsConfig):
     """The settings of the Gaussian actor-critics (mlp, cnn)."""
 
     init_log_std: float = -0.5
@@ -52,6 +52,10 @@ class GaussianConfig(MLPHeadsConfig, task_embedding.TaskEmbeddingSettings):
     mean (0 after normalisation); the critic reads them all. [[9, 18]] hides ManiSkill
     Panda's joint velocities, which a cloned policy would copy
     (``m2flow.policies.hidden_state``). None: the actor reads the whole state."""
+    task_embedding: int = task_embedding.WIDTH
+    """Width of a learned embedding of ``("obs", "task")`` after the actor's and critic's
+    features when the env runs 2 or more tasks (``m2flow.policies.task_embedding``); 0: none
+    (the policy cannot tell the tasks apart). One-task envs get none."""
 
 
 @dataclass

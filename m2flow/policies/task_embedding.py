@@ -16,7 +16,6 @@ torch.Size([3, 4])
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -26,17 +25,8 @@ from m2flow import keys
 from m2flow.policies.base import PolicyError
 
 FIELD = "policy.task_embedding"
+WIDTH = 16  # the setting's default (mlp, cnn, flow_mlp)
 INIT_STD = 1.0  # the table starts at N(0, 1), the scale of the normalised state beside it
-
-
-@dataclass
-class TaskEmbeddingSettings:
-    """The setting of the policies that condition on the task index."""
-
-    task_embedding: int = 16
-    """Width of the learned embedding of ``("obs", "task")`` appended to the actor's and
-    the critic's inputs when the env runs 2 or more tasks (``env`` spec's ``tasks``); 0: no
-    embedding (the policy cannot tell the tasks apart). One-task envs get none."""
 
 
 class TaskEmbedding(nn.Module):
