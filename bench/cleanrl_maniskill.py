@@ -1,21 +1,25 @@
-"""Runs cleanRL's ``sac_continuous_action.py``, unmodified, on a ManiSkill3 task through its
-CPU backend, and records every training episode's outcome (``bench/sac_peer.py`` starts it).
+"""Runs a cleanRL script (``sac_continuous_action.py``, ``ppo_continuous_action.py``),
+unmodified, on a ManiSkill3 task through its CPU backend, and records every training episode's
+outcome (``bench/sac_peer.py`` and ``bench/ppo_peer.py`` start it).
 
-    python bench/cleanrl_maniskill.py CLEANRL_DIR EPISODES_JSONL -- <cleanRL's arguments>
+    python bench/cleanrl_maniskill.py CLEANRL_DIR SCRIPT EPISODES_JSONL -- <cleanRL's arguments>
 
-cleanRL makes its envs with ``gym.make(args.env_id)``. This file registers
+SCRIPT is the script's path in CLEANRL_DIR (``cleanrl/ppo_continuous_action.py``). cleanRL
+makes each of its envs with ``gym.make(args.env_id)``. This file registers
 ``m2flow-peer/<task>`` (e.g. ``m2flow-peer/PushCube-v1``): the ManiSkill task with one env on
 the CPU backend (``sim_backend="physx_cpu"``), state observations, the control and reward modes
 given in ``M2FLOW_PEER_ENV`` (JSON, m2flow's env config fields ``control_mode``,
-``reward_mode``), run to its time limit (``ignore_terminations``, as m2flow's
-``maniskill_pushcube`` env does), behind ManiSkill's own ``CPUGymWrapper`` (numpy, unbatched).
-A wrapper outside it (inside cleanRL's ``RecordEpisodeStatistics``) appends one JSON line per finished episode to EPISODES_JSONL: env steps so
-far, seconds since ``M2FLOW_PEER_T0`` (the launch, as the bench timed it), success at any step,
-success at the end and the return. Then cleanRL's script runs as ``__main__`` with
-CLEANRL_DIR on ``sys.path`` (its ``cleanrl_utils``).
+``reward_mode`` and ``max_episode_steps``, null or absent: the task's own), run to its time
+limit (``ignore_terminations``, as m2flow's ``maniskill_pushcube`` env does), behind
+ManiSkill's own ``CPUGymWrapper`` (numpy, unbatched).
+A wrapper outside it (inside cleanRL's own wrappers, so it sees the raw reward) appends one
+JSON line per finished episode to EPISODES_JSONL: env steps so far of all the process's envs
+(a vector env of N makes N of them), seconds since ``M2FLOW_PEER_T0`` (the launch, as the
+bench timed it), success at any step, success at the end and the return. Then cleanRL's script
+runs as ``__main__`` with CLEANRL_DIR on ``sys.path`` (its ``cleanrl_utils``).
 
 cleanRL pins gymnasium 0.29.1 (its vector env hands back ``final_observation``), so this runs
-in the bench's peer environment (``sac_peer.py --peer-venv``), not in m2flow's.
+in the bench's peer environment (``peer_common.peer_python``), not in m2flow's.
 """
 
 from __future__ import annotations
@@ -32,11 +36,16 @@ import gymnasium as gym
 
 class EpisodeLog(gym.Wrapper):
     """Appends one line per finished episode to ``path`` (its own sums: cleanRL's
-    ``RecordEpisodeStatistics`` refuses an ``info["episode"]`` that is already there)."""
+    ``RecordEpisodeStatistics`` refuses an ``info["episode"]`` that is already there).
+    ``steps`` counts the steps of every EpisodeLog in the process: a SyncVectorEnv steps its
+    envs one after another, so an episode's line says how many env steps the run had taken
+    (to within the vector's size), as m2flow's ``env/episodes`` step does."""
+
+    steps = 0  # env steps of all envs in this process
 
     def __init__(self, env, path: Path, t0: float):
         super().__init__(env)
-        self.out, self.t0, self.steps = open(path, "a"), t0, 0
+        self.out, self.t0 = open(path, "a"), t0
         self.success_once, self.ret = False, 0.0
 
     def reset(self, **kwargs):
@@ -45,12 +54,12 @@ class EpisodeLog(gym.Wrapper):
 
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
-        self.steps += 1
+        EpisodeLog.steps += 1
         self.ret += float(reward)
         self.success_once |= bool(info["success"])
         if terminated or truncated:
             self.out.write(json.dumps({
-                "steps": self.steps, "seconds": time.time() - self.t0,
+                "steps": EpisodeLog.steps, "seconds": time.time() - self.t0,
                 "success_once": self.success_once, "success_at_end": bool(info["success"]),
                 "return": self.ret}) + "\n")
             self.out.flush()
@@ -62,8 +71,10 @@ def register(task: str, episodes: Path, t0: float, env_cfg: dict) -> str:
     from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
 
     def make(**_):
+        limit = {"max_episode_steps": n} if (n := env_cfg.get("max_episode_steps")) else {}
         env = gym.make(task, num_envs=1, obs_mode="state", sim_backend="physx_cpu",
-                       control_mode=env_cfg["control_mode"], reward_mode=env_cfg["reward_mode"])
+                       control_mode=env_cfg["control_mode"], reward_mode=env_cfg["reward_mode"],
+                       **limit)
         return EpisodeLog(CPUGymWrapper(env, ignore_terminations=True), episodes, t0)
 
     name = f"m2flow-peer/{task}"
@@ -72,12 +83,16 @@ def register(task: str, episodes: Path, t0: float, env_cfg: dict) -> str:
 
 
 def main() -> None:
-    cleanrl, episodes = Path(sys.argv[1]), Path(sys.argv[2])
+    cleanrl, script, episodes = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
     rest = sys.argv[sys.argv.index("--") + 1:]
     env_cfg = json.loads(os.environ["M2FLOW_PEER_ENV"])
     t0 = float(os.environ.get("M2FLOW_PEER_T0", time.time()))
     register(env_cfg["task"], episodes, t0, env_cfg)
-    script = cleanrl / "cleanrl" / "sac_continuous_action.py"
+    script = cleanrl / script
+    if not script.is_file():
+        raise SystemExit(f"{script}: no such cleanRL script; CLEANRL_DIR must be a cleanRL "
+                         "checkout (fe8d8a0) and SCRIPT a path in it, e.g. "
+                         "cleanrl/ppo_continuous_action.py")
     sys.path.insert(0, str(cleanrl))
     sys.argv = [str(script), *rest]
     runpy.run_path(str(script), run_name="__main__")
