@@ -42,18 +42,18 @@ from m2flow.runs.weights import send_state, sync_groups
 
 WORKLOAD = "embodied"
 COMPONENTS = ("env", "rollout", "learner")
-LOG_FIELDS = [  # the per-iteration log line, after "it N | steps S"
+LOG_FIELDS = [  # the per-iteration log line, after "it N | steps S"; detail: train.log's only
     log_field("sps {:.0f}", "perf/env_steps_per_s"),
     log_field("return {:.2f}", "env/return"),
     log_field("success {:.2f}/{:.2f}", "env/success_once", "env/success_at_end", together=True),
-    log_field("eval_success {:.2f}/{:.2f}", "eval/success_once", "eval/success_at_end",
-              together=True),
-    log_field("eval_return {:.2f}", "eval/return"),
-    log_field("kl {:.4f}", "loss/approx_kl"),
-    log_field("vloss {:.4f}", "loss/loss_value"),
-    log_field("bc_loss {:.3f}", "loss/loss_bc"),
-    log_field("alpha {:.3f}", "loss/alpha"),
-    log_field("learn_beside_collect {:.2f}s", OVERLAP_KEY),
+    log_field("eval {:.2f}/{:.2f}", "eval/success_once", "eval/success_at_end", together=True),
+    log_field("eval_return {:.2f}", "eval/return", detail=True),
+    log_field("kl {:.4f}", "loss/approx_kl"),  # PPO's, GRPO's
+    log_field("vloss {:.4f}", "loss/loss_value"),  # PPO's
+    log_field("bc_loss {:.3f}", "loss/loss_bc"),  # BC's (PPO's demo term)
+    log_field("qloss {:.4f}", "loss/loss_q"),  # SAC's
+    log_field("alpha {:.3f}", "loss/alpha"),  # SAC's
+    log_field("learn_beside_collect {:.2f}s", OVERLAP_KEY, detail=True),
 ]
 BAR_FIELDS = [
     log_field("sps={:.0f}", "perf/env_steps_per_s"),

@@ -29,7 +29,8 @@ class LogField:
     """One value of the log line or the progress bar: the first of ``keys`` present, formatted
     with ``fmt`` (``"return {:.2f}"``); with ``together``, all of ``keys`` in one ``fmt``, shown
     only when all are present. ``sticky``: the bar keeps showing the last value seen (an
-    evaluation's result between evaluations).
+    evaluation's result between evaluations). ``detail``: in ``train.log``'s line only, not in
+    the one a person watches.
 
     >>> both = log_field("success {:.2f}/{:.2f}", "a/once", "a/end", together=True)
     >>> both.render({"a/once": 0.9, "a/end": 0.47}), both.render({"a/once": 0.9})
@@ -40,6 +41,7 @@ class LogField:
     keys: tuple[str, ...]
     sticky: bool = False
     together: bool = False
+    detail: bool = False
 
     def render(self, metrics: dict) -> str | None:
         if self.together:
@@ -52,8 +54,9 @@ class LogField:
         return None
 
 
-def log_field(fmt: str, *keys: str, sticky: bool = False, together: bool = False) -> LogField:
-    return LogField(fmt, keys, sticky, together)
+def log_field(fmt: str, *keys: str, sticky: bool = False, together: bool = False,
+              detail: bool = False) -> LogField:
+    return LogField(fmt, keys, sticky, together, detail)
 
 
 class RunLogger:
@@ -103,7 +106,9 @@ class RunLogger:
             if isinstance(v, (int, float)) and math.isfinite(v):
                 self.writer.add_scalar(k, v, step)
         self.writer.flush()
-        self.info(summary_line(iteration, step, metrics, self.fields))
+        log.info(summary_line(iteration, step, metrics, self.fields, full=True))
+        self.bar.write(summary_line(iteration, step, metrics, self.fields))
+        sys.stdout.flush()
         shown = []
         for i, f in enumerate(self.bar_fields):
             text = f.render(metrics)
@@ -207,13 +212,52 @@ def announce(line: str) -> None:
     sys.stdout.flush()
 
 
+WALL_KEYS = ("perf/iteration_s", "perf/step_s")  # an iteration's (a reasoning step's) wall time
+MAX_LINE = 160  # columns of the line a person watches
+
+
 def summary_line(iteration: int, step: int, m: dict[str, float],
-                 fields: Sequence[LogField] = ()) -> str:
-    """``it N | steps S | <each field present> | <time/ keys>``."""
+                 fields: Sequence[LogField] = (), full: bool = False) -> str:
+    """``it N | steps S | <each field present> | <slowest phase> <its share>``: the line a
+    person watches, within 160 columns (``MAX_LINE``). With ``full`` (``train.log``'s line):
+    the ``detail`` fields too, and every ``time/`` key's seconds in place of the slowest.
+
+    >>> m = {"a/ret": 1.25, "b/x": 2.0, "time/env_sim": 0.6, "time/env_wait": 0.3,
+    ...      "time/learner_learn": 0.2, "perf/iteration_s": 0.8}
+    >>> fields = [log_field("ret {:.1f}", "a/ret"), log_field("x {:.0f}", "b/x", detail=True)]
+    >>> summary_line(3, 30, m, fields)
+    'it    3 | steps       30 | ret 1.2 | env_sim 75%'
+    >>> summary_line(3, 30, m, fields, full=True)
+    'it    3 | steps       30 | ret 1.2 | x 2 | env_sim 0.60s env_wait 0.30s learner_learn 0.20s'
+    """
     parts = [f"it {iteration:4d}", f"steps {step:8d}"]
-    parts += [text for f in fields if (text := f.render(m)) is not None]
-    times = [f"{k[5:]} {v:.2f}s" for k, v in m.items() if k.startswith("time/")]
-    return " | ".join(parts + ([" ".join(times)] if times else []))
+    parts += [text for f in fields if (full or not f.detail) and (text := f.render(m)) is not None]
+    if full:
+        times = [f"{k[5:]} {v:.2f}s" for k, v in m.items() if k.startswith("time/")]
+        return " | ".join(parts + ([" ".join(times)] if times else []))
+    slowest = slowest_phase(m)
+    return " | ".join(parts + ([slowest] if slowest else []))
+
+
+def slowest_phase(m: dict[str, float]) -> str | None:
+    """The component phase that took longest this iteration, and its share of the iteration's
+    wall time (its seconds without one): waits (``*_wait``, the driver's) are idle time, not
+    work, and are left out.
+
+    >>> slowest_phase({"time/env_sim": 0.5, "time/rollout_wait": 0.9, "perf/iteration_s": 1.0})
+    'env_sim 50%'
+    >>> slowest_phase({"time/learner_learn": 0.25}), slowest_phase({})
+    ('learner_learn 0.25s', None)
+    """
+    work = {k[5:]: v for k, v in m.items() if k.startswith("time/") and not k.endswith("_wait")
+            and not k.startswith("time/driver_") and isinstance(v, (int, float))}
+    if not work:
+        return None
+    name = max(work, key=work.get)
+    wall = next((m[k] for k in WALL_KEYS if isinstance(m.get(k), (int, float))), None)
+    if wall and wall > 0:
+        return f"{name} {100 * work[name] / wall:.0f}%"
+    return f"{name} {work[name]:.2f}s"
 
 
 def terminal() -> bool:

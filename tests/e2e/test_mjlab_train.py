@@ -16,7 +16,7 @@ def test_cartpole_trains_under_ray(tmp_path, capsys):
     assert rc == 0
     assert "done: 2 iterations, 128 env steps" in capsys.readouterr().out
     log = next(tmp_path.glob("mjlab_cartpole_ppo_mlp/*/train.log")).read_text()
-    assert "eval_success" in log and "env_sim" in log and "learner_learn" in log
+    assert "| eval " in log and "eval_return" in log and "env_sim" in log and "learner_learn" in log
 
 
 def test_liftcube_state_and_rgb_run_an_iteration_in_process(tmp_path, capsys):

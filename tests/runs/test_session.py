@@ -106,6 +106,34 @@ def test_log_line_fields_come_from_the_workload_and_no_bar_frames_off_a_terminal
     assert "\r" not in out.out + out.err  # pytest's capture is not a terminal: no bar frames
 
 
+def test_the_watched_line_fits_160_columns_and_train_log_keeps_every_phase(tmp_path, capsys):
+    """The embodied line at its widest (every field present, large values, every phase a
+    ManiSkill run under Ray reports): within 160 columns on stdout; train.log's line has the
+    detail fields and every phase's seconds."""
+    from m2flow.embodied.runner import LOG_FIELDS
+    from m2flow.runs.logger import MAX_LINE
+
+    phases = ("env_sim", "env_wait", "env_send", "rollout_weight_sync", "rollout_infer",
+              "rollout_wait", "rollout_send", "learner_learn", "learner_wait",
+              "driver_learn_wait", "driver_weight_sync", "eval")
+    m = {"perf/env_steps_per_s": 123456.0, "env/return": -12345.678, "env/success_once": 1.0,
+         "env/success_at_end": 1.0, "eval/success_once": 1.0, "eval/success_at_end": 1.0,
+         "eval/return": -12345.678, "loss/approx_kl": 12.3456, "loss/loss_value": 12345.6789,
+         "perf/learn_overlapped_s": 12.5, "perf/iteration_s": 40.0,
+         **{f"time/{p}": 10.0 + i for i, p in enumerate(phases)}}
+    logger = RunLogger(tmp_path, 1, bar=False, fields=LOG_FIELDS)
+    logger.log(12345, 123456789, m)
+    logger.close()
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("it "))
+    assert len(line) <= MAX_LINE, (len(line), line)
+    # the slowest working phase (waits are idle time), as a share of the iteration's 40 s
+    assert line.endswith("| eval 52%") and "kl 12.3456 | vloss 12345.6789" in line
+    assert "eval_return" not in line and "env_wait" not in line
+    logged = (tmp_path / "train.log").read_text()
+    assert "eval_return -12345.68" in logged and "learn_beside_collect 12.50s" in logged
+    assert all(f"{p} " in logged for p in phases)
+
+
 def test_ctrl_c_first_asks_to_stop_then_interrupts_then_is_ignored_while_ending(tmp_path):
     restore = stop_on_ctrl_c()
     try:
