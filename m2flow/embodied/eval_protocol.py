@@ -21,6 +21,11 @@ still running when its round ends fails by both.
 A first Ctrl-C or SIGTERM (``runs.session.stop_on_ctrl_c``) abandons the round in flight; the
 report then holds the rounds completed before it, says so (``interrupted``) and is written as
 a partial report, so an evaluation of hours stopped near its end keeps what it measured.
+
+``evaluate`` is the loop itself, and training's evaluation (``EmbodiedRunner.run_eval``) runs
+it too: the same layout, seeds and per-task tally (``Evaluation``), its ``eval/*`` metrics
+from ``Evaluation.metrics``, and, with ``reach``, an end after the first round from which the
+success rate can no longer reach it.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from m2flow.pipelines.futures import Stopped
 from m2flow.runs import seeding
@@ -55,8 +60,13 @@ class Slot:
 
 @dataclass
 class TaskResult:
+    """One task's tally: its counted episodes' successes, returns and lengths, and the
+    episodes lost to simulator restarts (``discarded``, counted nowhere else)."""
+
     task: int
     name: str
+    asked: int = 0
+    """Episodes the layout gives this task (counted, discarded or not run yet)."""
     episodes: int = 0
     successes_once: int = 0
     successes_at_end: int = 0
@@ -66,6 +76,24 @@ class TaskResult:
 
     def rate(self, successes: int) -> float:
         return successes / self.episodes if self.episodes else float("nan")
+
+    def successes(self, metric: str) -> int:
+        """Successes by ``metric``: 'success_once' or 'success_at_end'."""
+        return {"success_once": self.successes_once, "success_at_end": self.successes_at_end}[metric]
+
+    def left(self) -> int:
+        """Episodes of this task not run yet."""
+        return self.asked - self.episodes - self.discarded
+
+    def add(self, ep: EvalEpisode) -> None:
+        if ep.discarded:
+            self.discarded += 1  # lost to a simulator restart: not counted
+            return
+        self.episodes += 1
+        self.successes_once += ep.success_once
+        self.successes_at_end += ep.success_at_end
+        self.returns.append(ep.ret)
+        self.lengths.append(ep.length)
 
     def row(self) -> dict:
         n = max(1, self.episodes)
@@ -115,8 +143,183 @@ def episode_rounds(num_tasks: int, per_task: int, ranks: int, envs_per_rank: int
     return rounds
 
 
+def episodes_per_task(episodes: int, num_tasks: int) -> int:
+    """Training's evaluation of ``episodes`` over ``num_tasks`` tasks (0: a one-task env): the
+    same number for every task, rounded down when it does not divide (so an evaluation never
+    runs more than asked), but at least one per task (then it runs ``num_tasks``).
+
+    >>> episodes_per_task(64, 10), episodes_per_task(4, 10), episodes_per_task(16, 0)
+    (6, 1, 16)
+    """
+    return max(1, episodes // num_tasks) if num_tasks else episodes
+
+
+def reachable(tasks: list[tuple[int, int, int]], target: float) -> bool:
+    """Whether a mean success rate over tasks of ``target`` is still possible: task j has had
+    ``s`` successes in ``n`` counted episodes and has ``l`` left, each assumed to succeed
+    (one discarded instead only lowers its rate). A task with neither counts in no mean.
+
+    >>> reachable([(1, 4, 0), (0, 2, 2)], 0.5)  # at best (1/4 + 2/4) / 2 = 0.375
+    False
+    >>> reachable([(1, 4, 0), (1, 2, 2)], 0.5)  # (1/4 + 3/4) / 2
+    True
+    """
+    best = [(s + left) / (n + left) for s, n, left in tasks if n + left]
+    # a mean of rates can round just below a target it equals: a little tolerance
+    return not best or sum(best) / len(best) >= target - 1e-9
+
+
+def can_reach(successes: list, left: int, target: float) -> bool:
+    """Whether a success rate of ``target`` is still possible after ``successes`` (one bool per
+    episode run) if all ``left`` remaining episodes succeed (discarded ones only lower it):
+    ``reachable`` for one task."""
+    return reachable([(sum(map(bool, successes)), len(successes), left)], target)
+
+
+@dataclass
+class Evaluation:
+    """What ``evaluate`` counted: one ``TaskResult`` per task, each episode run (``per_episode``,
+    discarded ones too), the episodes whose frames make videos, and how it ended: all rounds,
+    ``curtailed`` (``reach`` out of reach) or ``interrupted`` (a stop request)."""
+
+    tasks: list[TaskResult]
+    multi_task: bool
+    per_episode: list[dict] = field(default_factory=list)
+    videos: list[tuple[Slot, EvalEpisode]] = field(default_factory=list)
+    curtailed: bool = False
+    interrupted: bool = False
+
+    @property
+    def episodes(self) -> int:
+        """Counted episodes (not discarded), over all tasks."""
+        return sum(t.episodes for t in self.tasks)
+
+    @property
+    def discarded(self) -> int:
+        return sum(t.discarded for t in self.tasks)
+
+    @property
+    def asked(self) -> int:
+        return sum(t.asked for t in self.tasks)
+
+    def left(self) -> int:
+        """Episodes not run yet, over all tasks."""
+        return sum(t.left() for t in self.tasks)
+
+    def add(self, slot: Slot, ep: EvalEpisode) -> None:
+        """One counted slot's episode, into its task's tally."""
+        self.per_episode.append({"task": slot.task, "episode": slot.episode, "seed": slot.seed,
+                                 "discarded": bool(ep.discarded),
+                                 "success_once": bool(ep.success_once),
+                                 "success_at_end": bool(ep.success_at_end),
+                                 "return": float(ep.ret), "length": int(ep.length)})
+        self.tasks[slot.task].add(ep)
+        if slot.video and ep.frames and not ep.discarded:
+            self.videos.append((slot, ep))
+
+    def mean(self, metric: str) -> float:
+        """``metric``'s rate ('success_once' or 'success_at_end') averaged over the tasks with
+        counted episodes (RLinf's and LIBERO's suite mean); 0.0 if none has any."""
+        rates = [t.successes(metric) / t.episodes for t in self.tasks if t.episodes]
+        return sum(rates) / max(1, len(rates))
+
+    def can_reach(self, target: float, metric: str) -> bool:
+        """Whether ``mean(metric)`` can still reach ``target`` once every task's episodes left
+        are run (``reachable``)."""
+        return reachable([(t.successes(metric), t.episodes, t.left()) for t in self.tasks],
+                         target)
+
+    def metrics(self, *, curtail: bool = False) -> dict[str, float]:
+        """Training's ``eval/*`` metrics: episodes and discarded ones, return and length (means
+        over counted episodes), success_once and success_at_end (means over tasks; for a
+        one-task env, over its episodes); a multi-task env's ``eval/task<j>/success_once``
+        and ``success_at_end`` for each task j with counted episodes; with ``curtail``,
+        ``eval/curtailed`` 1 or 0. No counted episode: only their counts (and curtailed)."""
+        n = self.episodes
+        out = {"eval/discarded_episodes": float(self.discarded), "eval/episodes": float(n)}
+        if n:
+            out.update({
+                "eval/return": sum(r for t in self.tasks for r in t.returns) / n,
+                "eval/episode_len": sum(x for t in self.tasks for x in t.lengths) / n,
+                "eval/success_once": self.mean("success_once"),
+                "eval/success_at_end": self.mean("success_at_end"),
+            })
+        if self.multi_task:
+            for t in self.tasks:
+                if t.episodes:
+                    out[f"eval/task{t.task}/success_once"] = t.rate(t.successes_once)
+                    out[f"eval/task{t.task}/success_at_end"] = t.rate(t.successes_at_end)
+        if curtail:
+            out["eval/curtailed"] = float(self.curtailed)
+        return out
+
+
+def evaluate(eval_round: Callable, names: list[str], per_task: int, *, ranks: int,
+             envs_per_rank: int, seed: int, multi_task: bool, max_steps: Optional[int] = None,
+             videos_per_task: int = 0, deterministic: bool = True,
+             reach: Optional[float] = None, metric: str = "success_once",
+             progress=None, keep_on_stop: bool = False) -> Evaluation:
+    """The evaluation loop of ``m2flow-eval`` and of training: ``per_task`` episodes of each
+    task in ``names`` laid out by ``episode_rounds``, one round at a time.
+
+    Args:
+        eval_round: ``EmbodiedRunner.eval_round``: one ``EvalRound`` per env worker (and
+            ``deterministic=``) -> each rank's ``EvalEpisode`` list.
+        names: the tasks (``spec.tasks``), or the env's name for a one-task env.
+        per_task: episodes of each task.
+        ranks, envs_per_rank: env workers and envs per worker (``runner.layout``).
+        seed: the run's seed (a one-task env's episode seeds: ``seeding.eval_seeds``).
+        multi_task: ``spec.tasks`` non-empty: episode e of task j starts from seed e.
+        max_steps: env steps per episode (None: the env's time limit).
+        videos_per_task: keep the frames of each task's first episodes (``Evaluation.videos``).
+        deterministic: mean actions.
+        reach: end after the first round from which ``Evaluation.mean(metric)`` can no longer
+            reach it, even if every episode left succeeds (``curtailed``); None: never.
+        progress: a ``Progress`` (``RunSession.progress``) told after each round the episodes
+            done and the success so far (success_once/success_at_end over them), closed at the
+            end; None: nothing shown.
+        keep_on_stop: a stop request (``Stopped``) while a round runs ends the loop with the
+            rounds before it (``interrupted``); False: it propagates.
+
+    A round's fillers (``Slot.episode`` None) run but are counted nowhere.
+    """
+    rounds = episode_rounds(len(names), per_task, ranks, envs_per_rank, seed, videos_per_task,
+                            one_task_env=not multi_task)
+    ev = Evaluation([TaskResult(j, n, asked=per_task) for j, n in enumerate(names)], multi_task)
+    try:
+        for rnd in rounds:
+            per_rank = [
+                EvalRound(seeds=[s.seed for s in row],
+                          tasks=[s.task for s in row] if multi_task else None,
+                          max_steps=max_steps, video=[s.video for s in row])
+                for row in rnd
+            ]
+            try:
+                episodes = eval_round(per_rank, deterministic=deterministic)
+            except Stopped:  # the round in flight is abandoned; the rounds before it are kept
+                if not keep_on_stop:
+                    raise
+                ev.interrupted = True
+                break
+            for row, eps in zip(rnd, episodes):
+                for slot, ep in zip(row, eps):
+                    if slot.episode is not None:
+                        ev.add(slot, ep)
+            if progress is not None:
+                progress.update(sum(s.episode is not None for row in rnd for s in row),
+                                _status(ev.tasks, rnd, names if multi_task else None))
+            if reach is not None and ev.left() and not ev.can_reach(reach, metric):
+                ev.curtailed = True
+                break
+    finally:
+        if progress is not None:
+            progress.close()
+    return ev
+
+
 def run_protocol(runner, cfg, progress: bool = True) -> dict:
-    """Runs the protocol with ``runner``'s workers; returns the report (see ``write_report``).
+    """Runs the protocol with ``runner``'s workers (``evaluate``); returns the report (see
+    ``write_report``).
 
     After each round, the episodes done of the total, the success so far and (multi-task
     envs) the task reached show in a bar on a terminal (``progress``, and
@@ -137,52 +340,13 @@ def run_protocol(runner, cfg, progress: bool = True) -> dict:
     max_steps = ev.max_steps or spec.max_episode_steps
     if not max_steps:
         raise ValueError(f"env {cfg.env.name!r} has no time limit; set eval.max_steps.")
-    rounds = episode_rounds(len(names), per_task, runner.layout.env_workers,
-                            runner.layout.num_envs, cfg.seed, ev.videos_per_task,
-                            one_task_env=not multi)
-    results = [TaskResult(j, n) for j, n in enumerate(names)]
-    videos: list[tuple[Slot, EvalEpisode]] = []
-    per_episode: list[dict] = []
-    total = len(names) * per_task
-    bar = runner.session.progress(f"eval {cfg.env.name}", total, bar=progress)
+    bar = runner.session.progress(f"eval {cfg.env.name}", len(names) * per_task, bar=progress)
     t0 = time.perf_counter()
-    interrupted = False
-    for rnd in rounds:
-        per_rank = [
-            EvalRound(seeds=[s.seed for s in row], tasks=[s.task for s in row] if multi else None,
-                      max_steps=max_steps, video=[s.video for s in row])
-            for row in rnd
-        ]
-        try:
-            episodes = runner.eval_round(per_rank, deterministic=ev.deterministic)
-        except Stopped:  # the round in flight is abandoned; the rounds before it are kept
-            interrupted = True
-            break
-        for row, eps in zip(rnd, episodes):
-            for slot, ep in zip(row, eps):
-                if slot.episode is None:
-                    continue
-                res = results[slot.task]
-                per_episode.append({"task": slot.task, "episode": slot.episode,
-                                    "seed": slot.seed, "discarded": bool(ep.discarded),
-                                    "success_once": bool(ep.success_once),
-                                    "success_at_end": bool(ep.success_at_end),
-                                    "return": float(ep.ret), "length": int(ep.length)})
-                if ep.discarded:
-                    res.discarded += 1  # lost to a simulator restart: not counted
-                    continue
-                res.episodes += 1
-                res.successes_once += ep.success_once
-                res.successes_at_end += ep.success_at_end
-                res.returns.append(ep.ret)
-                res.lengths.append(ep.length)
-                if slot.video and ep.frames:
-                    videos.append((slot, ep))
-        bar.update(sum(s.episode is not None for row in rnd for s in row),
-                   _status(results, rnd, names if multi else None))
-    bar.close()
-    rows = [r.row() for r in results]
-    counted = [r for r in rows if r["episodes"]]  # the mean is over tasks with episodes
+    result = evaluate(runner.eval_round, names, per_task, ranks=runner.layout.env_workers,
+                      envs_per_rank=runner.layout.num_envs, seed=cfg.seed, multi_task=multi,
+                      max_steps=max_steps, videos_per_task=ev.videos_per_task,
+                      deterministic=ev.deterministic, progress=bar, keep_on_stop=True)
+    rows = [r.row() for r in result.tasks]
     return {
         "env": cfg.env.name,
         "policy": cfg.policy.name,
@@ -191,15 +355,15 @@ def run_protocol(runner, cfg, progress: bool = True) -> dict:
         "episodes_per_task": per_task,
         "max_steps": max_steps,
         "tasks": rows,
-        "mean_success_once": sum(r["success_once"] for r in counted) / max(1, len(counted)),
-        "mean_success_at_end": sum(r["success_at_end"] for r in counted) / max(1, len(counted)),
-        "episodes": sum(r.episodes for r in results),
-        "episodes_asked": total,
-        "interrupted": interrupted,
-        "discarded": sum(r.discarded for r in results),
+        "mean_success_once": result.mean("success_once"),
+        "mean_success_at_end": result.mean("success_at_end"),
+        "episodes": result.episodes,
+        "episodes_asked": result.asked,
+        "interrupted": result.interrupted,
+        "discarded": result.discarded,
         "wall_s": time.perf_counter() - t0,
-        "per_episode": sorted(per_episode, key=lambda e: (e["task"], e["episode"])),
-        "_videos": videos,
+        "per_episode": sorted(result.per_episode, key=lambda e: (e["task"], e["episode"])),
+        "_videos": result.videos,
     }
 
 

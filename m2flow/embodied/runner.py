@@ -22,6 +22,7 @@ from tensordict import TensorDict
 from m2flow.embodied.checks import check_run, memory_hint
 from m2flow.embodied.config import TrainConfig
 from m2flow.embodied import eval_protocol
+from m2flow.embodied.eval_protocol import can_reach  # noqa: F401 (importable beside SuccessStop)
 from m2flow.embodied.graph import monitor as plan_monitor
 from m2flow.embodied.layout import Layout
 from m2flow.embodied.no_signal import NoSignalWatch
@@ -200,53 +201,35 @@ class EmbodiedRunner(RunLoop):
 
     def run_eval(self, episodes: Optional[int] = None, deterministic: bool = True,
                  reach: Optional[float] = None) -> dict:
-        """Episodes from fixed seeds (mean actions by default): ``eval/success_once``,
-        ``eval/success_at_end`` and friends.
+        """Episodes from fixed seeds (mean actions by default), through the loop ``m2flow-eval``
+        runs (``eval_protocol.evaluate``): ``eval/success_once``, ``eval/success_at_end`` and
+        friends (``Evaluation.metrics``).
 
-        Episode e starts from seed ``seeding.eval_seeds(seed, .)[e]`` whatever env it runs on
-        (``eval_protocol.episode_rounds``: the seeds ``m2flow-eval`` gives a one-task env), and
-        exactly ``episodes`` are counted: the envs of a last round with fewer episodes left run
-        fillers, not counted. After each round the progress (episodes done, success so far)
-        goes to the bar or the log (``RunSession.progress``). With ``reach``, the evaluation
-        ends after the first round from which its success rate (``runner.success_metric``) can
-        no longer reach ``reach`` even if every remaining episode succeeds: its numbers are
-        those of the rounds run, plus ``eval/curtailed`` 1 (the rounds run are the first
-        rounds of the full evaluation).
+        A one-task env runs exactly ``episodes`` (default ``runner.eval_episodes``), episode e
+        from seed ``seeding.eval_seeds(seed, .)[e]`` whatever env it runs on; the envs of a
+        last round with fewer episodes left run fillers, not counted. A multi-task env
+        (``spec.tasks``: LIBERO, Meta-World MT10/MT50) runs ``episodes`` split evenly over
+        its tasks, rounded down but at least one each (``eval_protocol.episodes_per_task``:
+        64 over 10 tasks run 6 each), episode e of task j from seed e (LIBERO: init state e),
+        as ``m2flow-eval`` does; its success rates are means over tasks, beside each task's
+        (``eval/task<j>/success_once``). After each round the progress (episodes done,
+        success so far) goes to the bar or the log (``RunSession.progress``). With ``reach``,
+        the evaluation ends after the first round from which its success rate
+        (``runner.success_metric``) can no longer reach ``reach`` even if every remaining
+        episode succeeds: its numbers are those of the rounds run, plus ``eval/curtailed`` 1
+        (the rounds run are the first rounds of the full evaluation).
         """
-        episodes = episodes or self.cfg.runner.eval_episodes
-        metric = self.cfg.runner.success_metric
+        r = self.cfg.runner
+        tasks = list(self.spec.tasks)
+        names = tasks or [self.cfg.env.name]
+        per_task = eval_protocol.episodes_per_task(episodes or r.eval_episodes, len(tasks))
         self.switcher.activate("rollout")  # its cost is part of time/eval
-        rounds = eval_protocol.episode_rounds(1, episodes, self.layout.env_workers,
-                                              self.layout.num_envs, self.cfg.seed,
-                                              videos_per_task=0, one_task_env=True)
-        per_rank = [EpisodeStats() for _ in self.env_ranks]
-        progress = self.session.progress(f"eval {self.cfg.env.name}", episodes)
-        done = 0
-        try:
-            for rnd in rounds:
-                out = self.eval_round([EvalRound(seeds=[s.seed for s in row]) for row in rnd],
-                                      deterministic)
-                for stats, row, eps in zip(per_rank, rnd, out):
-                    stats.extend(_episode_stats(
-                        [ep for slot, ep in zip(row, eps) if slot.episode is not None]))
-                n = sum(s.episode is not None for row in rnd for s in row)
-                done += n
-                so_far = _merge(per_rank)
-                progress.update(n, success_status(so_far.success_once, so_far.success_at_end))
-                left = episodes - done
-                counted = getattr(so_far, metric)
-                if reach is not None and left and not can_reach(counted, left, reach):
-                    curtailed = True
-                    break
-            else:
-                curtailed = False
-        finally:
-            progress.close()
-        # ranks in order, each rank's rounds in order: the sums of one call per rank
-        out = {k.replace("env/", "eval/"): v for k, v in _merge(per_rank).summary().items()}
-        if reach is not None:
-            out["eval/curtailed"] = float(curtailed)
-        return out
+        result = eval_protocol.evaluate(
+            self.eval_round, names, per_task, ranks=self.layout.env_workers,
+            envs_per_rank=self.layout.num_envs, seed=self.cfg.seed, multi_task=bool(tasks),
+            deterministic=deterministic, reach=reach, metric=r.success_metric,
+            progress=self.session.progress(f"eval {self.cfg.env.name}", len(names) * per_task))
+        return result.metrics(curtail=reach is not None)
 
     def eval_round(self, per_rank: list[EvalRound], deterministic: bool = True) -> list[list]:
         """One episode per env (``EnvWorker.eval_round``, one ``EvalRound`` per env worker);
@@ -453,18 +436,6 @@ class SuccessStop:
         return f"eval/{self.metric} {success:.3f} >= runner.stop_at_success={self.threshold}{row}"
 
 
-def can_reach(successes: list, left: int, target: float) -> bool:
-    """Whether a success rate of ``target`` is still possible after ``successes`` (one bool per
-    episode run) if all ``left`` remaining episodes succeed (discarded ones only lower it)."""
-    return (sum(map(bool, successes)) + left) >= target * (len(successes) + left) - 1e-9
-
-
-def success_status(once: list, at_end: list) -> str:
-    """An evaluation's progress so far: ``success 0.50/0.25`` (success_once/success_at_end)."""
-    n = max(1, len(once))
-    return f"success {sum(map(bool, once)) / n:.2f}/{sum(map(bool, at_end)) / n:.2f}"
-
-
 def _sum(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
     return {k: a.get(k, 0.0) + b.get(k, 0.0) for k in a.keys() | b.keys()}
 
@@ -476,18 +447,6 @@ def _building(cfg: TrainConfig, layout: Layout, train: bool) -> str:
     return (f"start-up: building the {cfg.cluster.backend} cluster, env workers of "
             f"{layout.num_envs} {cfg.env.name} simulators each, policy {cfg.policy.name} for "
             f"{who}{resume}")
-
-
-def _episode_stats(episodes: list) -> EpisodeStats:
-    """An evaluation round's episodes (``EvalEpisode``) as stats; discarded ones counted."""
-    stats = EpisodeStats()
-    for ep in episodes:
-        if ep.discarded:
-            stats.discarded += 1
-        else:
-            stats.extend(EpisodeStats([ep.ret], [ep.length], [ep.success_once],
-                                      [ep.success_at_end]))
-    return stats
 
 
 def _merge(parts: list[EpisodeStats]) -> EpisodeStats:
