@@ -46,7 +46,7 @@ from m2flow.pipelines.planner import measure
 from m2flow.pipelines.planner.graph import Graph
 from m2flow.pipelines.planner.profiles import Node, Profile
 from m2flow.runs import seeding
-from m2flow.runs.profile import profile_switch, profile_sync
+from m2flow.runs.profile import iteration_seconds, model_mb, profile_switch, profile_sync
 
 RECORDED_STEPS = 4
 """Policy calls recorded for the learner's trajectory (tiled to rollout_steps): its cost
@@ -120,7 +120,7 @@ def profile(cfg: TrainConfig, *, say: Callable[[str], None] = print,
         for s in sizes:
             prof.add_time("env", "hop", size=s, cores=1,
                           seconds=measure.median_seconds(lambda: _hand_off(steps[0][:s])))
-        prof.add_memory("rollout", size=n, mb=base_mb + _param_mb(policy))
+        prof.add_memory("rollout", size=n, mb=base_mb + model_mb(policy))
         say("profile: learner update and weight sync")
         before = measure.rss_mb()
         learner = WorkerGroup(cluster, "learner", LearnerWorker,
@@ -141,7 +141,7 @@ def profile(cfg: TrainConfig, *, say: Callable[[str], None] = print,
                                   warm=0, min_calls=1, min_s=1.0, max_calls=3))
         prof.add_memory("learner", size=traj.numel(),
                         mb=base_mb + max(0.0, measure.rss_mb() - before))
-        param_mb = _param_mb(policy)
+        param_mb = model_mb(policy)
         profile_sync(prof, learner, rollout, size_mb=param_mb,
                      bucket_mb=cfg.runner.weight_sync_bucket_mb, cores=1)
         prof.add_memory("runtime", size=0, mb=base_mb + measure.RAY_DAEMONS_MB)
@@ -191,7 +191,7 @@ def _on_gpu(prof: Profile, cfg: TrainConfig, spec, sizes: list[int], steps: list
                           min_calls=1, min_s=0.0, sync=sync))
         prof.add_memory("learner", size=traj.numel(), device="cuda",
                         mb=torch.cuda.max_memory_allocated() / 2**20)
-        profile_sync(prof, learner, rollout, size_mb=_param_mb(worker.policy),
+        profile_sync(prof, learner, rollout, size_mb=model_mb(worker.policy),
                      bucket_mb=cfg.runner.weight_sync_bucket_mb, cores=0, device="cuda",
                      sync=sync)
         profile_switch(prof, {"rollout": rollout, "learner": learner}, sync=sync)
@@ -336,10 +336,6 @@ def _every_epoch(algorithm) -> None:
     algorithm.critic_only = lambda iteration: False
 
 
-def _param_mb(module: torch.nn.Module) -> float:
-    return sum(t.numel() * t.element_size() for t in module.state_dict().values()) / 2**20
-
-
 def graph_of(facts: dict) -> Graph:
     """The graph of a saved profile's facts (``m2flow-plan --profile FILE``)."""
     return embodied_graph.graph(facts)
@@ -351,17 +347,7 @@ def measure_iterations(cfg: TrainConfig, iterations: int, warm: int = 1) -> list
     from m2flow.embodied.runner import EmbodiedRunner
 
     cfg.runner.progress_bar = False
-    runner = EmbodiedRunner(cfg)
-    try:
-        out = []
-        for it in range(warm + iterations):
-            metrics = runner.iterate(it)
-            if it >= warm:
-                out.append(metrics["perf/iteration_s"])
-        runner.drain()
-        return out
-    finally:
-        runner.close()
+    return iteration_seconds(EmbodiedRunner(cfg), iterations, warm, key="perf/iteration_s")
 
 
 def calibrate(cfg: TrainConfig, iterations: int, warm: int = 1) -> list[tuple]:

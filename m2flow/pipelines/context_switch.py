@@ -42,10 +42,6 @@ class SwitchStats:
     seconds: float = 0.0
     tensors: int = 0
 
-    @property
-    def gb_per_s(self) -> float:
-        return self.bytes / 1e9 / self.seconds if self.seconds > 0 else float("nan")
-
 
 class DeviceContext:
     """The device-resident state of one component, moved as a whole.

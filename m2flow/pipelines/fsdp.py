@@ -137,12 +137,6 @@ def _tensors(out) -> list:
     return []
 
 
-def is_sharded(model: nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
-
-
 def _full_options(*, cpu_offload: bool, strict: bool = True):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 

@@ -67,16 +67,6 @@ class Futures:
         """Per-rank results (see :func:`gather`)."""
         return gather(self, timeout=timeout, stoppable=stoppable)[0]
 
-    def as_arg(self, index: int = 0):
-        """The result of item ``index``, to pass into another group's ``call``.
-
-        With Ray this is the ObjectRef itself: the callee fetches the data straight from the
-        producer's object store, so it moves in one hop and the driver never holds it.
-        """
-        if self.backend == "ray":
-            return self.items[index][1]
-        return self.wait()[index]
-
 
 def gather(*futures: Futures, timeout: Optional[float] = None,
            stoppable: bool = True) -> list[list]:

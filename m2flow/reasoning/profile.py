@@ -30,7 +30,7 @@ from m2flow.reasoning.config import ReasoningConfig
 from m2flow.reasoning.learner_worker import ReasoningLearner
 from m2flow.reasoning.reward_worker import RewardWorker
 from m2flow.reasoning.rollout_worker import ReasoningRollout, decode
-from m2flow.runs.profile import profile_switch, profile_sync
+from m2flow.runs.profile import iteration_seconds, model_mb, profile_switch, profile_sync
 
 
 class _Groups:
@@ -75,7 +75,7 @@ def profile(cfg: ReasoningConfig, *, say: Callable[[str], None] = print,
                                       lambda: worker.engine.generate(prompts[:k], n, seed=0),
                                       warm=1, min_calls=2, min_s=0.5))
         out = worker.engine.generate(prompts, n, seed=0)
-        prof.add_memory("rollout", size=p * n, mb=base_mb + _param_mb(worker.model))
+        prof.add_memory("rollout", size=p * n, mb=base_mb + model_mb(worker.model))
         say("profile: rewards")
         reward = WorkerGroup(cluster, "reward", RewardWorker, one, cfg)
         scorer = reward.handles[0]
@@ -112,7 +112,7 @@ def profile(cfg: ReasoningConfig, *, say: Callable[[str], None] = print,
                                   lambda: update(_Groups(scored), num_groups=p, iteration=0),
                                   warm=0, min_calls=1, min_s=1.0, max_calls=3))
         prof.add_memory("learner", size=p * n, mb=base_mb + max(0.0, measure.rss_mb() - before))
-        param_mb = _param_mb(worker.model)
+        param_mb = model_mb(worker.model)
         profile_sync(prof, learner, rollout, size_mb=param_mb,
                      bucket_mb=cfg.runner.weight_sync_bucket_mb, cores=1)
         prof.add_memory("runtime", size=0, mb=base_mb + measure.RAY_DAEMONS_MB)
@@ -156,7 +156,7 @@ def _on_gpu(prof: Profile, cfg: ReasoningConfig, prompts: list, calls: list[int]
                           min_calls=1, min_s=0.0, sync=sync))
         prof.add_memory("learner", size=p * n, device="cuda",
                         mb=torch.cuda.max_memory_allocated() / 2**20)
-        profile_sync(prof, learner, rollout, size_mb=_param_mb(rollout.handles[0].model),
+        profile_sync(prof, learner, rollout, size_mb=model_mb(rollout.handles[0].model),
                      bucket_mb=cfg.runner.weight_sync_bucket_mb, cores=0, device="cuda",
                      sync=sync)
         profile_switch(prof, {"rollout": rollout, "learner": learner}, sync=sync)
@@ -177,20 +177,7 @@ def measure_iterations(cfg: ReasoningConfig, iterations: int, warm: int = 1) -> 
     from m2flow.reasoning.runner import ReasoningRunner
 
     cfg.runner.progress_bar = False
-    runner = ReasoningRunner(cfg)
-    try:
-        out = []
-        for step in range(warm + iterations):
-            metrics = runner.iterate(step)
-            if step >= warm:
-                out.append(metrics["perf/step_s"])
-        return out
-    finally:
-        runner.close()
-
-
-def _param_mb(module: torch.nn.Module) -> float:
-    return sum(t.numel() * t.element_size() for t in module.state_dict().values()) / 2**20
+    return iteration_seconds(ReasoningRunner(cfg), iterations, warm, key="perf/step_s")
 
 
 def calibrate(cfg: ReasoningConfig, iterations: int, warm: int = 1) -> list[tuple]:

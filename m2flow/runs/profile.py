@@ -1,9 +1,12 @@
 """What both workloads' profilers (``m2flow-plan``) measure alike: the learner's weight sync
-to the rollout, and on a GPU each component's offload and onload (context switch)."""
+to the rollout, on a GPU each component's offload and onload (context switch), a model's
+size and the seconds of real iterations (``m2flow-plan --verify``)."""
 
 from __future__ import annotations
 
 from typing import Callable, Optional
+
+from torch import nn
 
 from m2flow.pipelines import WorkerGroup
 from m2flow.pipelines.planner import measure
@@ -36,3 +39,38 @@ def profile_switch(prof: Profile, groups: dict[str, WorkerGroup], *,
         on = measure.median_seconds(w.onload, warm=0, min_calls=1, min_s=0.0, sync=sync)
         prof.add_time(name, "offload", size=0, cores=0, device="cuda", seconds=off)
         prof.add_time(name, "onload", size=0, cores=0, device="cuda", seconds=on)
+
+
+def model_mb(module: nn.Module) -> float:
+    """The MiB of ``module``'s state dict (parameters and buffers) as it is stored.
+
+    >>> model_mb(nn.Linear(256, 1024))  # (256 * 1024 + 1024) fp32 values
+    1.00390625
+    """
+    return sum(t.numel() * t.element_size() for t in module.state_dict().values()) / 2**20
+
+
+def iteration_seconds(runner, iterations: int, warm: int, *, key: str) -> list[float]:
+    """``metrics[key]`` of each of ``iterations`` calls of ``runner.iterate`` (a
+    :class:`~m2flow.runs.loop.RunLoop`) after ``warm`` untimed ones; then the work started
+    ahead finishes (``drain``), and the runner closes, also on an error.
+
+    >>> class Clock:  # iteration ``it`` takes it + 0.5 s
+    ...     def iterate(self, it): return {"perf/iteration_s": it + 0.5}
+    ...     def drain(self): print("drained")
+    ...     def close(self): print("closed")
+    >>> iteration_seconds(Clock(), 2, 1, key="perf/iteration_s")
+    drained
+    closed
+    [1.5, 2.5]
+    """
+    try:
+        out = []
+        for it in range(warm + iterations):
+            metrics = runner.iterate(it)
+            if it >= warm:
+                out.append(metrics[key])
+        runner.drain()
+        return out
+    finally:
+        runner.close()

@@ -20,9 +20,9 @@ from m2flow.embodied.algorithms.helpers.advantages import first_episodes, keep_g
 from m2flow.embodied.algorithms.base import (
     Algorithm, AlgorithmConfig, check_field, flatten_valid, loss_metrics)
 from m2flow.embodied.algorithms.helpers.demo_term import DemoTerm, DemoTermConfig
-from m2flow.embodied.algorithms.helpers.losses import LOGPROB_LEVELS, level_log_probs, per_ratio
+from m2flow.embodied.algorithms.helpers.losses import LOGPROB_LEVELS, clipped_policy_terms
 from m2flow.runs.learner import Means, minibatch_generator
-from m2flow.runs.rl import clipped_surrogate, group_advantages, ratio_stats
+from m2flow.runs.rl import group_advantages
 
 
 @dataclass
@@ -161,20 +161,5 @@ def grpo_loss(policy, mb: TensorDict, *, clip_coef: float, ent_coef: float,
     """GRPO's clipped policy loss (no critic) for minibatch ``mb`` (obs, the actions, the
     behaviour log-probs and a per-sample ``advantage``), at log-prob ``level``; a mean over
     samples (and their tokens/actions, the same number for every sample)."""
-    out = policy.evaluate_actions(mb)
-    new, old = level_log_probs(out, mb, level, action_dim)
-    log_ratio = new - old
-    adv = per_ratio(mb[keys.ADVANTAGE], log_ratio)
-    entropy = out[keys.ENTROPY].mean()
-    terms = TensorDict(
-        {
-            "loss_policy": clipped_surrogate(log_ratio, adv, clip_coef),
-            "loss_entropy": -ent_coef * entropy,
-            **ratio_stats(log_ratio, clip_coef),
-            "entropy": entropy.detach(),
-        },
-        batch_size=[],
-    )
-    if keys.AUX_LOSS in out.keys():  # the policy's own (e.g. policy.state_aux)
-        terms["loss_aux"] = out[keys.AUX_LOSS].mean()
-    return terms
+    return clipped_policy_terms(policy, mb, clip_coef=clip_coef, ent_coef=ent_coef,
+                                level=level, action_dim=action_dim)

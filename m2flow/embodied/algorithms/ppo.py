@@ -20,10 +20,9 @@ from m2flow.embodied.algorithms.base import (
     loss_metrics,
 )
 from m2flow.embodied.algorithms.helpers.demo_term import DemoTerm, DemoTermConfig
-from m2flow.embodied.algorithms.helpers.losses import LOGPROB_LEVELS, level_log_probs, per_ratio
+from m2flow.embodied.algorithms.helpers.losses import LOGPROB_LEVELS, clipped_policy_terms
 from m2flow.pipelines.distributed import DataParallel
 from m2flow.runs.learner import Means, frozen_but, minibatch_generator
-from m2flow.runs.rl import clipped_surrogate, ratio_stats
 
 LR_SCHEDULES = ("fixed", "adaptive")
 # rsl-rl's adaptive schedule (rsl_rl.algorithms.PPO.update): the factor a minibatch's KL
@@ -345,30 +344,17 @@ def ppo_loss(policy, mb: TensorDict, *, clip_coef: float, vf_coef: float, ent_co
     train; each a per-sample mean) and diagnostics ``approx_kl``, ``clip_fraction``,
     ``entropy``.
     """
-    out = policy.evaluate_actions(mb)
-    new, old = level_log_probs(out, mb, level, action_dim)
-    log_ratio = new - old
-    pg_loss = clipped_surrogate(log_ratio, per_ratio(mb[keys.ADVANTAGE], log_ratio), clip_coef)
-    value, ret = out[keys.VALUE], mb[keys.RETURN]
-    if clip_vloss:
-        clipped = mb[keys.VALUE] + (value - mb[keys.VALUE]).clamp(-clip_coef, clip_coef)
-        v_loss = 0.5 * torch.max((value - ret) ** 2, (clipped - ret) ** 2).mean()
-    else:
-        v_loss = 0.5 * ((value - ret) ** 2).mean()
-    entropy = out[keys.ENTROPY].mean()
-    terms = TensorDict(
-        {
-            "loss_policy": pg_loss,
-            "loss_value": vf_coef * v_loss,
-            "loss_entropy": -ent_coef * entropy,
-            **ratio_stats(log_ratio, clip_coef),
-            "entropy": entropy.detach(),
-        },
-        batch_size=[],
-    )
-    if keys.AUX_LOSS in out.keys():  # the policy's own (e.g. policy.state_aux)
-        terms["loss_aux"] = out[keys.AUX_LOSS].mean()
-    return terms
+    def value_term(out: TensorDict) -> torch.Tensor:
+        value, ret = out[keys.VALUE], mb[keys.RETURN]
+        if clip_vloss:
+            clipped = mb[keys.VALUE] + (value - mb[keys.VALUE]).clamp(-clip_coef, clip_coef)
+            v_loss = 0.5 * torch.max((value - ret) ** 2, (clipped - ret) ** 2).mean()
+        else:
+            v_loss = 0.5 * ((value - ret) ** 2).mean()
+        return vf_coef * v_loss
+
+    return clipped_policy_terms(policy, mb, clip_coef=clip_coef, ent_coef=ent_coef,
+                                level=level, action_dim=action_dim, value_term=value_term)
 
 
 def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:
