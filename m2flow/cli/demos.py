@@ -82,8 +82,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.cfg:
         return print_config(cfg)
     stem = lib.output_stem(cfg)
-    print(f"m2flow-demos: {cfg.env.name} ({cfg.env.obs_mode}, {cfg.env.control_mode}) -> "
-          f"{stem}.h5", flush=True)
+    modes = [m for m in (cfg.env.obs_mode, getattr(cfg.env, "control_mode", None)) if m]
+    print(f"m2flow-demos: {cfg.env.name} ({', '.join(modes)}) -> {stem}.h5", flush=True)
     restore, code = signals_as_ctrl_c()
     try:
         demos, tally, spec = lib.generate(cfg, log=lambda line: print(line, flush=True))

@@ -58,6 +58,8 @@ RULES: list[Rule] = [
      "one that holds it at its last step"),
     ("runner.stop_after_evals", at_least(1),
      "give the evaluations in a row that must reach runner.stop_at_success (e.g. 1 or 2)"),
+    ("runner.stop_confirm_episodes", at_least(0),
+     "give the episodes of the evaluation that confirms a stop (e.g. 256), or 0 for none"),
     ("runner.max_staleness", at_least(0), "give the updates an action may lag behind (e.g. 1)"),
     ("runner.warn_no_signal_iterations", at_least(0),
      "give the iterations without learning signal before a warning (0: never)"),
@@ -156,6 +158,10 @@ def check_run(layout: Layout, cfg: TrainConfig,
         raise field_error("runner.stagger_episodes", True,
                           "needs runner.reset_every_iteration=false (a reset every iteration "
                           "would end every episode at the same step); set that too.")
+    if r.stop_confirm_episodes and r.stop_confirm_episodes <= r.eval_episodes:
+        raise field_error("runner.stop_confirm_episodes", r.stop_confirm_episodes,
+                          f"must be more than runner.eval_episodes={r.eval_episodes} (the "
+                          "evaluation it confirms); give e.g. 256, or 0 for no confirmation.")
     if r.overlap_learner and r.max_staleness < 1:
         raise ValueError(
             f"runner.overlap_learner=true needs runner.max_staleness >= 1 (got "

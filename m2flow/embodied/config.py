@@ -65,6 +65,12 @@ class RunnerConfig(RunnerBaseConfig):
     stop_after_evals: int = 1
     """With stop_at_success: stop after this many evaluations in a row reach it (2: the
     success must hold at the next evaluation too)."""
+    stop_confirm_episodes: int = 0
+    """With stop_at_success: an evaluation that reaches it is run again over this many episodes
+    (more than ``eval_episodes``; its own are the first of them: the same initial states, the
+    same episodes) and it is this larger evaluation that the stop, ``best.pt``, the log and
+    the ``done:`` line count, the figure ``m2flow-eval ... episodes=N`` gives the checkpoint:
+    a lucky small evaluation does not end the run. 0: no confirmation."""
     eval_curtail: bool = True
     """With stop_at_success: end an evaluation after the round where it can no longer reach
     stop_at_success even if every remaining episode succeeds (the stop decision is the full

@@ -346,7 +346,11 @@ class EmbodiedRunner(RunLoop):
         ``runner.eval_curtail``, cut short once ``runner.stop_at_success`` is out of reach."""
         r = self.cfg.runner
         self.drain()
-        out = self.run_eval(reach=r.stop_at_success if r.eval_curtail else None)
+        reach = r.stop_at_success if r.eval_curtail else None
+        out = self.run_eval(reach=reach)
+        if confirms(out, r):  # the stop rests on the larger evaluation, not a lucky small one
+            out = {**self.run_eval(episodes=r.stop_confirm_episodes, reach=reach),
+                   "eval/confirming": 1.0}
         self.timings()  # eval's worker timings are not part of the next iteration
         self._last_end = time.perf_counter()  # nor is its wall time
         return out
@@ -415,6 +419,22 @@ class _Collection:
             self.seconds = time.perf_counter() - self._t0
             self._result = _merge(env_out)
         return self._result
+
+
+def confirms(out: dict, r) -> bool:
+    """Whether evaluation ``out`` (``eval/*``) reached ``runner.stop_at_success`` on fewer
+    episodes than ``runner.stop_confirm_episodes``, so a larger one must confirm it.
+
+    >>> from types import SimpleNamespace as R
+    >>> r = R(stop_at_success=0.9, stop_confirm_episodes=256, eval_episodes=64,
+    ...       success_metric="success_once")
+    >>> [confirms({"eval/success_once": s}, r) for s in (0.88, 0.91)]
+    [False, True]
+    >>> confirms({"eval/success_once": 0.95}, R(**{**vars(r), "stop_confirm_episodes": 0}))
+    False
+    """
+    return (r.stop_at_success is not None and r.stop_confirm_episodes > r.eval_episodes
+            and out[f"eval/{r.success_metric}"] >= r.stop_at_success)
 
 
 class SuccessStop:

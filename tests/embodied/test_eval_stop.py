@@ -56,3 +56,41 @@ def test_training_eval_ends_once_the_threshold_is_out_of_reach(tmp_path, capsys)
     full_policy = checkpoint.load(
         next((tmp_path / "full").glob("*/*/checkpoints/last.pt")))["learner"]["policy"]
     assert all(torch.equal(cut_policy[k], w) for k, w in full_policy.items())
+
+
+def test_a_stop_reached_on_few_episodes_is_confirmed_on_more():
+    """runner.stop_confirm_episodes: an evaluation of 64 at 0.92 is run again over 256; the
+    stop counts the 256 (0.85: no stop; 0.91: stop), and nothing is re-run below the target.
+    The runner's ``evaluate`` with a stand-in ``run_eval`` (episodes -> a success rate): the
+    real loop's 256 start with the 64's episodes (tests/embodied/test_eval_loop.py)."""
+    from types import SimpleNamespace
+
+    from m2flow.embodied.config import RunnerConfig
+    from m2flow.embodied.runner import EmbodiedRunner
+
+    def runner(rates):
+        calls = []
+
+        def run_eval(episodes=None, reach=None):
+            n = episodes or 64
+            calls.append((n, reach))
+            return {"eval/success_once": rates[n], "eval/episodes": float(n)}
+
+        r = RunnerConfig(eval_episodes=64, stop_at_success=0.9, stop_confirm_episodes=256)
+        fake = SimpleNamespace(cfg=SimpleNamespace(runner=r), drain=lambda: None,
+                               run_eval=run_eval, timings=lambda: {},
+                               _success_stop=SuccessStop(0.9))
+        return fake, calls
+
+    fake, calls = runner({64: 0.92, 256: 0.85})
+    out = EmbodiedRunner.evaluate(fake)
+    assert calls == [(64, 0.9), (256, 0.9)]
+    assert out["eval/episodes"] == 256.0 and out["eval/confirming"] == 1.0
+    assert EmbodiedRunner.stop_reason(fake, out) is None  # the 256 did not reach 0.9
+
+    fake, calls = runner({64: 0.92, 256: 0.91})
+    out = EmbodiedRunner.evaluate(fake)
+    assert "0.910 >= runner.stop_at_success=0.9" in EmbodiedRunner.stop_reason(fake, out)
+
+    fake, calls = runner({64: 0.88})
+    assert EmbodiedRunner.evaluate(fake)["eval/episodes"] == 64.0 and len(calls) == 1
