@@ -1,5 +1,14 @@
-"""Learning fingerprints: the logged scalars of the first iterations of the default job and of
-the reasoning tiny job, at a small size, against a record kept in the repository.
+"""Learning fingerprints: the logged scalars of a short default job and of the reasoning tiny
+job, at a small size, against a record kept in the repository.
+
+The default job's runs across everything that can alter a run after its first iterations:
+training goes on after each of two evaluations and two checkpoints, and every evaluation is
+judged by the job's own stop rule (``stop_at_success`` 0.9), which curtails it after its first
+round of two (it can no longer reach 0.9): the episodes it runs, and so the env workers'
+state after it, are the rule's. A fresh policy does not succeed in six iterations, so the
+stop itself is not reached; the rule's decisions are unit-tested beside it
+(``tests/embodied/test_eval_stop.py``). The last checkpoint (``last.pt``: its iteration, env
+steps, and per tensor group the sum of absolute values) is part of the record.
 
 Both runs are deterministic (fixed seed, CPU, Ray workers as the configs place them), so a
 change anywhere in what they compute (env, policy, algorithm, seeding, the run loop) shows
@@ -37,9 +46,10 @@ UPDATE = os.environ.get("M2FLOW_UPDATE_RECORDS") == "1"
 RTOL, ATOL = 1e-5, 1e-7
 UNTIMED = ("time/", "perf/", "switch/")  # wall-clock figures: never reproducible
 
-EMBODIED = [  # the default job (maniskill_pushcube_ppo_mlp) with 4 envs, 3 iterations, 1 eval
-    "env.num_envs=4", "runner.num_iterations=3", "runner.eval_interval=3",
-    "runner.eval_episodes=4", "runner.checkpoint_interval=0", "runner.progress_bar=false",
+EMBODIED = [  # the default job (maniskill_pushcube_ppo_mlp) with 4 envs, 6 iterations:
+    # evaluations (8 episodes, two rounds, curtailed by the stop rule) and checkpoints at 2, 4, 6
+    "env.num_envs=4", "runner.num_iterations=6", "runner.eval_interval=2",
+    "runner.eval_episodes=8", "runner.checkpoint_interval=2", "runner.progress_bar=false",
 ]
 REASONING = [  # the reasoning tiny job: a short warm start (some answers right), 3 GRPO steps
     "--config-name", "reasoning_arith_grpo_tiny", "warm_start.steps=80", "runner.num_steps=3",
@@ -72,6 +82,33 @@ def scalars(run_dir: Path) -> dict[str, dict[str, float]]:
             for tag in sorted(acc.Tags()["scalars"]) if not tag.startswith(UNTIMED)}
 
 
+def checkpoint_digest(path: Path) -> dict[str, dict[str, float]]:
+    """A checkpoint as fingerprint scalars: its iteration and env steps, and per group of its
+    learner's tensors (``policy``, ``optimizer``) the sum of their absolute values, under
+    step "0" (so ``differences`` compares them as it does logged scalars)."""
+    import torch
+
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    out = {"checkpoint/iteration": float(state["iteration"]),
+           "checkpoint/global_step": float(state["global_step"])}
+
+    def tensors(x):
+        if torch.is_tensor(x):
+            yield x
+        elif isinstance(x, dict):
+            for v in x.values():
+                yield from tensors(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                yield from tensors(v)
+
+    for group, value in state["learner"].items():
+        floats = [t.double().abs().sum().item() for t in tensors(value) if t.is_floating_point()]
+        if floats:
+            out[f"checkpoint/{group}_abs_sum"] = sum(floats)
+    return {k: {"0": v} for k, v in out.items()}
+
+
 def differences(recorded: dict, now: dict) -> list[str]:
     """What differs between two fingerprints, one line each (empty: they agree).
 
@@ -96,9 +133,11 @@ def differences(recorded: dict, now: dict) -> list[str]:
     return out
 
 
-def check(name: str, args: list[str], tmp_path: Path, env: Optional[dict] = None) -> None:
+def check(name: str, args: list[str], tmp_path: Path, env: Optional[dict] = None,
+          digest: bool = False) -> None:
     """Runs m2flow-train with ``args`` (in this process, or in a process of its own with
-    environment ``env``) and compares its scalars with the record ``name``."""
+    environment ``env``) and compares its scalars (with ``digest``, its ``last.pt``'s digest
+    too) with the record ``name``."""
     argv = [*args, f"runner.log_dir={tmp_path / 'runs'}"]
     if env is None:
         assert train(argv) == 0
@@ -108,6 +147,8 @@ def check(name: str, args: list[str], tmp_path: Path, env: Optional[dict] = None
         assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = next(p for p in (tmp_path / "runs").glob("*/*") if (p / "tb").is_dir())
     now = scalars(run_dir)
+    if digest:
+        now.update(checkpoint_digest(run_dir / "checkpoints" / "last.pt"))
     path = RECORDS / f"fingerprint_{name}.json"
     if UPDATE:
         path.parent.mkdir(exist_ok=True)
@@ -129,7 +170,7 @@ def check(name: str, args: list[str], tmp_path: Path, env: Optional[dict] = None
 
 
 def test_default_job_fingerprint(tmp_path):
-    check("embodied", EMBODIED, tmp_path)
+    check("embodied", EMBODIED, tmp_path, digest=True)
 
 
 def test_reasoning_tiny_fingerprint(tmp_path):
@@ -150,3 +191,16 @@ def test_records_have_signal(name):
     loss, spread = SIGNAL[name]
     assert any(abs(v) > 1e-6 for v in rec[loss].values()), rec[loss]
     assert max(rec[spread].values()) > 0, rec[spread]
+
+
+def test_embodied_record_spans_evaluations_checkpoints_and_the_stop_rule():
+    """The default job's record is the run the module docstring says: three evaluations, each
+    curtailed by the stop rule, training after the first two, and ``last.pt`` at the end."""
+    rec = json.loads((RECORDS / "fingerprint_embodied.json").read_text())["scalars"]
+    evals = sorted(map(int, rec["eval/success_once"]))
+    trained = sorted(map(int, rec["loss/loss_policy"]))
+    assert len(evals) == 3, evals
+    assert sum(step > evals[0] for step in trained) >= 2, (evals, trained)
+    assert all(v > 0 for v in rec["eval/curtailed"].values()), rec["eval/curtailed"]
+    assert rec["checkpoint/iteration"]["0"] == 6.0, rec["checkpoint/iteration"]
+    assert rec["checkpoint/global_step"]["0"] == float(evals[-1])
