@@ -214,6 +214,7 @@ def announce(line: str) -> None:
 
 WALL_KEYS = ("perf/iteration_s", "perf/step_s")  # an iteration's (a reasoning step's) wall time
 MAX_LINE = 160  # columns of the line a person watches
+EVAL_KEY = "time/eval"  # an evaluation's seconds: the run loop's, outside perf/iteration_s
 
 
 def summary_line(iteration: int, step: int, m: dict[str, float],
@@ -241,11 +242,14 @@ def summary_line(iteration: int, step: int, m: dict[str, float],
 
 def slowest_phase(m: dict[str, float]) -> str | None:
     """The component phase that took longest this iteration, and its share of the iteration's
-    wall time (its seconds without one): waits (``*_wait``, the driver's) are idle time, not
-    work, and are left out.
+    wall time (its seconds without one); an evaluation (``time/eval``, outside the iteration's
+    ``perf/iteration_s``) adds its seconds to that wall. Waits (``*_wait``, the driver's) are
+    idle time, not work, and are left out.
 
     >>> slowest_phase({"time/env_sim": 0.5, "time/rollout_wait": 0.9, "perf/iteration_s": 1.0})
     'env_sim 50%'
+    >>> slowest_phase({"time/env_sim": 0.5, "time/eval": 3.0, "perf/iteration_s": 1.0})
+    'eval 75%'
     >>> slowest_phase({"time/learner_learn": 0.25}), slowest_phase({})
     ('learner_learn 0.25s', None)
     """
@@ -255,6 +259,8 @@ def slowest_phase(m: dict[str, float]) -> str | None:
         return None
     name = max(work, key=work.get)
     wall = next((m[k] for k in WALL_KEYS if isinstance(m.get(k), (int, float))), None)
+    if wall is not None and isinstance(m.get(EVAL_KEY), (int, float)):
+        wall += m[EVAL_KEY]
     if wall and wall > 0:
         return f"{name} {100 * work[name] / wall:.0f}%"
     return f"{name} {work[name]:.2f}s"
