@@ -22,6 +22,7 @@ from tensordict import TensorDict
 from m2flow.embodied.checks import check_run, memory_hint
 from m2flow.embodied.config import TrainConfig
 from m2flow.embodied import eval_protocol
+from m2flow.embodied.algorithms import ALGORITHMS
 from m2flow.embodied.eval_protocol import can_reach  # noqa: F401 (importable beside SuccessStop)
 from m2flow.embodied.graph import monitor as plan_monitor
 from m2flow.embodied.layout import Layout
@@ -328,7 +329,9 @@ class EmbodiedRunner(RunLoop):
         """The run's watches: no learning signal, the plan's prediction (``cluster.plan``),
         the success target (``runner.stop_at_success``)."""
         r = self.cfg.runner
-        self._no_signal = NoSignalWatch(r.warn_no_signal_iterations, self.cfg.algorithm.name)
+        rewards = ALGORITHMS.require(self.cfg.algorithm.name).learns_from_rewards
+        self._no_signal = NoSignalWatch(r.warn_no_signal_iterations if rewards else 0,
+                                        self.cfg.algorithm.name)
         self._success_stop = SuccessStop(r.stop_at_success, r.stop_after_evals,
                                          metric=r.success_metric)
         self._plan_watch = plan_monitor(self.cfg, self.layout)  # predicted vs measured

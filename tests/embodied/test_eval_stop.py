@@ -94,3 +94,26 @@ def test_a_stop_reached_on_few_episodes_is_confirmed_on_more():
 
     fake, calls = runner({64: 0.88})
     assert EmbodiedRunner.evaluate(fake)["eval/episodes"] == 64.0 and len(calls) == 1
+
+
+def test_bc_is_not_warned_of_equal_rewards_and_ppo_is():
+    """The watch the runner builds for the LIBERO BC recipe and for PPO on the same env: six
+    iterations of equal rewards (every episode unsolved) warn PPO at the fifth (the default
+    runner.warn_no_signal_iterations), never BC, which learns from its dataset's actions."""
+    from types import SimpleNamespace
+
+    from m2flow.cli.workloads import register_schemas
+    from m2flow.configs import load_config, to_object
+    from m2flow.embodied.layout import Layout
+    from m2flow.embodied.runner import EmbodiedRunner
+
+    register_schemas()
+    warned = {}
+    for name, overrides in (("libero_object_bc_mlp", []),
+                            ("libero_object_ppo_mlp_from_bc", [])):
+        cfg = to_object(load_config(name, overrides))
+        fake = SimpleNamespace(cfg=cfg, layout=Layout.of(cfg))
+        EmbodiedRunner.before_loop(fake, logger=None)
+        lines = [fake._no_signal.update({"train/reward_spread": 0.0}) for _ in range(6)]
+        warned[cfg.algorithm.name] = [i for i, line in enumerate(lines) if line]
+    assert warned == {"bc": [], "ppo": [4]}

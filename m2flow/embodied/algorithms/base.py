@@ -113,6 +113,10 @@ class Algorithm(ABC):
     """Its config dataclass: the Hydra schema of ``algorithm=<name>``."""
     needs_critic: ClassVar[bool] = False
     """Whether its loss trains the policy's ``value`` (PPO) or ignores it (GRPO, BC)."""
+    learns_from_rewards: ClassVar[bool] = True
+    """Whether the env's rewards are what it learns from (False: BC, which fits a dataset's
+    actions), so that a batch of equal rewards is a run that cannot learn
+    (``runner.warn_no_signal_iterations``)."""
     data_parallel: DataParallel = SINGLE
     """The learner ranks training together (set by the learner worker). With several, each
     ``prepare``s its own trajectories and its ``train`` sees this rank's share of each global

@@ -126,6 +126,7 @@ class BC(Algorithm):
 
     config_class = BCConfig
     needs_critic = False
+    learns_from_rewards = False
 
     def __init__(self, cfg: BCConfig, *, action_dim: int, seed: int):
         super().__init__(cfg, action_dim=action_dim, seed=seed)
