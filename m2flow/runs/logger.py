@@ -219,7 +219,7 @@ EVAL_KEY = "time/eval"  # an evaluation's seconds: the run loop's, outside perf/
 
 def summary_line(iteration: int, step: int, m: dict[str, float],
                  fields: Sequence[LogField] = (), full: bool = False) -> str:
-    """``it N | steps S | <each field present> | <slowest phase> <its share>``: the line a
+    """``it N | steps S | <each field present> | slowest <phase> <its share>``: the line a
     person watches, within 160 columns (``MAX_LINE``). With ``full`` (``train.log``'s line):
     the ``detail`` fields too, and every ``time/`` key's seconds in place of the slowest.
 
@@ -227,7 +227,7 @@ def summary_line(iteration: int, step: int, m: dict[str, float],
     ...      "time/learner_learn": 0.2, "perf/iteration_s": 0.8}
     >>> fields = [log_field("ret {:.1f}", "a/ret"), log_field("x {:.0f}", "b/x", detail=True)]
     >>> summary_line(3, 30, m, fields)
-    'it    3 | steps       30 | ret 1.2 | env_sim 75%'
+    'it    3 | steps       30 | ret 1.2 | slowest env_sim 75%'
     >>> summary_line(3, 30, m, fields, full=True)
     'it    3 | steps       30 | ret 1.2 | x 2 | env_sim 0.60s env_wait 0.30s learner_learn 0.20s'
     """
@@ -247,11 +247,11 @@ def slowest_phase(m: dict[str, float]) -> str | None:
     idle time, not work, and are left out.
 
     >>> slowest_phase({"time/env_sim": 0.5, "time/rollout_wait": 0.9, "perf/iteration_s": 1.0})
-    'env_sim 50%'
+    'slowest env_sim 50%'
     >>> slowest_phase({"time/env_sim": 0.5, "time/eval": 3.0, "perf/iteration_s": 1.0})
-    'eval 75%'
+    'slowest eval 75%'
     >>> slowest_phase({"time/learner_learn": 0.25}), slowest_phase({})
-    ('learner_learn 0.25s', None)
+    ('slowest learner_learn 0.25s', None)
     """
     work = {k[5:]: v for k, v in m.items() if k.startswith("time/") and not k.endswith("_wait")
             and not k.startswith("time/driver_") and isinstance(v, (int, float))}
@@ -262,8 +262,8 @@ def slowest_phase(m: dict[str, float]) -> str | None:
     if wall is not None and isinstance(m.get(EVAL_KEY), (int, float)):
         wall += m[EVAL_KEY]
     if wall and wall > 0:
-        return f"{name} {100 * work[name] / wall:.0f}%"
-    return f"{name} {work[name]:.2f}s"
+        return f"slowest {name} {100 * work[name] / wall:.0f}%"
+    return f"slowest {name} {work[name]:.2f}s"
 
 
 def terminal() -> bool:

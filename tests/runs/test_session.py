@@ -101,7 +101,7 @@ def test_log_line_fields_come_from_the_workload_and_no_bar_frames_off_a_terminal
     logger.log(1, 20, {"b/other": 3.0})
     logger.close()
     out = capsys.readouterr()
-    assert "it    0 | steps       10 | ret 1.2 | env_sim 0.50s" in out.out
+    assert "it    0 | steps       10 | ret 1.2 | slowest env_sim 0.50s" in out.out
     assert "it    1 | steps       20" in out.out and "ret" not in out.out.splitlines()[1]
     assert "\r" not in out.out + out.err  # pytest's capture is not a terminal: no bar frames
 
@@ -128,7 +128,7 @@ def test_the_watched_line_fits_160_columns_and_train_log_keeps_every_phase(tmp_p
     assert len(line) <= MAX_LINE, (len(line), line)
     # the slowest working phase (waits are idle time): the evaluation's 21 s of the
     # iteration's 40 s and its own
-    assert line.endswith("| eval 34%") and "kl 12.3456 | vloss 12345.6789" in line
+    assert line.endswith("| slowest eval 34%") and "kl 12.3456 | vloss 12345.6789" in line
     assert "eval_return" not in line and "env_wait" not in line
     logged = (tmp_path / "train.log").read_text()
     assert "eval_return -12345.68" in logged and "learn_beside_collect 12.50s" in logged
