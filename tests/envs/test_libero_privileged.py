@@ -1,5 +1,5 @@
 """LIBERO's privileged state (``env.privileged_state=true``): its documented layout
-(:func:`m2flow.envs.libero.privileged_layout`) holds, slice by slice, what robosuite's own
+(:func:`m2flow.envs.libero_privileged.privileged_layout`) holds, slice by slice, what robosuite's own
 observation of the same scene says (``state`` mode: the vector is built from robosuite's
 observation the same way with cameras on); without the flag there is no such key."""
 
@@ -7,9 +7,9 @@ import numpy as np
 import torch
 
 from m2flow.envs import env_config, make_env
-from m2flow.envs.libero import (NOOP, _load_init_states, prepare, privileged_dim,
-                                privileged_layout, robosuite_on_new_mujoco, suite_tasks,
-                                task_objects)
+from m2flow.envs.libero import NOOP, _load_init_states, prepare, suite_tasks
+from m2flow.envs.libero_compat import robosuite_on_new_mujoco
+from m2flow.envs.libero_privileged import privileged_dim, privileged_layout, task_objects
 
 SUITE, TASK, SEED = "libero_object", 0, 3
 

@@ -132,7 +132,8 @@ def record_episode(env, expert, layout, task: int, seed: int) -> tuple[bool, Dem
 
 def task_list(env_cfg: LiberoEnvConfig) -> list:
     """(index in ``spec.tasks``, suite task id, objects in slot order) of each task recorded."""
-    from m2flow.envs.libero import suite_tasks, task_objects
+    from m2flow.envs.libero import suite_tasks
+    from m2flow.envs.libero_privileged import task_objects
 
     suite = env_cfg.name.split("/", 1)[1]
     tasks = suite_tasks(suite, env_cfg.assets_path)
@@ -145,7 +146,7 @@ def generate(cfg: LiberoDemosConfig, log: Callable[[str], None] = print):
     ``KeyboardInterrupt`` ends it early with the demos kept so far and ``tally.interrupted``."""
     from m2flow.embodied.demos.libero_expert import expert_for
     from m2flow.envs import make_env
-    from m2flow.envs.libero import privileged_dim, privileged_layout
+    from m2flow.envs.libero_privileged import privileged_dim, privileged_layout
 
     d = cfg.demos
     env = make_env(replace(cfg.env, num_envs=1))
@@ -199,7 +200,8 @@ def save(stem: Path, demos: list, env_cfg: LiberoEnvConfig, spec,
     the JSON's ``success_per_task``: {task index: instruction, tried, kept, success}."""
     import h5py
 
-    from m2flow.envs.libero import privileged_dim, privileged_layout, suite_tasks
+    from m2flow.envs.libero import suite_tasks
+    from m2flow.envs.libero_privileged import privileged_dim, privileged_layout
     from m2flow.policies.vla.text import prompt
 
     stem.parent.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,5 @@
 """A scripted LIBERO pick-and-place expert: waypoints from the privileged state
-(``env.privileged_state=true``, :func:`m2flow.envs.libero.privileged_layout`), tracked with
+(``env.privileged_state=true``, :func:`m2flow.envs.libero_privileged.privileged_layout`), tracked with
 robosuite's OSC_POSE controller.
 
 One template covers LIBERO-Object ("pick up the <item> and place it in the basket") and
@@ -131,7 +131,7 @@ def hand_down(yaw: float) -> np.ndarray:
 
 def waypoints(parts: dict, moved: str, target: str, start: Optional[np.ndarray] = None) -> list:
     """The expert's waypoints for moving object ``moved`` onto/into ``target``; ``parts``:
-    the privileged vector by name (:func:`m2flow.envs.libero.privileged_layout`).
+    the privileged vector by name (:func:`m2flow.envs.libero_privileged.privileged_layout`).
 
     ``start``: the hand's position at the start. The hand moves across the scene at its
     height (LIBERO starts it above every fixture, and the privileged state has no fixtures'
