@@ -97,8 +97,12 @@ def load_eval_config(overrides: Sequence[str]) -> tuple[object, Optional[dict]]:
         else:
             dotlist.append(f"{shorthands.get(key, key)}={value}")
     saved = OmegaConf.create(state["config"])
-    if w.upgrade:  # written by an older version
-        saved = OmegaConf.create(w.upgrade(OmegaConf.to_container(saved)))
+    try:  # its own config fits this m2flow's settings (an older m2flow's may not)
+        merge_onto(w.typed_base(saved) if w.typed_base else w.config_class, saved)
+    except ConfigError as e:
+        raise ConfigError(unfit_checkpoint(path, str(e), state.get("m2flow_version"))) from None
+    except ValueError as e:  # e.g. the algorithm that wrote it is not installed here
+        raise ConfigError(f"config error: checkpoint={path}: {e}") from None
     given = OmegaConf.from_dotlist(dotlist)
     try:  # typed by the names the run will have (a group or an override may change them)
         base = (w.typed_base(OmegaConf.merge(saved, *groups, given)) if w.typed_base
@@ -109,6 +113,29 @@ def load_eval_config(overrides: Sequence[str]) -> tuple[object, Optional[dict]]:
     cfg = to_object(merged)
     check_config(w, cfg)
     return cfg, state
+
+
+def unfit_checkpoint(path: str, error: str, version: Optional[str]) -> str:
+    """The one line refusing checkpoint ``path`` whose own config does not fit this m2flow's
+    settings (``error``: the merge's config-error line; its first clause names the field),
+    written by m2flow ``version`` (None: before checkpoints recorded it). Such a checkpoint
+    (one written before each env and policy had settings of their own, with ``env.kwargs``)
+    is refused as a whole, like any other this m2flow cannot read, not converted.
+
+    >>> import m2flow
+    >>> line = unfit_checkpoint("last.pt", "config error: env.kwargs is gone: its entries "
+    ...                         "are fields of env now; move them up one level: env.<entry>.", None)
+    >>> line.replace(m2flow.__version__, "X")
+    "config error: checkpoint=last.pt: its config does not fit this m2flow's (X) settings (env.kwargs is gone: its entries are fields of env now): it was written by m2flow (unknown version); evaluate it with that m2flow."
+    """
+    import re
+
+    import m2flow
+
+    detail = re.split(r"[.;] ", error.removeprefix("config error: "), maxsplit=1)[0]
+    return (f"config error: checkpoint={path}: its config does not fit this m2flow's "
+            f"({m2flow.__version__}) settings ({detail.rstrip('.')}): it was written by m2flow "
+            f"{version or '(unknown version)'}; evaluate it with that m2flow.")
 
 
 def quiet_ctrl_c(prog: str):

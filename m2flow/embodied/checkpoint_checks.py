@@ -47,12 +47,10 @@ def check_resume_matches(cfg: TrainConfig, state: Optional[dict] = None) -> None
         return
     from omegaconf import OmegaConf
 
-    from m2flow.embodied.saved import upgrade
     from m2flow.runs import checkpoint
 
     state = state if state is not None else checkpoint.load(cfg.resume, mmap=True)
-    saved = OmegaConf.create(state["config"])
-    written = OmegaConf.create(upgrade(OmegaConf.to_container(saved)))  # an older layout too
+    written = OmegaConf.create(state["config"])
     ours = OmegaConf.structured(cfg) if not OmegaConf.is_config(cfg) else cfg
     differ = [(key, OmegaConf.select(written, key), OmegaConf.select(ours, key))
               for key in RESUME_IDENTITY

@@ -53,13 +53,6 @@ def typed_base(saved):
     return base
 
 
-def upgrade(saved: dict) -> dict:
-    """A checkpoint's saved config in this version's layout (``m2flow.embodied.saved``)."""
-    from m2flow.embodied.saved import upgrade as upgrade_saved
-
-    return upgrade_saved(saved)
-
-
 def check(cfg: TrainConfig) -> None:
     from m2flow.embodied.checks import check_train_config
 
@@ -151,7 +144,6 @@ WORKLOAD = Workload(
     evaluate=evaluate,
     memory_hint=memory_hint,
     typed_base=typed_base,
-    upgrade=upgrade,
     eval_shorthands={
         "episodes": "eval.episodes",
         "episodes_per_task": "eval.episodes_per_task",

@@ -41,6 +41,3 @@ class Workload:
     """The typed config a saved config (a checkpoint's, as a DictConfig) is merged onto; for
     config groups whose schema depends on a saved value (embodied: the algorithm's, the env's
     and the policy's config classes, from their ``name``). None: the root schema's defaults."""
-    upgrade: Optional[Callable[[dict], dict]] = None
-    """A saved config (a plain dict) written by an older version, in this version's layout
-    (embodied: ``env.kwargs`` and ``policy.kwargs`` moved up). None: read as it is."""

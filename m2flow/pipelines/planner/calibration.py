@@ -33,7 +33,7 @@ def models_for(profile, graph: Graph) -> CostModels:
         return models
     plan_of_run = lambda run: Plan(  # noqa: E731
         cal["mode"], tuple((n, ComponentPlacement(**cal["components"][n])) for n in graph.names),
-        run.get("stages", run.get("lanes")), run["overlap"])  # "lanes": older profiles
+        run["stages"], run["overlap"])
     train = graph.train
     for run in cal["runs"]:  # the update's time inside a real iteration, at its threads
         measured = (run.get("phases") or {}).get(f"{train.component}_{train.phase}")
