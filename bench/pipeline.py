@@ -164,7 +164,7 @@ def bench_case(case: str, args) -> dict:
     name, overrides = CASES[case]
     cfg = load_run_config(name, [
         *overrides, f"env.num_envs={args.num_envs}", f"cluster={args.cluster}",
-        "rollout.env_groups=4", "runner.progress_bar=false", *args.set,
+        "staging.env_groups=4", "runner.progress_bar=false", *args.set,
     ])
     m2 = M2flow(cfg)  # first: its workers must not inherit this process's pinning
     local = Local(cfg, m2.runner.placement)

@@ -3,8 +3,9 @@
 The schemas come from the layers that own them (a workload's root config, an algorithm's,
 an env adapter's or a policy's settings); this module only stores them and remembers every
 dataclass reachable from them, so that an error message can list the fields of the class at
-fault, and the keys a workload retired (``policy.kwargs``), so that one that is still set is
-named with its new spelling. It imports no workload.
+fault, and the keys a workload retired (``policy.kwargs``) or renamed
+(``rollout.pipeline_stages``), so that one that is still set is named with its new spelling.
+It imports no workload.
 
 Defaults live only in the dataclasses; YAML files set what differs from them.
 """
@@ -19,6 +20,7 @@ from hydra.core.config_store import ConfigStore
 
 _DATACLASSES: dict[str, type] = {}
 _RETIRED: dict[str, str] = {}
+_RENAMED: dict[str, str] = {}
 
 
 def store(name: str, node: type, group: Optional[str] = None) -> None:
@@ -39,9 +41,17 @@ def retire(key: str, parent: str) -> None:
     _RETIRED[key] = parent
 
 
+def rename(old: str, new: str) -> None:
+    """Remembers that key ``old`` (``rollout.pipeline_stages``) is called ``new``
+    (``staging.pipeline_stages``) now: an override or config that still sets it fails with
+    :func:`retired_line` naming the new key instead of a bare unknown-field error."""
+    _RENAMED[old] = new
+
+
 def retired_line(key: str, entries: Sequence[str] = (), where: str = "") -> Optional[str]:
-    """The one config-error line for ``key`` when it is, or lies under, a retired key; None
-    otherwise. ``entries``: what a config file (``where``) sets under the retired key itself.
+    """The one config-error line for ``key`` when it is, or lies under, a retired or renamed
+    key; None otherwise. ``entries``: what a config file (``where``) sets under the retired
+    key itself.
 
     >>> retire("policy.kwargs", "policy")
     >>> retired_line("policy.kwargs.critic")
@@ -50,7 +60,13 @@ def retired_line(key: str, entries: Sequence[str] = (), where: str = "") -> Opti
     'config error: policy.kwargs is gone: its entries are fields of policy now; in policy/my_mlp, move them up one level: policy.critic, policy.std.'
     >>> retired_line("policy.critic") is None
     True
+    >>> rename("rollout.pipeline_stages", "staging.pipeline_stages")
+    >>> retired_line("rollout.pipeline_stages")
+    'config error: rollout.pipeline_stages is staging.pipeline_stages now; write staging.pipeline_stages instead.'
     """
+    for old, new in _RENAMED.items():
+        if key == old or key.startswith(old + "."):
+            return f"config error: {old} is {new} now; write {new}{key[len(old):]} instead."
     for old, parent in _RETIRED.items():
         if key == old or key.startswith(old + "."):
             rest = key[len(old) + 1:]

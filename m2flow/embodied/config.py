@@ -14,8 +14,10 @@ from m2flow.runs.config import ClusterGroupConfig, RunnerBaseConfig
 
 
 @dataclass
-class RolloutConfig:
-    """How env and rollout workers exchange observations and actions."""
+class StagingConfig:
+    """How each env worker stages its envs: the pipeline stages it steps them as (one
+    simulating while the rollout workers infer for another) and the env groups they are made
+    of. (Inference itself, the rollout workers', is placed under ``cluster``.)"""
 
     pipeline_stages: int = 1
     """S: each env worker runs its envs as S pipeline stages. While the simulator steps stage
@@ -130,7 +132,7 @@ class TrainConfig:
     """Which workload runs this config (the table in m2flow.cli.workloads); set by the schema."""
     env: EnvConfig = field(default_factory=EnvConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    staging: StagingConfig = field(default_factory=StagingConfig)
     algorithm: AlgorithmConfig = MISSING
     cluster: ClusterGroupConfig = field(default_factory=ClusterGroupConfig)
     runner: RunnerConfig = field(default_factory=RunnerConfig)

@@ -51,8 +51,8 @@ def graph(f: Mapping[str, Any]) -> Graph:
         per = n // plan.workers
         groups = max(s for s in STAGES if s <= per) if elastic else plan.stages
         return [f"env.num_envs={per}",
-                f"rollout.pipeline_stages={plan.stages}",
-                f"rollout.env_groups={max(groups, plan.stages)}",
+                f"staging.pipeline_stages={plan.stages}",
+                f"staging.env_groups={max(groups, plan.stages)}",
                 f"runner.overlap_learner={str(plan.overlap).lower()}"]
 
     return Graph(

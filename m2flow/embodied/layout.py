@@ -48,10 +48,10 @@ class Layout:
     num_envs: int
     """Envs each env worker steps (``env.num_envs``)."""
     pipeline_stages: int
-    """Stages each env worker runs its envs as, at the start (``rollout.pipeline_stages``; a
+    """Stages each env worker runs its envs as, at the start (``staging.pipeline_stages``; a
     plan's monitor may change the runner's count within ``env_groups``)."""
     env_groups: int
-    """Env groups (batched envs) each env worker builds (``rollout.env_groups``, or the
+    """Env groups (batched envs) each env worker builds (``staging.env_groups``, or the
     stages when unset): the most stages the run can switch to without a rebuild."""
     reset_group_size: int
     """Envs of one reset group, which reset to one initial state (the algorithm's: GRPO's
@@ -106,8 +106,8 @@ class Layout:
                            AlgorithmConfig.update_samples(algo, collected))
         return cls(
             env_workers=env_workers, num_envs=n,
-            pipeline_stages=cfg.rollout.pipeline_stages,
-            env_groups=cfg.rollout.env_groups or cfg.rollout.pipeline_stages,
+            pipeline_stages=cfg.staging.pipeline_stages,
+            env_groups=cfg.staging.env_groups or cfg.staging.pipeline_stages,
             reset_group_size=algorithm_class(algo.name).reset_group_size(algo),
             rollout_workers=workers("rollout"), learner_ranks=workers("learner"),
             rollout_steps=cfg.runner.rollout_steps,
@@ -121,13 +121,13 @@ def check_layout(lay: Layout, cfg: TrainConfig) -> None:
     count is held against (the backend, the algorithm, the env's simulator)."""
     n, stages = lay.num_envs, lay.pipeline_stages
     if stages > n:
-        raise field_error("rollout.pipeline_stages", stages,
+        raise field_error("staging.pipeline_stages", stages,
                           f"must be <= env.num_envs={n} (every stage needs an env); use 1 to {n}.")
-    groups = cfg.rollout.env_groups  # as given: None leaves it to the stages
-    if groups is not None and not stages <= groups <= n:
+    env_groups = cfg.staging.env_groups  # as given: None leaves it to the stages
+    if env_groups is not None and not stages <= env_groups <= n:
         raise field_error(
-            "rollout.env_groups", groups,
-            f"must be in [rollout.pipeline_stages={stages}, env.num_envs={n}] (a stage is one "
+            "staging.env_groups", env_groups,
+            f"must be in [staging.pipeline_stages={stages}, env.num_envs={n}] (a stage is one "
             "or more env groups, a group one or more envs); change it or leave it unset.")
     _check_reset_groups(lay, cfg)
     _check_learner_ranks(lay, cfg)
@@ -150,17 +150,17 @@ def _check_reset_groups(lay: Layout, cfg: TrainConfig) -> None:
             f"must be a multiple of {size}, the envs of one reset group of "
             f"algorithm={cfg.algorithm.name} (e.g. algorithm.group_size): each env worker holds "
             f"whole groups that reset to one initial state; use env.num_envs={fit}.")
-    groups = cfg.rollout.env_groups
-    if size > 1 and groups and groups > 1 and _gpu_batched(cfg):
+    env_groups = cfg.staging.env_groups  # batches of envs, not reset groups
+    if size > 1 and env_groups and env_groups > 1 and _gpu_batched(cfg):
         from m2flow.embodied.workers.stages import stage_sizes
 
-        sizes = stage_sizes(n, groups)
+        sizes = stage_sizes(n, env_groups)
         if any(s % size for s in sizes):
             raise field_error(
-                "rollout.env_groups", groups,
+                "staging.env_groups", env_groups,
                 f"splits env.num_envs={n} into batches of {sizes}, but on ManiSkill's GPU "
                 f"backend a reset group of {size} envs shares one initial state only within one "
-                f"batch; choose rollout.env_groups so that every batch holds whole groups "
+                f"batch; choose staging.env_groups so that every batch holds whole reset groups "
                 f"(a divisor of {n // size}).")
 
 
@@ -209,7 +209,7 @@ def _check_rollout_ranks(lay: Layout) -> None:
     raise field_error(
         ROLLOUT_WORKERS, m,
         f"must divide the {stages} stages ({ENV_WORKERS}={lay.env_workers} x "
-        f"rollout.pipeline_stages={lay.pipeline_stages}) it serves, equally many per "
+        f"staging.pipeline_stages={lay.pipeline_stages}) it serves, equally many per "
         f"rollout worker; use {ROLLOUT_WORKERS} in {fits}, or more env workers or stages.")
 
 

@@ -14,8 +14,10 @@ from m2flow.runs.workload import Workload
 
 def register_schemas() -> None:
     """The root schema and one schema per registered algorithm, env adapter and policy (groups
-    ``algorithm``, ``env``, ``policy``); ``policy.kwargs`` and ``env.kwargs``, gone, are
-    named as such when a config or override still sets them."""
+    ``algorithm``, ``env``, ``policy``); ``policy.kwargs`` and ``env.kwargs``, gone, and the
+    env staging's keys of their old section ``rollout`` (``rollout.pipeline_stages``; the
+    reasoning workload's ``rollout`` is its generation) are named as such when a config or
+    override still sets them."""
     from m2flow.embodied.algorithms import register_schemas as register_algorithms
     from m2flow.envs.registry import register_schemas as register_envs
     from m2flow.policies.registry import register_schemas as register_policies
@@ -25,6 +27,8 @@ def register_schemas() -> None:
         register(_Store())
     for group in ("env", "policy"):
         schema.retire(f"{group}.kwargs", group)
+    for key in ("pipeline_stages", "env_groups"):
+        schema.rename(f"rollout.{key}", f"staging.{key}")
 
 
 class _Store:

@@ -441,7 +441,7 @@ class _ManiSkillGPU(BatchedEnv):
 # the simulator state of the first env with its seed (its group's leader), through ManiSkill's
 # own partial reset to given states (``options["reset_to_env_states"]``), which also recomputes
 # the observations. This holds within one GPU batch: a group split over two env groups
-# (``rollout.env_groups``) gets one state per part.
+# (``staging.env_groups``) gets one state per part.
 
 
 def group_leaders(seeds: Sequence[int]) -> list[int]:

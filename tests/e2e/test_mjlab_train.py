@@ -11,7 +11,7 @@ SMALL = ["runner.progress_bar=false", "runner.eval_episodes=4", "env.max_episode
 def test_cartpole_trains_under_ray(tmp_path, capsys):
     rc = train(["--config-name", "mjlab_cartpole_ppo_mlp", "env.num_envs=8",
                 "runner.num_iterations=2", "runner.rollout_steps=8", "runner.eval_interval=2",
-                "rollout.pipeline_stages=2",
+                "staging.pipeline_stages=2",
                 f"runner.log_dir={tmp_path}", *SMALL])
     assert rc == 0
     assert "done: 2 iterations, 128 env steps" in capsys.readouterr().out

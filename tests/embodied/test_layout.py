@@ -22,8 +22,8 @@ def _cfg(name: str, overrides: list):
 
 def test_a_grpo_run_with_several_workers_has_the_counts_multiplied_out():
     cfg = _cfg("maniskill_pushcube_grpo_openvla_oft_tiny", [
-        "env.num_envs=8", "algorithm.group_size=4", "rollout.pipeline_stages=2",
-        "rollout.env_groups=4", "runner.rollout_steps=13", "cluster.backend=ray",
+        "env.num_envs=8", "algorithm.group_size=4", "staging.pipeline_stages=2",
+        "staging.env_groups=4", "runner.rollout_steps=13", "cluster.backend=ray",
         "cluster.placement.components.env.workers=2",
         "cluster.placement.components.rollout.workers=4",
         "cluster.placement.components.learner.workers=2"])
@@ -37,9 +37,9 @@ def test_a_grpo_run_with_several_workers_has_the_counts_multiplied_out():
 
 
 def test_unset_env_groups_are_the_stages_and_unplaced_components_one_worker():
-    cfg = _cfg("maniskill_pushcube_ppo_mlp", ["env.num_envs=6", "rollout.pipeline_stages=3"])
+    cfg = _cfg("maniskill_pushcube_ppo_mlp", ["env.num_envs=6", "staging.pipeline_stages=3"])
     cfg.cluster.placement.components = {}
-    assert cfg.rollout.env_groups is None
+    assert cfg.staging.env_groups is None
     lay = Layout.of(cfg)
     assert (lay.env_groups, lay.env_workers, lay.rollout_workers, lay.learner_ranks,
             lay.reset_group_size) == (3, 1, 1, 1, 1)
@@ -110,6 +110,6 @@ def test_no_other_embodied_module_reads_the_runs_shape_from_the_config():
 def test_the_shape_check_sees_what_it_looks_for():
     code = ("w = cfg.cluster.placement.components['env'].workers\n"
             "g = algorithm_class(n).reset_group_size(a)\n"
-            "k = cfg.rollout.env_groups or cfg.rollout.pipeline_stages\n")
+            "k = cfg.staging.env_groups or cfg.staging.pipeline_stages\n")
     assert sorted(_digs(ast.parse(code))) == [
         "1: .components", "2: reset_group_size(...)", "3: env_groups or"]

@@ -24,7 +24,7 @@ def fake_runner(stages, num_envs=7, env_workers=1, rollout_workers=1, *extra, en
     fakes.register()
     cfg = load_run_config("maniskill_pushcube_ppo_mlp", [
         "cluster=inprocess", f"env.name={env}", f"env.num_envs={num_envs}",
-        "policy.name=test/echo", f"rollout.pipeline_stages={stages}",
+        "policy.name=test/echo", f"staging.pipeline_stages={stages}",
         f"runner.rollout_steps={STEPS}", "runner.progress_bar=false",
         f"cluster.placement.components.env.workers={env_workers}",
         f"cluster.placement.components.rollout.workers={rollout_workers}", *extra,
@@ -91,7 +91,7 @@ def test_m_env_workers_route_stages_to_n_rollout_workers_without_a_relay():
 
 
 def test_stages_reach_every_rollout_rank_equally_when_m_divides_e_times_s():
-    """For any stage count (it may change at run time, up to rollout.env_groups)."""
+    """For any stage count (it may change at run time, up to staging.env_groups)."""
     from collections import Counter
 
     from m2flow.embodied.workers.stages import rollout_rank
@@ -137,13 +137,13 @@ def test_staleness_beyond_the_bound_is_refused():
 
 
 def test_more_stages_than_envs_is_a_config_error():
-    with pytest.raises(ValueError, match=r"rollout.pipeline_stages=5.*env.num_envs=4"):
+    with pytest.raises(ValueError, match=r"staging.pipeline_stages=5.*env.num_envs=4"):
         fake_runner(5, 4)
 
 
 def test_ray_workers_pipeline_two_env_ranks_into_one_rollout_rank(ray_cluster):
     cfg = load_run_config("maniskill_pushcube_ppo_mlp", [
-        "env=gym_pendulum", "env.num_envs=3", "rollout.pipeline_stages=2",
+        "env=gym_pendulum", "env.num_envs=3", "staging.pipeline_stages=2",
         "runner.rollout_steps=8", "runner.progress_bar=false",
         "cluster.placement.components.env.workers=2",
     ])
@@ -164,7 +164,7 @@ def test_ray_workers_pipeline_two_env_ranks_into_one_rollout_rank(ray_cluster):
 
 
 def test_stage_count_changes_at_run_time_without_rebuilding_the_envs():
-    runner = fake_runner(2, 7, 1, 1, "rollout.env_groups=4")
+    runner = fake_runner(2, 7, 1, 1, "staging.env_groups=4")
     try:
         envs = runner.env.handles[0].envs
         got = {}

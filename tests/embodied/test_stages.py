@@ -34,9 +34,9 @@ def test_offsets_index_the_first_env_of_each_group():
 
 
 def test_impossible_counts_name_the_setting_to_change():
-    with pytest.raises(ValueError, match=r"rollout.pipeline_stages=5 \(or rollout.env_groups\) with env.num_envs=4"):
+    with pytest.raises(ValueError, match=r"staging.pipeline_stages=5 \(or staging.env_groups\) with env.num_envs=4"):
         stage_sizes(4, 5)
-    with pytest.raises(ValueError, match="set rollout.env_groups >= 3"):
+    with pytest.raises(ValueError, match="set staging.env_groups >= 3"):
         stage_groups(2, 3)
     with pytest.raises(ValueError):
         stage_groups(2, 0)

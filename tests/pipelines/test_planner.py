@@ -261,12 +261,12 @@ def test_the_plan_file_round_trips_into_a_config_that_composes(tmp_path):
     comps = cfg.cluster.placement.components
     assert cfg.cluster.placement.mode == "hybrid" and cfg.cluster.backend == "ray"
     assert comps["env"].cpu_ids == [0] and comps["rollout"].cpu_ids == [1]
-    assert (cfg.env.num_envs, cfg.rollout.pipeline_stages) == (4, 2)
+    assert (cfg.env.num_envs, cfg.staging.pipeline_stages) == (4, 2)
     assert cfg.runner.overlap_learner is best.plan.overlap
     # the command line's own overrides still win over the plan's
     cfg = load_run_config("maniskill_pushcube_ppo_mlp",
-                          [f"cluster.plan={path}", "rollout.pipeline_stages=1"])
-    assert cfg.rollout.pipeline_stages == 1
+                          [f"cluster.plan={path}", "staging.pipeline_stages=1"])
+    assert cfg.staging.pipeline_stages == 1
 
 
 def test_a_profile_survives_json():

@@ -84,6 +84,14 @@ def test_wrong_nested_type_names_the_full_path():
     check(["cluster.placement.components.env.cpus=many"], "cluster.placement.components.env.cpus")
 
 
+def test_the_env_stagings_old_keys_name_their_new_ones():
+    """``rollout.pipeline_stages`` and ``rollout.env_groups`` are ``staging.*`` now (the
+    reasoning workload's ``rollout`` is its generation, and keeps its keys)."""
+    check(["rollout.pipeline_stages=2"], "rollout.pipeline_stages is staging.pipeline_stages "
+          "now; write staging.pipeline_stages instead.")
+    check(["rollout.env_groups=4"], "write staging.env_groups instead")
+
+
 def test_unknown_group_option_lists_available():
     check(["env=maniskill_pushcub"], "env/maniskill_pushcub", "maniskill_pushcube")
 

@@ -3,8 +3,8 @@
 Pure functions of (run seed, purpose, iteration, rank, env index), so an iteration replays
 exactly on resume, and env i gets the same reset for any stage count or env grouping.
 
-- Seeds: env i of a rank resets from its own seed; with GRPO groups of ``group_size`` envs,
-  envs ``i // group_size`` share one seed, so a group starts from one initial state.
+- Seeds: env i of a rank resets from its own seed; with reset groups of ``group_size`` envs
+  (GRPO's), envs ``i // group_size`` share one seed, so a group starts from one initial state.
 - Tasks (a multi-task env such as LIBERO): group j of rank r trains at iteration t on task
   ``((r + t) * N/g + j) mod num_tasks`` (N envs per rank): the tasks rotate over the
   iterations so every task gets envs; where N/g is a multiple of num_tasks no env ever

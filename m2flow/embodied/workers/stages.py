@@ -23,7 +23,7 @@ def stage_sizes(num_envs: int, stages: int) -> list[int]:
     """
     if not 1 <= stages <= num_envs:
         raise ValueError(
-            f"rollout.pipeline_stages={stages} (or rollout.env_groups) with env.num_envs="
+            f"staging.pipeline_stages={stages} (or staging.env_groups) with env.num_envs="
             f"{num_envs}: every stage needs at least one env; use 1 to {num_envs}."
         )
     base, extra = divmod(num_envs, stages)
@@ -39,8 +39,8 @@ def stage_groups(num_groups: int, stages: int) -> list[list[int]]:
     if not 1 <= stages <= num_groups:
         raise ValueError(
             f"{stages} pipeline stages asked of an env worker built with {num_groups} "
-            f"env groups; set rollout.env_groups >= {stages} (it defaults to "
-            "rollout.pipeline_stages)."
+            f"env groups; set staging.env_groups >= {stages} (it defaults to "
+            "staging.pipeline_stages)."
         )
     out, start = [], 0
     for n in stage_sizes(num_groups, stages):

@@ -5,7 +5,7 @@ It is YAML: what the plan was chosen for (the entry config, the node), what was 
 ``cluster``: the placement as a whole ``cluster`` group (every field of every component, so
 nothing of the entry config's own cluster option is left half-applied; the same body saved as
 ``m2flow/configs/cluster/<name>.yaml`` is a cluster option), and ``overrides``: the
-workload's own keys the plan sets (``rollout.pipeline_stages=2``, ...). The placement is
+workload's own keys the plan sets (``staging.pipeline_stages=2``, ...). The placement is
 merged onto the composed config (a Hydra override cannot add a component the entry's cluster
 option does not list); the overrides go before the command line's own.
 
