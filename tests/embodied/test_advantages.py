@@ -1,6 +1,6 @@
 import torch
 
-from m2flow.embodied.algorithms.helpers.advantages import gae
+from m2flow.runs.rl import gae
 
 
 def gae_reference(reward, value, next_value, terminated, done, gamma, lam):

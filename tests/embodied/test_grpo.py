@@ -7,9 +7,8 @@ import torch
 from tensordict import TensorDict
 
 from m2flow.embodied.algorithms import AlgorithmError
-from m2flow.embodied.algorithms.helpers.advantages import keep_groups
+from m2flow.embodied.algorithms.grpo import GRPO, GRPOConfig, grpo_loss, keep_groups
 from m2flow.runs.rl import group_advantages
-from m2flow.embodied.algorithms.grpo import GRPO, GRPOConfig, grpo_loss
 
 
 def test_advantages_by_hand():

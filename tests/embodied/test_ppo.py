@@ -3,10 +3,11 @@ import torch
 from tensordict import TensorDict
 
 from m2flow.embodied.algorithms import AlgorithmError
-from m2flow.embodied.algorithms.ppo import PPO, PPOConfig, normalized_advantages, ppo_loss
+from m2flow.embodied.algorithms.ppo import PPO, PPOConfig, ppo_loss
 from m2flow.envs import EnvSpec
 from m2flow.pipelines.distributed import DataParallel
 from m2flow.policies import make_policy, policy_config
+from m2flow.runs.rl import normalized_advantages
 
 SPEC = EnvSpec({"state": (5,)}, 2, (-1.0, -1.0), (1.0, 1.0), 50)
 LOSS_KW = dict(clip_coef=0.2, vf_coef=0.5, ent_coef=0.01)

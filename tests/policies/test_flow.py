@@ -193,8 +193,8 @@ def test_ppo_and_grpo_ratios_are_exactly_one_at_the_rollouts_weights(method):
     """What the learner recomputes from the stored chain equals what the rollout logged, and
     the policy loss's gradient reaches the velocity network (and Flow-Noise's noise head)."""
     from m2flow.embodied.algorithms.grpo import grpo_loss
-    from m2flow.embodied.algorithms.helpers.losses import level_log_probs
     from m2flow.embodied.algorithms.ppo import ppo_loss
+    from m2flow.runs.rl import level_log_probs
 
     pi = small_policy(method)
     b = obs_batch(torch.randn(8, 4))

@@ -126,8 +126,8 @@ def test_ppo_ratio_is_exactly_one_at_the_rollouts_weights(variant, method):
     rollout's batch (ratio 1, no clipping), within 1e-5 on a minibatch of it (CPU kernels
     round differently at another batch size); the policy loss reaches the expert, the
     prefix Gemma and the vision tower."""
-    from m2flow.embodied.algorithms.helpers.losses import level_log_probs
     from m2flow.embodied.algorithms.ppo import ppo_loss
+    from m2flow.runs.rl import level_log_probs
 
     from tests.embodied.test_keys import unknown
 

@@ -1,10 +1,14 @@
 """Embodied GRPO: group-relative episode advantages (no critic), the clipped policy loss and its
 update loop (:meth:`GRPO.train`).
 
-Envs come in groups of ``group_size`` that reset to one initial state; each env's first
-episode of an iteration is one sample of its group, its advantage against the group goes to
-every step of it, and groups whose episodes all share one outcome are dropped (see
-:mod:`m2flow.embodied.algorithms.helpers.advantages`).
+Envs come in groups of ``group_size`` that reset to the same initial state (LIBERO init-state
+id, ManiSkill seed); each env's first episode of an iteration is one sample of its group
+(:func:`first_episodes`). Each episode's advantage is its return against its group,
+``(R - mean(group)) / (std(group) + eps)`` (:func:`m2flow.runs.rl.group_advantages`, shared
+with reasoning), and every action of the episode carries it. A group whose episodes all
+succeeded or all failed says nothing about which actions were better; groups whose success
+rate lies outside ``[low, high]`` are dropped (:func:`keep_groups`; by default: keep a group
+unless all its episodes share one outcome).
 """
 
 from __future__ import annotations
@@ -16,13 +20,11 @@ import torch
 from tensordict import TensorDict
 
 from m2flow import keys
-from m2flow.embodied.algorithms.helpers.advantages import first_episodes, keep_groups
 from m2flow.embodied.algorithms.base import (
     Algorithm, AlgorithmConfig, check_field, flatten_valid, loss_metrics)
 from m2flow.embodied.algorithms.helpers.demo_term import DemoTerm, DemoTermConfig
-from m2flow.embodied.algorithms.helpers.losses import LOGPROB_LEVELS, clipped_policy_terms
 from m2flow.runs.learner import Means, minibatch_generator
-from m2flow.runs.rl import group_advantages
+from m2flow.runs.rl import LOGPROB_LEVELS, clipped_policy_terms, group_advantages
 
 
 @dataclass
@@ -73,8 +75,8 @@ class GRPOConfig(DemoTermConfig, AlgorithmConfig):
 
 class GRPO(Algorithm):
     """``algorithm=grpo``: each env's first episode is a sample of its group; no critic; with
-    ``demo_coef``, the demonstrations' NLL in the loss (:mod:`~m2flow.embodied.algorithms.
-    demo_term`)."""
+    ``demo_coef``, the demonstrations' NLL in the loss
+    (:mod:`~m2flow.embodied.algorithms.helpers.demo_term`)."""
 
     config_class = GRPOConfig
     needs_critic = False
@@ -163,3 +165,40 @@ def grpo_loss(policy, mb: TensorDict, *, clip_coef: float, ent_coef: float,
     samples (and their tokens/actions, the same number for every sample)."""
     return clipped_policy_terms(policy, mb, clip_coef=clip_coef, ent_coef=ent_coef,
                                 level=level, action_dim=action_dim)
+
+
+def keep_groups(success: torch.Tensor, group_size: int, low: float = 0.0,
+                high: float = 1.0) -> torch.Tensor:
+    """Per-episode mask: True where the group's success rate satisfies ``low < rate < high``;
+    the defaults drop all-failure (rate 0) and all-success (rate 1) groups.
+
+    >>> keep_groups(torch.tensor([1, 1, 0, 0, 0, 1, 1, 1]).bool(), group_size=2)
+    tensor([False, False, False, False,  True,  True, False, False])
+    """
+    rate = _grouped(success.float(), group_size).mean(dim=1)
+    keep = (rate > low) & (rate < high)
+    return keep.repeat_interleave(group_size)
+
+
+def _grouped(x: torch.Tensor, group_size: int) -> torch.Tensor:
+    if group_size < 1 or x.numel() % group_size:
+        raise ValueError(
+            f"{x.numel()} episodes do not split into groups of algorithm.group_size="
+            f"{group_size}; make env.num_envs (times env workers) a multiple of it."
+        )
+    return x.reshape(-1, group_size)
+
+
+def first_episodes(reward: torch.Tensor, done: torch.Tensor,
+                   success: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each env's first episode in an (N, T) trajectory: (return (N,), success (N,), the mask
+    (N, T) of its steps). An episode still running at T counts with what it has so far.
+
+    >>> d = torch.tensor([[False, True, False], [False, False, False]])
+    >>> ret, ok, steps = first_episodes(torch.ones(2, 3), d, d)
+    >>> ret.tolist(), ok.tolist(), steps.tolist()
+    ([2.0, 3.0], [True, False], [[True, True, False], [True, True, True]])
+    """
+    ended_before = (torch.cumsum(done.long(), dim=1) - done.long()) > 0
+    steps = ~ended_before
+    return (reward * steps).sum(1), (success & steps).any(1), steps

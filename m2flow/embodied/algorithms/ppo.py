@@ -1,5 +1,14 @@
 """Clipped PPO with GAE: its config, advantages on (N, T) trajectories, its loss and its update
-loop (:meth:`PPO.train`)."""
+loop (:meth:`PPO.train`).
+
+The maths it calls (GAE, advantage normalisation, the clipped surrogate at a log-prob level,
+explained variance, each over every data-parallel rank where it must be) is
+:mod:`m2flow.runs.rl`; the learner pieces its loop takes its steps from (the Trainer's
+minibatches, gradients and step; ``Means``, ``frozen_but``) are :mod:`m2flow.runs.learner`;
+what the learner worker calls is the interface in :mod:`~m2flow.embodied.algorithms.base`.
+The demonstration term (``demo_coef``, off by default) is
+:mod:`~m2flow.embodied.algorithms.helpers.demo_term`.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +19,6 @@ import torch
 from tensordict import TensorDict
 
 from m2flow import keys
-from m2flow.embodied.algorithms.helpers.advantages import gae
 from m2flow.embodied.algorithms.base import (
     Algorithm,
     AlgorithmConfig,
@@ -20,9 +28,15 @@ from m2flow.embodied.algorithms.base import (
     loss_metrics,
 )
 from m2flow.embodied.algorithms.helpers.demo_term import DemoTerm, DemoTermConfig
-from m2flow.embodied.algorithms.helpers.losses import LOGPROB_LEVELS, clipped_policy_terms
-from m2flow.pipelines.distributed import DataParallel
 from m2flow.runs.learner import Means, frozen_but, minibatch_generator
+from m2flow.runs.rl import (
+    LOGPROB_LEVELS,
+    clipped_policy_terms,
+    explained_variance,
+    explained_variance_shared,
+    gae,
+    normalized_advantages,
+)
 
 LR_SCHEDULES = ("fixed", "adaptive")
 # rsl-rl's adaptive schedule (rsl_rl.algorithms.PPO.update): the factor a minibatch's KL
@@ -275,69 +289,11 @@ class PPO(Algorithm):
         return names
 
 
-def normalize(adv: torch.Tensor) -> torch.Tensor:
-    """Zero mean, unit (sample) std.
-
-    >>> normalize(torch.tensor([1.0, 3.0]))
-    tensor([-0.7071,  0.7071])
-    """
-    return (adv - adv.mean()) / (adv.std() + 1e-8)
-
-
-def normalized_advantages(mb: TensorDict, dp: DataParallel) -> TensorDict:
-    """``mb`` with its advantages normalised over the whole minibatch (with several ranks of
-    ``dp``, over every rank's share of it: a collective), as a shallow copy; a minibatch of
-    one row on one rank is returned as it is.
-
-    >>> normalized_advantages(TensorDict({"advantage": torch.tensor([1.0, 3.0])}, [2]),
-    ...                       DataParallel())["advantage"]
-    tensor([-0.7071,  0.7071])
-    """
-    if dp.active:
-        adv = normalize_shared(mb[keys.ADVANTAGE], dp)
-    elif mb.shape[0] > 1:
-        adv = normalize(mb[keys.ADVANTAGE])
-    else:
-        return mb
-    mb = mb.clone(recurse=False)
-    mb[keys.ADVANTAGE] = adv
-    return mb
-
-
-def normalize_shared(adv: torch.Tensor, dp: DataParallel) -> torch.Tensor:
-    """:func:`normalize` over the concatenation of every rank's ``adv`` (this rank's rows of
-    it returned): the global mean first, then the sum of squared deviations from it, as
-    ``Tensor.std`` takes them; unchanged when the ranks hold fewer than 2 values in all."""
-    stats = dp.sum(torch.stack([adv.new_tensor(float(adv.numel())), adv.sum()]))
-    n = float(stats[0])
-    if n <= 1:
-        return adv
-    mean = stats[1] / n
-    var = dp.sum(((adv - mean) ** 2).sum()) / (n - 1)
-    return (adv - mean) / (var.sqrt() + 1e-8)
-
-
-def explained_variance_shared(pred: torch.Tensor, target: torch.Tensor,
-                              dp: DataParallel) -> float:
-    """:func:`explained_variance` over every rank's rows, from summed moments."""
-    pred, target = pred.double(), target.double()
-    err = target - pred
-    m = dp.sum(torch.stack([target.new_tensor(float(target.numel())), target.sum(),
-                            (target ** 2).sum(), err.sum(), (err ** 2).sum()]))
-    n = float(m[0])
-    if n < 2:
-        return float("nan")
-    var_t = float(m[2] - m[1] ** 2 / n) / (n - 1)
-    var_e = float(m[4] - m[3] ** 2 / n) / (n - 1)
-    return float("nan") if var_t == 0 else 1 - var_e / var_t
-
-
 def ppo_loss(policy, mb: TensorDict, *, clip_coef: float, vf_coef: float, ent_coef: float,
              clip_vloss: bool = False, level: str = "chunk", action_dim: int = 1) -> TensorDict:
     """PPO loss terms for minibatch ``mb`` (keys obs, action, log_prob, value, advantage,
     return; the advantages as they are: normalise them per minibatch before); the policy
-    ratio at log-prob ``level``
-    (:func:`~m2flow.embodied.algorithms.helpers.losses.level_log_probs`), each sample's
+    ratio at log-prob ``level`` (:func:`~m2flow.runs.rl.level_log_probs`), each sample's
     advantage on every ratio of it.
 
     Returns a TensorDict of ``loss_policy``, ``loss_value``, ``loss_entropy`` (sum them to
@@ -355,9 +311,3 @@ def ppo_loss(policy, mb: TensorDict, *, clip_coef: float, vf_coef: float, ent_co
 
     return clipped_policy_terms(policy, mb, clip_coef=clip_coef, ent_coef=ent_coef,
                                 level=level, action_dim=action_dim, value_term=value_term)
-
-
-def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:
-    """1 - Var(target - pred) / Var(target) (nan when the target is constant)."""
-    var = target.var()
-    return float("nan") if var == 0 else float(1 - (target - pred).var() / var)
