@@ -180,29 +180,23 @@ def signals_as_ctrl_c():
     return (lambda: signal.signal(signal.SIGTERM, previous)), (lambda: 128 + got[0])
 
 
-def interruptible(prog: str, run, command=None, hint=lambda: "", cfg=None) -> int:
-    """Runs ``run`` with Ctrl-C (and SIGTERM) handled as ``runs.session.stop_on_ctrl_c``
-    says: it stops within seconds in any phase and ends with one line saying where; with
-    ``command`` (the command line that resumes from a checkpoint, or starts again from None),
-    that too; exit code 130 (143 after SIGTERM).
+def interruptible(prog: str, run, *, control, command=None, hint=lambda: "", cfg=None) -> int:
+    """Runs ``run`` (which hands ``control``, a ``runs.control.RunControl``, to the run it
+    starts) with Ctrl-C (and SIGTERM) handled as ``RunControl.handle_signals`` says: it stops
+    within seconds in any phase and ends with one line saying where; with ``command`` (the
+    command line that resumes from a checkpoint, or starts again from None), that too; exit
+    code 130 (143 after SIGTERM).
 
     A failure ends it with one line too (exit code 1): a worker that died (killed, crashed,
     or for memory: then the fields to change, ``hint()``), a channel that stopped
     delivering, an exception raised in a worker or here. The line names the worker, its
     method and the cause, the phase, the checkpoint and how to resume; the traceback goes to
-    the run's ``train.log`` (``runs.session.run_failed``, for the run of ``cfg``; without
+    the run's ``train.log`` (``runs.failure.run_failed``, for the run of ``cfg``; without
     ``cfg`` only the failures a runner turned into a ``RunFailed`` are one line)."""
     from m2flow.pipelines.futures import Stopped
-    from m2flow.runs.session import (
-        RunFailed,
-        RunInterrupted,
-        current_phase,
-        run_failed,
-        stop_on_ctrl_c,
-        stop_signal,
-    )
+    from m2flow.runs.failure import RunFailed, RunInterrupted, run_failed
 
-    restore = stop_on_ctrl_c()
+    restore = control.handle_signals()
     try:
         return run()
     except (Stopped, RunInterrupted, KeyboardInterrupt) as e:
@@ -210,18 +204,18 @@ def interruptible(prog: str, run, command=None, hint=lambda: "", cfg=None) -> in
             line = e.describe(command)
         else:  # before the run's loop (start-up), or a run with no loop (m2flow-eval)
             again = f"; start again with: {command(None)}" if command else "; nothing was saved."
-            line = f"interrupted during {current_phase()}{again}"
+            line = f"interrupted during {control.phase}{again}"
         lead = "\n" if sys.stderr.isatty() else ""  # off a progress bar's line
         print(f"{lead}{prog}: {line}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         # Workers, simulators, Ray and the run's files are closed by now; the interpreter's
         # own teardown (torch, Ray, simulator modules) would take 1-2 s more.
-        os._exit(128 + (stop_signal() or signal.SIGINT))
+        os._exit(control.exit_code())
     except Exception as e:
         if not isinstance(e, RunFailed):  # before the run's loop (start-up), or m2flow-eval
             if cfg is None:
                 raise
-            e = run_failed(e, cfg, hint=hint())
+            e = run_failed(e, cfg, phase=control.phase, hint=hint())
         lead = "\n" if sys.stderr.isatty() else ""
         print(f"{lead}{prog}: {e.describe(command)}", file=sys.stderr, flush=True)
         return EXIT_FAILED
@@ -231,8 +225,8 @@ def interruptible(prog: str, run, command=None, hint=lambda: "", cfg=None) -> in
 
 def resumed_launch(overrides: Sequence[str]) -> Optional[tuple[str, list[str]]]:
     """``m2flow-train resume=<checkpoint or run>`` without ``--config-name``: the entry config
-    and overrides the run was launched with (kept in its checkpoints, ``runs.session.
-    launched_as``), its ``resume=`` replaced by ``overrides`` (which come last, so they win);
+    and overrides the run was launched with (kept in its checkpoints, ``runs.control.
+    launch``), its ``resume=`` replaced by ``overrides`` (which come last, so they win);
     None where there is no such ``resume=`` or the checkpoint kept no command (a run of an
     older m2flow, or one not started by the CLI): the default config is composed then, and a
     checkpoint of another config is refused at start-up, naming its ``config.yaml``."""

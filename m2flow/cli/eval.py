@@ -17,6 +17,7 @@ from typing import Optional
 from m2flow.cli.common import (
     EXIT_CONFIG, interruptible, load_eval_config, quiet_ctrl_c, setup_logging)
 from m2flow.cli.workloads import workload
+from m2flow.runs.control import RunControl
 
 
 @quiet_ctrl_c("m2flow-eval")
@@ -37,7 +38,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     setup_logging()
     w = workload(cfg.workload)
     env = getattr(cfg, "env", None)  # no learner here: only the simulators' count to lower
-    return interruptible("m2flow-eval", lambda: w.evaluate(cfg, state),
+    control = RunControl()
+    return interruptible("m2flow-eval", lambda: w.evaluate(cfg, state, control), control=control,
                          hint=lambda: f"lower env.num_envs (now {env.num_envs})" if env else "",
                          cfg=cfg)
 

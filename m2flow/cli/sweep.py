@@ -18,6 +18,7 @@ from typing import Optional, Sequence
 from m2flow.cli.common import (
     EXIT_CONFIG, interruptible, load_run_config, setup_logging, train_command)
 from m2flow.cli.workloads import run_config, workload
+from m2flow.runs.control import RunControl, launch
 
 
 def multirun(config_name: str, overrides: Sequence[str], show_cfg: bool = False) -> int:
@@ -48,7 +49,8 @@ def multirun(config_name: str, overrides: Sequence[str], show_cfg: bool = False)
             print(f"# job {i}: {shlex.join(job)}\n{OmegaConf.to_yaml(OmegaConf.structured(cfg))}")
         return 0
     setup_logging()
-    task = SweepJob(config_name, len(jobs))
+    control = RunControl()  # one for the whole sweep: a Ctrl-C stops the job and the sweep
+    task = SweepJob(config_name, len(jobs), control)
     hydra_args = _sweep_defaults(overrides, cfgs[0].runner.log_dir) + list(overrides)
 
     def sweep() -> int:
@@ -59,7 +61,7 @@ def multirun(config_name: str, overrides: Sequence[str], show_cfg: bool = False)
             return EXIT_CONFIG
         return _report(returns, jobs)
 
-    return interruptible("m2flow-train", sweep,
+    return interruptible("m2flow-train", sweep, control=control,
                          command=lambda ckpt: train_command(config_name, task.current, ckpt))
 
 
@@ -68,10 +70,11 @@ class SweepJob:
     config: checked as a single run's, trained, and summed up in a row (job, overrides,
     eval success, env steps, wall time, run dir, status). A job that fails gives a row (and
     its one line on stderr), not an exception, so the sweep goes on; Ctrl-C ends the sweep.
-    A plain object of this module, so a launcher plugin can pickle it into another process."""
+    A plain object of this module, so a launcher plugin can pickle it into another process
+    (its ``control`` then starts afresh there: see ``RunControl.__getstate__``)."""
 
-    def __init__(self, config_name: str, num_jobs: int):
-        self.config_name, self.num_jobs = config_name, num_jobs
+    def __init__(self, config_name: str, num_jobs: int, control: RunControl):
+        self.config_name, self.num_jobs, self.control = config_name, num_jobs, control
         self.current: list[str] = []  # the overrides of the job under way (in this process)
 
     def __call__(self, composed) -> dict:
@@ -80,7 +83,8 @@ class SweepJob:
         from hydra.core.hydra_config import HydraConfig
 
         from m2flow.pipelines.futures import Stopped
-        from m2flow.runs.session import RunFailed, RunInterrupted, config_yaml, launched_as
+        from m2flow.runs.failure import RunFailed, RunInterrupted
+        from m2flow.runs.run_files import config_yaml
 
         hc = HydraConfig.get()
         self.current = list(hc.overrides.task)
@@ -94,8 +98,9 @@ class SweepJob:
             cfg = run_config(composed)
             runs = Path(cfg.runner.log_dir) / cfg.run_name
             before, text = set(runs.glob("*")), config_yaml(cfg)
-            with launched_as(self.config_name, self.current):
-                rc = workload(cfg.workload).train(cfg)
+            self.control.begin()  # this job's start-up (a failure before its session names it)
+            self.control.launch = launch(self.config_name, self.current)  # in its checkpoints
+            rc = workload(cfg.workload).train(cfg, self.control)
             row["status"] = "ok" if rc == 0 else f"exit {rc}"
         except (Stopped, RunInterrupted, KeyboardInterrupt):
             raise  # ends the sweep (Hydra hands it on; interruptible says where)
@@ -113,13 +118,14 @@ class SweepJob:
     def _say_failed(self, job: int, e: Exception, cfg) -> None:
         """The failed job's one line on stderr, as a single run ends with (the traceback in
         its run's ``train.log``), with the command that resumes or repeats this job."""
-        from m2flow.runs.session import RunFailed, run_failed
+        from m2flow.runs.failure import RunFailed, run_failed
 
         if not isinstance(e, RunFailed):
             if cfg is None:  # its config did not load: the status says why
                 return
             w = workload(cfg.workload)
-            e = run_failed(e, cfg, hint=w.memory_hint(cfg) if w.memory_hint else "")
+            e = run_failed(e, cfg, phase=self.control.phase,
+                           hint=w.memory_hint(cfg) if w.memory_hint else "")
         command = lambda ckpt: train_command(self.config_name, self.current, ckpt)  # noqa: E731
         print(f"m2flow-train: job {job}: {e.describe(command)}", file=sys.stderr, flush=True)
 

@@ -19,6 +19,7 @@ from m2flow.cli.common import (
     DEFAULT_CONFIG, EXIT_CONFIG, interruptible, load_run_config, print_config, quiet_ctrl_c,
     resumed_launch, setup_logging, train_command)
 from m2flow.cli.workloads import workload
+from m2flow.runs.control import RunControl, launch
 
 
 @quiet_ctrl_c("m2flow-train")
@@ -61,14 +62,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return print_config(cfg)
     setup_logging()
     w = workload(cfg.workload)
-
-    def run() -> int:
-        from m2flow.runs.session import launched_as
-
-        with launched_as(args.config_name, args.overrides):  # kept in its checkpoints
-            return w.train(cfg)
-
-    return interruptible("m2flow-train", run,
+    control = RunControl(launch(args.config_name, args.overrides))  # kept in its checkpoints
+    return interruptible("m2flow-train", lambda: w.train(cfg, control), control=control,
                          command=lambda ckpt: train_command(args.config_name, args.overrides, ckpt),
                          hint=lambda: w.memory_hint(cfg) if w.memory_hint else "", cfg=cfg)
 

@@ -18,7 +18,7 @@ Each figure comes twice, as ManiSkill's evaluation reports it: ``success_once`` 
 held at some step of the episode) and ``success_at_end`` (at its last step); an episode
 still running when its round ends fails by both.
 
-A first Ctrl-C or SIGTERM (``runs.session.stop_on_ctrl_c``) abandons the round in flight; the
+A first Ctrl-C or SIGTERM (``runs.control.RunControl``) abandons the round in flight; the
 report then holds the rounds completed before it, says so (``interrupted``) and is written as
 a partial report, so an evaluation of hours stopped near its end keeps what it measured.
 

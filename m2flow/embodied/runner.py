@@ -38,6 +38,7 @@ from m2flow.pipelines.futures import Futures, gather
 from m2flow.runs import checkpoint
 from m2flow.runs.logger import announce, log_field, memory_in_use
 from m2flow.runs.loop import RunLoop
+from m2flow.runs.control import RunControl
 from m2flow.runs.session import RunSession
 from m2flow.runs.timeline import OVERLAP_KEY
 from m2flow.runs.weights import send_state, sync_groups
@@ -76,16 +77,19 @@ class EmbodiedRunner(RunLoop):
     Args:
         cfg: the root config.
         train: False builds env and rollout workers only (evaluation).
+        control: the command's run control (Ctrl-C, the phase; ``m2flow.runs.control``);
+            None: the session's own.
     """
 
     log_fields, bar_fields = LOG_FIELDS, BAR_FIELDS
 
-    def __init__(self, cfg: TrainConfig, *, train: bool = True):
+    def __init__(self, cfg: TrainConfig, *, train: bool = True,
+                 control: Optional[RunControl] = None):
         self.cfg = cfg
         self.layout = Layout.of(cfg)  # checked with the placement in _start
         t0 = time.perf_counter()
         announce(_building(cfg, self.layout, train))
-        self.session = RunSession(cfg, workload=WORKLOAD,
+        self.session = RunSession(cfg, workload=WORKLOAD, control=control,
                                   best_metric=f"eval/{cfg.runner.success_metric}")
         try:
             self._start(cfg, train)
@@ -373,7 +377,7 @@ class EmbodiedRunner(RunLoop):
 
     # -- checkpoints -------------------------------------------------------------------------
     def checkpoint_state(self) -> dict:
-        # a save under way finishes even after Ctrl-C (stop_on_ctrl_c); every rank takes part
+        # a save under way finishes even after Ctrl-C (RunControl); every rank takes part
         # (a sharded learner gathers the state to rank 0), rank 0 returns it
         learner = self.learner.call(LearnerWorker.state_dict).wait(stoppable=False)[0]
         # the env's spec: init_from's start-up check builds the new policy for it

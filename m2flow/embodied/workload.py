@@ -9,6 +9,7 @@ from typing import Optional
 
 from m2flow.configs import schema
 from m2flow.embodied.config import TrainConfig
+from m2flow.runs.control import RunControl
 from m2flow.runs.workload import Workload
 
 
@@ -70,10 +71,10 @@ def memory_hint(cfg: TrainConfig) -> str:
     return hint(Layout.of(cfg), cfg)
 
 
-def train(cfg: TrainConfig) -> int:
+def train(cfg: TrainConfig, control: Optional[RunControl] = None) -> int:
     from m2flow.embodied.runner import EmbodiedRunner
 
-    runner = EmbodiedRunner(cfg)
+    runner = EmbodiedRunner(cfg, control=control)
     try:
         result = runner.train()
     finally:
@@ -89,16 +90,17 @@ def train(cfg: TrainConfig) -> int:
     return 0
 
 
-def evaluate(cfg: TrainConfig, state: Optional[dict]) -> int:
+def evaluate(cfg: TrainConfig, state: Optional[dict],
+             control: Optional[RunControl] = None) -> int:
     """N episodes per task (the eval protocol), a report and videos. Stopped by Ctrl-C or
     SIGTERM (``run_protocol``'s ``interrupted``), it writes the episodes of the rounds it
     completed as a partial report (none: no report) and raises ``EvalInterrupted``, whose
     line says how many episodes of how many it kept and where."""
     from m2flow.embodied.eval_protocol import run_protocol, write_report
     from m2flow.embodied.runner import EmbodiedRunner
-    from m2flow.runs.session import EvalInterrupted
+    from m2flow.runs.failure import EvalInterrupted
 
-    runner = EmbodiedRunner(cfg, train=False)
+    runner = EmbodiedRunner(cfg, train=False, control=control)
     try:
         if state is not None:  # else: the rollout workers built the seed's initial weights
             runner.load_policy(state)

@@ -64,11 +64,16 @@ class NodeInfo:
 
 
 class Cluster:
-    """Starts or joins the machines the components will be placed on."""
+    """Starts or joins the machines the components will be placed on.
 
-    def __init__(self, cfg: ClusterConfig):
+    ``stop``: the event that, once set, ends every stoppable wait on this cluster's workers
+    (``pipelines.futures``) and the start-up of its worker groups: a run's ``RunControl.stop``,
+    set by Ctrl-C. None: an event of the cluster's own, which nothing else sets."""
+
+    def __init__(self, cfg: ClusterConfig, stop: Optional[threading.Event] = None):
         check_cluster(cfg)
         self.cfg = cfg
+        self.stop = threading.Event() if stop is None else stop
         self.backend = cfg.backend
         self._connected = False
         if cfg.backend == "ray":
@@ -140,7 +145,8 @@ class Cluster:
 def _keep_sigterm_handler():
     """Puts back this process's SIGTERM handler after Ray connects: Ray's core worker installs
     its own (a stack dump, then an abort), which would turn a stop the program handles (see
-    ``runs.session.stop_on_ctrl_c``), or the quiet end of an unhandled SIGTERM, into a crash."""
+    ``runs.control.RunControl.handle_signals``), or the quiet end of an unhandled SIGTERM,
+    into a crash."""
     main = threading.current_thread() is threading.main_thread()
     handler = signal.getsignal(signal.SIGTERM) if main else None
     try:

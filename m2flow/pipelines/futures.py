@@ -1,8 +1,10 @@
 """Waiting on workers: the futures of a group's call, ``gather``, and stopping a wait.
 
 The driver waits on workers in slices of ``WAIT_SLICE_S``, so it stays responsive: a worker's
-failure is raised as soon as it happens, and after ``request_stop()`` (Ctrl-C) every wait
-raises :class:`Stopped` within a slice instead of running to the end of the phase.
+failure is raised as soon as it happens, and once the calls' stop event is set (their cluster's
+``stop``: the run's ``RunControl``, set by Ctrl-C) every wait raises :class:`Stopped` within a
+slice instead of running to the end of the phase. The event travels with the calls (each
+:class:`Futures` holds its group's), so two runs in one process never stop each other.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ DEATH_GRACE_S = 1.0
 
 
 class Stopped(Exception):
-    """The run was asked to stop (``request_stop``, e.g. by Ctrl-C) while the driver waited on
+    """The run was asked to stop (its stop event set, e.g. by Ctrl-C) while the driver waited on
     workers; the calls it was waiting on (``waiting_on``: ``["env.collect()", ...]``) are
     abandoned: they end when their group shuts down."""
 
@@ -40,28 +42,16 @@ class Stopped(Exception):
         self.waiting_on = list(waiting_on)
 
 
-_STOP = threading.Event()
-
-
-def request_stop() -> None:
-    """From now on every stoppable wait on workers (``gather``, ``Futures.wait``) raises
-    :class:`Stopped` within ``WAIT_SLICE_S``; safe to call from a signal handler."""
-    _STOP.set()
-
-
-def clear_stop() -> None:
-    _STOP.clear()
-
-
-def stop_requested() -> bool:
-    return _STOP.is_set()
-
-
 class Futures:
-    """Results of one call on several ranks. ``wait()`` fails fast on the first error."""
+    """Results of one call on several ranks. ``wait()`` fails fast on the first error.
 
-    def __init__(self, group: str, method: str, items: list, backend: str):
+    ``stop``: the event that ends a stoppable wait on them (their group's cluster's); None: a
+    wait on them ends on its own only (a worker calling its peers in its own process)."""
+
+    def __init__(self, group: str, method: str, items: list, backend: str,
+                 stop: Optional[threading.Event] = None):
         self.group, self.method, self.items, self.backend = group, method, items, backend
+        self.stop = stop
 
     def wait(self, timeout: Optional[float] = None, *, stoppable: bool = True) -> list:
         """Per-rank results (see :func:`gather`)."""
@@ -82,8 +72,9 @@ def gather(*futures: Futures, timeout: Optional[float] = None,
 
     Args:
         timeout: seconds before a ``WorkerError`` naming a call still pending (None: no limit).
-        stoppable: raise :class:`Stopped` within ``WAIT_SLICE_S`` once a stop was requested
-            (``request_stop``); False for a wait that must end on its own (saving a checkpoint).
+        stoppable: raise :class:`Stopped` within ``WAIT_SLICE_S`` once the stop event of
+            any of ``futures`` is set; False for a wait that must end on its own (saving a
+            checkpoint).
     """
     results = [[None] * len(f.items) for f in futures]
     pending = {}
@@ -96,11 +87,12 @@ def gather(*futures: Futures, timeout: Optional[float] = None,
         raise ValueError("gather() takes calls of one backend at a time.")
     backend = backends.pop() if backends else "local"
     watch = watchdog.current()
+    stops = list({id(f.stop): f.stop for f in futures if f.stop is not None}.values())
     progress_at = time.monotonic()  # the wait's start, or its last call that finished
     while pending:
-        if stoppable:
-            check_stop(list(dict.fromkeys(f"{f.group}.{f.method}()"
-                                           for _, _, _, f in pending.values())))
+        if stoppable and any(s.is_set() for s in stops):
+            raise Stopped(list(dict.fromkeys(f"{f.group}.{f.method}()"
+                                             for _, _, _, f in pending.values())))
         left = WAIT_SLICE_S if deadline is None else max(0.0, min(WAIT_SLICE_S,
                                                                   deadline - time.monotonic()))
         done = _wait_any(list(pending), left, backend)
@@ -147,9 +139,17 @@ def _death_among(pending: dict, backend: str) -> Optional[WorkerDied]:
     return None
 
 
-def check_stop(waiting_on: list[str]) -> None:
-    """Raises :class:`Stopped` (naming ``waiting_on``) once a stop was asked for (Ctrl-C)."""
-    if _STOP.is_set():
+def check_stop(stop: Optional[threading.Event], waiting_on: list[str]) -> None:
+    """Raises :class:`Stopped` (naming ``waiting_on``) once ``stop`` is set (Ctrl-C).
+
+    >>> stop = threading.Event()
+    >>> check_stop(stop, ["env start-up"]); stop.set()
+    >>> check_stop(stop, ["env start-up"])
+    Traceback (most recent call last):
+    ...
+    m2flow.pipelines.futures.Stopped: stop requested while waiting on env start-up
+    """
+    if stop is not None and stop.is_set():
         raise Stopped(waiting_on)
 
 

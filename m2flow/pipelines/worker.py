@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
@@ -271,6 +272,7 @@ class WorkerGroup:
         self.name = name
         self.worker_cls = worker_cls
         self.backend = cluster.backend
+        self.stop = cluster.stop  # ends waits on these ranks, and their start-up (Ctrl-C)
         self.world_size = len(ranks)
         self.resources = list(ranks)
         """Each rank's resources, as placed."""
@@ -288,7 +290,7 @@ class WorkerGroup:
         self.process_group = self._process_group(cluster, ranks)
         if self.backend == "ray":
             for r, res in enumerate(ranks):
-                check_stop([f"{self.name} start-up"])
+                check_stop(self.stop, [f"{self.name} start-up"])
                 self.handles.append(
                     _launch_ray_actor(cluster, self.worker_cls, self._info(r, res), args, kwargs))
             watch = watchdog.current()  # the run's, when the driver starts the group
@@ -301,7 +303,7 @@ class WorkerGroup:
                 thread_name_prefix=f"m2flow-{self.name}",
             )
             for r, res in enumerate(ranks):  # in this thread: some simulators need it
-                check_stop([f"{self.name} start-up"])
+                check_stop(self.stop, [f"{self.name} start-up"])
                 self.handles.append(
                     _construct_local(self.worker_cls, self._info(r, res), args, kwargs))
 
@@ -343,7 +345,7 @@ class WorkerGroup:
         """This group's ranks as a value to hand to another group's worker, which then calls
         them itself (see :class:`Peers`)."""
         return Peers(self.name, self.worker_cls, self.backend, list(self.handles),
-                     self._executor, self._running)
+                     self._executor, self._running, self.stop)
 
     def kill(self, rank: int, timeout: float = 30.0) -> None:
         """Kills one rank's process (Ray only) and returns once it is gone: for fault tests."""
@@ -405,20 +407,23 @@ class Peers:
     (``WorkerGroup.call`` goes through it), or a worker of another group that was handed it
     (``WorkerGroup.peers()``), which then calls the ranks directly (Ray: actor to actor), with
     no driver round trip per call. Picklable under Ray (it carries the actor handles); an
-    in-process group's value stays in this process (its calls run on the group's threads)."""
+    in-process group's value stays in this process (its calls run on the group's threads).
+    ``stop``: the group's stop event, which ends waits on these calls; it stays in the
+    driver's process (a worker's waits on its peers end on their own)."""
 
     def __init__(self, name: str, worker_cls: type, backend: str, handles: list,
                  executor: Optional[cf.ThreadPoolExecutor] = None,
-                 running: Optional[set] = None):
+                 running: Optional[set] = None, stop: Optional[threading.Event] = None):
         self.name, self.worker_cls, self.backend = name, worker_cls, backend
         self.handles = handles
         self._executor, self._running = executor, running
+        self.stop = stop
 
     def __getstate__(self) -> dict:
         if self.backend != "ray":
             raise TypeError(f"the ranks of in-process group {self.name!r} cannot leave this "
                             "process; hand them to a worker of the same cluster.backend.")
-        return dict(self.__dict__)
+        return {**self.__dict__, "stop": None}
 
     @property
     def world_size(self) -> int:
@@ -440,7 +445,7 @@ class Peers:
                 self._running.add(fut)
                 fut.add_done_callback(self._running.discard)
                 items.append((r, fut))
-        return Futures(self.name, name, items, self.backend)
+        return Futures(self.name, name, items, self.backend, self.stop)
 
     def share(self, value: Any) -> Any:
         """``value`` as an argument of calls on these ranks: under Ray one object in this

@@ -32,6 +32,7 @@ from m2flow.reasoning.reward_worker import RewardWorker
 from m2flow.reasoning.rollout_worker import ReasoningRollout
 from m2flow.runs.logger import log_field
 from m2flow.runs.loop import RunLoop
+from m2flow.runs.control import RunControl
 from m2flow.runs.session import RunSession
 from m2flow.runs.weights import send_state, sync_groups
 
@@ -105,9 +106,11 @@ class ReasoningRunner(RunLoop):
     unit, checkpoint_prefix = "steps", "step"
     log_fields, bar_fields = LOG_FIELDS, BAR_FIELDS
 
-    def __init__(self, cfg: ReasoningConfig, *, train: bool = True):
+    def __init__(self, cfg: ReasoningConfig, *, train: bool = True,
+                 control: Optional[RunControl] = None):
         self.cfg = cfg
-        self.session = RunSession(cfg, workload=WORKLOAD, best_metric="eval/accuracy")
+        self.session = RunSession(cfg, workload=WORKLOAD, best_metric="eval/accuracy",
+                                  control=control)
         try:
             self._start(cfg, train)
         except BaseException:  # a failed or stopped (Ctrl-C) start-up ends what it started
@@ -281,7 +284,7 @@ class ReasoningRunner(RunLoop):
 
     # -- checkpoints -------------------------------------------------------------------------
     def checkpoint_state(self) -> dict:
-        # a save under way finishes even after Ctrl-C (stop_on_ctrl_c)
+        # a save under way finishes even after Ctrl-C (RunControl.handle_signals)
         return {"learner": self.learner.call(ReasoningLearner.state_dict).wait(stoppable=False)[0]}
 
     def load(self, path: str) -> None:

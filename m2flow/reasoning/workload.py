@@ -9,6 +9,7 @@ from typing import Optional
 
 from m2flow.configs import schema
 from m2flow.reasoning.config import ReasoningConfig
+from m2flow.runs.control import RunControl
 from m2flow.runs.workload import Workload
 
 
@@ -22,10 +23,10 @@ def check(cfg: ReasoningConfig) -> None:
     check_reasoning_config(cfg)
 
 
-def train(cfg: ReasoningConfig) -> int:
+def train(cfg: ReasoningConfig, control: Optional[RunControl] = None) -> int:
     from m2flow.reasoning.runner import ReasoningRunner
 
-    runner = ReasoningRunner(cfg)
+    runner = ReasoningRunner(cfg, control=control)
     try:
         result = runner.train()
     finally:
@@ -39,7 +40,8 @@ def train(cfg: ReasoningConfig) -> int:
     return 0
 
 
-def evaluate(cfg: ReasoningConfig, state: Optional[dict]) -> int:
+def evaluate(cfg: ReasoningConfig, state: Optional[dict],
+             control: Optional[RunControl] = None) -> int:
     """Greedy held-out accuracy of a checkpoint (or of the initial weights); writes
     results.json and results.md with sample completions."""
     import time
@@ -47,7 +49,7 @@ def evaluate(cfg: ReasoningConfig, state: Optional[dict]) -> int:
     from m2flow.reasoning.runner import ReasoningRunner
 
     t0 = time.perf_counter()
-    runner = ReasoningRunner(cfg, train=False)
+    runner = ReasoningRunner(cfg, train=False, control=control)
     try:
         if state is not None:
             runner.load_policy(state)

@@ -218,7 +218,7 @@ class RunLoop:
                 if reason is not None:
                     logger.info(f"{reason}: stopping")
                     break
-        except (Stopped, KeyboardInterrupt) as e:  # Ctrl-C (see runs.session.stop_on_ctrl_c)
+        except (Stopped, KeyboardInterrupt) as e:  # Ctrl-C (see runs.control.RunControl)
             self.abandon()
             raise self.session.stopped(e, self.iteration, start=start, save=self.save,
                                        unit=self.unit, resumed_from=cfg.resume) from None

@@ -28,10 +28,12 @@ class Workload:
     """Start-up checks of a config object: every range and cross-field rule, registry names,
     paths; raises ``ValueError`` with one line naming the field, the value and the fix.
     Starts no worker and no simulator."""
-    train: Callable[[Any], int]
-    """Runs training; returns the exit code."""
-    evaluate: Callable[[Any, Optional[dict]], int]
-    """Runs ``m2flow-eval`` with a config and a checkpoint's state (None: initial weights)."""
+    train: Callable[[Any, Optional[Any]], int]
+    """``train(cfg, control)``: runs training under ``control`` (the command's
+    ``runs.control.RunControl``; None: the run's own); returns the exit code."""
+    evaluate: Callable[[Any, Optional[dict], Optional[Any]], int]
+    """``evaluate(cfg, state, control)``: runs ``m2flow-eval`` with a config and a checkpoint's
+    state (None: initial weights), under ``control`` as ``train``."""
     eval_shorthands: dict[str, str] = field(default_factory=dict)
     """``m2flow-eval`` arguments that stand for a config key (``episodes`` -> ``eval.episodes``)."""
     memory_hint: Optional[Callable[[Any], str]] = None

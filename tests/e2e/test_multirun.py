@@ -54,10 +54,10 @@ def test_a_job_that_fails_is_a_row_and_the_sweep_goes_on(tmp_path, capsys, monke
     def failing_on_seed_1(name):
         w = real(name)
 
-        def train(cfg):
+        def train(cfg, control=None):
             if cfg.seed == 1:
                 raise RuntimeError("simulator crashed")
-            return w.train(cfg)
+            return w.train(cfg, control)
         return dataclasses.replace(w, train=train)
 
     monkeypatch.setattr(sweep, "workload", failing_on_seed_1)  # what a sweep job trains with

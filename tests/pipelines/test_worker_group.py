@@ -16,7 +16,7 @@ from m2flow.pipelines import (
     WorkerError,
     WorkerGroup,
 )
-from m2flow.pipelines.futures import Stopped, clear_stop, gather, request_stop
+from m2flow.pipelines.futures import Stopped, gather
 
 STOP_BOUND_S = 5.0  # a stop request ends a wait this soon; the calls below block 30 s or more
 
@@ -127,24 +127,27 @@ def test_gather_times_out_naming_the_pending_call(local_group):
 
 @pytest.fixture
 def stop_after():
-    """``stop_after(s)``: a stop request (as Ctrl-C makes) from another thread in s seconds."""
-    timers = []
+    """``stop_after(group, s)``: a stop request (as Ctrl-C makes) to ``group``'s cluster from
+    another thread in s seconds; cleared after the test (a shared cluster serves the next)."""
+    timers, stops = [], []
 
-    def start(seconds):
-        timers.append(threading.Timer(seconds, request_stop))
+    def start(group, seconds):
+        stops.append(group.stop)
+        timers.append(threading.Timer(seconds, group.stop.set))
         timers[-1].start()
 
     yield start
     for t in timers:
         t.cancel()
-    clear_stop()
+    for stop in stops:
+        stop.clear()
 
 
 def test_a_stop_request_ends_a_wait_at_once_and_a_save_still_finishes(local_group, stop_after):
     release = threading.Event()
     try:
         blocked = local_group.call(Echo.wait_for, release, 30.0, ranks=[0])
-        stop_after(0.2)
+        stop_after(local_group, 0.2)
         t0 = time.monotonic()
         with pytest.raises(Stopped, match=r"echo\.wait_for\(\)"):
             blocked.wait()
@@ -157,6 +160,29 @@ def test_a_stop_request_ends_a_wait_at_once_and_a_save_still_finishes(local_grou
         assert blocked.wait(stoppable=False) == [True]
     finally:
         release.set()
+
+
+def test_a_stop_ends_the_waits_of_its_own_cluster_only():
+    """Two runs in one process: the stop of one cluster (its run's Ctrl-C) ends the waits on
+    its groups and their start-up, not those of the other cluster's groups."""
+    stopped_cluster = Cluster(ClusterConfig(backend="local", num_gpus=0))
+    other = WorkerGroup(Cluster(ClusterConfig(backend="local", num_gpus=0)), "other", Echo,
+                        ranks(1))
+    mine = WorkerGroup(stopped_cluster, "mine", Echo, ranks(1))
+    try:
+        stopped_cluster.stop.set()
+        with pytest.raises(Stopped, match=r"mine\.hello\(\)"):
+            mine.call(Echo.hello, 1).wait()
+        with pytest.raises(Stopped, match="late start-up"):
+            WorkerGroup(stopped_cluster, "late", Echo, ranks(1))
+        # gathered together, the stopped one's stop ends the wait
+        with pytest.raises(Stopped):
+            gather(other.call(Echo.hello, 2), mine.call(Echo.hello, 2))
+        assert other.call(Echo.hello, 3).wait(timeout=10) == ["r0:3"]
+        assert mine.call(Echo.hello, 4).wait(timeout=10, stoppable=False) == ["r0:4"]
+    finally:
+        mine.shutdown()
+        other.shutdown()
 
 
 def test_shutdown_ends_an_in_process_call_waiting_on_its_channel():
@@ -209,7 +235,7 @@ def test_ray_timer_phases_come_back_and_reset_after_popping(ray_group):
 
 def test_ray_a_stop_request_ends_a_wait_on_a_call_that_does_not_return(ray_group, stop_after):
     stalled = ray_group.call(Echo.stall, 60.0, ranks=[1])
-    stop_after(0.2)
+    stop_after(ray_group, 0.2)
     t0 = time.monotonic()
     with pytest.raises(Stopped, match=r"echo_ray\.stall\(\)"):
         stalled.wait()

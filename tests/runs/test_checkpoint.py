@@ -177,7 +177,7 @@ def test_resolve_a_file_a_run_directory_and_a_folder_of_runs(tmp_path):
 def test_m2flow_eval_takes_a_folder_of_runs(tmp_path):
     from m2flow.cli.common import load_eval_config, load_run_config
     from m2flow.configs import ConfigError
-    from m2flow.runs.session import config_yaml
+    from m2flow.runs.run_files import config_yaml
 
     cfg = load_run_config("maniskill_pushcube_ppo_mlp", ["env=gym_pendulum", "cluster=inprocess"])
     folder = tmp_path / "r" / "20260101-000000-000000" / "checkpoints"

@@ -1,5 +1,7 @@
-"""The run session: checkpoints tagged and pruned, one timing rule, the logger's output."""
+"""The run session: checkpoints tagged and pruned, one timing rule, the logger's output, and
+its run control (the stop request, the phase, the launch, the ending)."""
 
+import pickle
 import signal
 import subprocess
 import sys
@@ -13,8 +15,9 @@ from m2flow.pipelines import Worker
 from m2flow.runs import checkpoint
 from m2flow.runs.config import ClusterGroupConfig, RunnerBaseConfig
 from m2flow.runs.logger import RunLogger, log_field
-from m2flow.pipelines.futures import Stopped, clear_stop, stop_requested
-from m2flow.runs.session import RunSession, stop_on_ctrl_c
+from m2flow.pipelines.futures import Stopped
+from m2flow.runs.control import RunControl, launch
+from m2flow.runs.session import RunSession
 
 
 @dataclass
@@ -25,10 +28,10 @@ class Root:
     seed: int = 0
 
 
-def session(tmp_path, keep=3, workload="embodied"):
+def session(tmp_path, keep=3, workload="embodied", control=None):
     cfg = Root(runner=RunnerBaseConfig(log_dir=str(tmp_path), keep_checkpoints=keep,
                                        progress_bar=False))
-    s = RunSession(cfg, workload=workload)
+    s = RunSession(cfg, workload=workload, control=control)
     s.open_run(10, 0, []).close()
     return s
 
@@ -136,21 +139,89 @@ def test_the_watched_line_fits_160_columns_and_train_log_keeps_every_phase(tmp_p
 
 
 def test_ctrl_c_first_asks_to_stop_then_interrupts_then_is_ignored_while_ending(tmp_path):
-    restore = stop_on_ctrl_c()
+    control = RunControl()
+    restore = control.handle_signals()
     try:
         signal.raise_signal(signal.SIGINT)  # the handler runs before this returns
-        assert stop_requested()
+        assert control.stop_requested and control.exit_code() == 130
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGINT)
-        restore = stop_on_ctrl_c()  # a new run
-        assert not stop_requested()
+        restore()
+        control = RunControl()  # a new command
+        restore = control.handle_signals()
+        assert not control.stop_requested
         signal.raise_signal(signal.SIGINT)
-        s = session(tmp_path)
+        s = session(tmp_path, control=control)
         s.close()  # ending the workers: a second Ctrl-C must not cut that short
         signal.raise_signal(signal.SIGINT)
     finally:
         restore()
-        clear_stop()
+
+
+def test_sigterm_stops_as_a_first_ctrl_c_and_its_exit_code_says_so():
+    control = RunControl()
+    restore = control.handle_signals()
+    try:
+        signal.raise_signal(signal.SIGTERM)
+        signal.raise_signal(signal.SIGTERM)  # however often it comes
+        assert control.stop_requested and control.exit_code() == 143
+    finally:
+        restore()
+
+
+def test_two_sessions_in_one_process_do_not_see_each_others_stop(tmp_path):
+    a, b = session(tmp_path / "a"), session(tmp_path / "b")
+    try:
+        ga, gb = a.group("env", Phases), b.group("env", Phases)
+        a.control.request_stop()
+        with pytest.raises(Stopped, match=r"env\.record\(\)"):
+            ga.call(Phases.record, 0.1).wait()
+        assert not b.control.stop_requested
+        assert gb.call(Phases.record, 0.1).wait(timeout=10) == [None]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_stop_before_the_loop_names_the_phase_and_stands_for_the_next_run(tmp_path):
+    """Ctrl-C while a run starts (before its loop): the start-up of its next group stops, and
+    the line the command prints names the control's phase; a sweep's next job under the same
+    control starts in start-up, still stopped."""
+    control = RunControl()
+    s = session(tmp_path, control=control)
+    try:
+        s.phase = "warm start"
+        control.request_stop(signal.SIGINT)
+        with pytest.raises(Stopped, match="env start-up"):
+            s.group("env", Phases)
+        assert control.phase == "warm start" and control.stop_signal == signal.SIGINT
+    finally:
+        s.close()
+    assert control.ending  # past the stop decision: a second Ctrl-C is not an interrupt now
+    s2 = session(tmp_path, control=control)
+    try:
+        assert s2.phase == "start-up" and not control.ending and control.stop_requested
+        with pytest.raises(Stopped):
+            s2.group("env", Phases)
+    finally:
+        s2.close()
+
+
+def test_checkpoints_keep_the_launch_of_their_control_and_a_pickled_control_starts_afresh(
+        tmp_path):
+    control = RunControl(launch("gym_pendulum_ppo_mlp", ["seed=2"]))
+    s = session(tmp_path, control=control)
+    path = s.save(1, {"learner": {}})
+    assert checkpoint.load(path)["launch"] == {"config_name": "gym_pendulum_ppo_mlp",
+                                               "overrides": ["seed=2"]}
+    s.close()
+    bare = session(tmp_path / "bare")
+    assert "launch" not in checkpoint.load(bare.save(1, {"learner": {}}))
+    bare.close()
+    control.request_stop(signal.SIGTERM)
+    copy = pickle.loads(pickle.dumps(control))  # a sweep job sent to another process
+    assert copy.launch == control.launch and not copy.stop_requested
+    assert copy.phase == "start-up" and copy.stop_signal is None
 
 
 def test_a_stop_saves_the_last_iteration_only_when_the_learner_is_idle(tmp_path):
@@ -219,7 +290,7 @@ def test_a_failure_is_one_line_and_its_traceback_goes_to_the_runs_log(tmp_path):
 
 
 def test_a_failure_before_the_run_opened_gets_a_run_dir_for_its_traceback(tmp_path):
-    from m2flow.runs.session import run_failed
+    from m2flow.runs.failure import run_failed
 
     cfg = Root(runner=RunnerBaseConfig(log_dir=str(tmp_path), progress_bar=False))
     failed = run_failed(KeyError("obs"), cfg, phase="start-up")
