@@ -155,10 +155,10 @@ class EmbodiedRunner(RunLoop):
             self.sync_weights(self.iteration, full=True)
 
     def set_stages(self, stages: int) -> None:
-        """Pipeline stages from the next collection on (1 to rollout.env_groups)."""
+        """Pipeline stages from the next collection on (1 to staging.env_groups)."""
         groups = self.layout.env_groups
         if not 1 <= stages <= groups:
-            raise ValueError(f"pipeline stages={stages}: use 1 to rollout.env_groups={groups}.")
+            raise ValueError(f"pipeline stages={stages}: use 1 to staging.env_groups={groups}.")
         self.stages = stages
         # the stages' channel keys in the order env workers send them: stage by stage
         self.stage_keys = [(e, k) for k in range(stages) for e in self.env_ranks]
