@@ -11,7 +11,8 @@ sim and render context built again), the init state, and ``settle_steps`` no-op 
 Per look (one child process each, one after another: a robosuite process renders with one GL
 context), ms per env step of each part, exclusive of the parts inside it ('observables' is
 without its cameras, 'robosuite rest' is robosuite's step loop itself); then the reset's parts,
-and env steps/s over a whole episode (a reset plus the suite's limit of steps).
+the same reset rendering every frame (the settle steps' and robosuite's own, thrown away) and
+today's again, and env steps/s over a whole episode (a reset plus the suite's limit of steps).
 
     python bench/libero_step_time.py [--suite libero_spatial] [--steps 20] [--looks ...]
 """
@@ -20,14 +21,16 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import multiprocessing as mp
 import os
 import time
 from collections import defaultdict
 
-LOOKS = {  # name -> LiberoEnvConfig settings (+ msaa: MSAA kept alone, reflections dropped)
+LOOKS = {  # name -> LiberoEnvConfig settings (+ keep: what fast_rendering keeps of LIBERO's look)
     "standard 128": dict(obs_mode="rgb", image_size=128),
-    "no reflections 128": dict(obs_mode="rgb", image_size=128, render_quality="fast", msaa=True),
+    "no reflections 128": dict(obs_mode="rgb", image_size=128, keep=dict(msaa=True)),
+    "no MSAA 128": dict(obs_mode="rgb", image_size=128, keep=dict(reflections=True)),
     "fast 128": dict(obs_mode="rgb", image_size=128, render_quality="fast"),
     "fast 128 agent": dict(obs_mode="rgb", image_size=128, render_quality="fast",
                            wrist_camera=False),
@@ -75,20 +78,23 @@ class Timers:
 
 
 def measure(suite: str, look: dict, steps: int) -> dict:
-    """In a child process: one env of ``look``, a timed reset, 3 warm-up and ``steps`` timed
-    steps of random actions (seed 0); seconds per part of a step and of the reset."""
+    """In a child process: one env of ``look``, a timed reset, the same reset rendering every
+    frame (as m2flow did before it skipped those thrown away) and again as today, 3 warm-up and
+    ``steps`` timed steps of random actions (seed 0); seconds per part of a step and of the
+    reset."""
     import numpy as np
 
     from m2flow.envs import env_config
+    from m2flow.envs import libero
     from m2flow.envs.libero import SUITE_MAX_STEPS, LiberoTaskEnv
-    from m2flow.envs.libero_compat import fast_rendering
+    from m2flow.envs.libero_compat import fast_rendering, frames_unrendered
 
     look = dict(look)
-    msaa = look.pop("msaa", False)
+    keep = look.pop("keep", None)
     cfg = env_config(name=f"LIBERO/{suite}", num_envs=1, **look)
     env = LiberoTaskEnv(suite, [0], 0, SUITE_MAX_STEPS[suite], cfg)
-    if msaa:  # the bench's look without reflections alone: fast_rendering keeping MSAA
-        fast_rendering(env.env.env, msaa=True)
+    if keep:  # one of fast's two changes alone (from the next reset on)
+        fast_rendering(env.env.env, **keep)
     tm = Timers()
     rs = env.env.env  # robosuite's env (LIBERO's ControlEnv wraps it)
     from robosuite.utils.binding_utils import MjRenderContext, MjSim
@@ -116,6 +122,17 @@ def measure(suite: str, look: dict, steps: int) -> dict:
     t = time.perf_counter()
     env.reset(seed=0)
     reset_s = time.perf_counter() - t
+    tm.phase = "other resets"
+    # the same reset rendering every frame, as before m2flow skipped the ones thrown away,
+    # between two more of today's resets
+    again = []
+    for render_all in (True, False):
+        if render_all:
+            libero.frames_unrendered = lambda skip=True: contextlib.nullcontext()
+        t = time.perf_counter()
+        env.reset(seed=0)
+        again.append(time.perf_counter() - t)
+        libero.frames_unrendered = frames_unrendered
     rng = np.random.default_rng(0)
     tm.phase = "warm-up"
     for _ in range(3):
@@ -134,8 +151,10 @@ def measure(suite: str, look: dict, steps: int) -> dict:
     res["init state"] = tm.incl["reset", "init state"]
     res["settle steps"] = tm.incl["reset", "robosuite step"]
     res["reset rest"] = reset_s - res["hard reset"] - res["init state"] - res["settle steps"]
-    renders = [k for k in tm.calls if k[0] == "reset" and k[1].startswith("render ")]
+    renders = [k for k in tm.calls if k[0] == "reset" and k[1].startswith("render ")
+               and k[1] != "render context"]
     res["renders"] = (sum(tm.calls[k] for k in renders), sum(tm.incl[k] for k in renders))
+    res["every frame rendered"], res["again"] = again
     return dict(step=per, step_s=step_s, reset=res, reset_s=reset_s,
                 substeps=int(round(rs.control_timestep / rs.model_timestep)),
                 settle=cfg.settle_steps, limit=SUITE_MAX_STEPS[suite])
@@ -167,7 +186,10 @@ def main() -> None:
     for part in RESET_PARTS:
         print(f"{part:<{width}}" + "".join(f"{out[lk]['reset'][part]:>20.2f}" for lk in args.looks))
     print(f"{'reset':<{width}}" + "".join(f"{out[lk]['reset_s']:>20.2f}" for lk in args.looks))
-    print(f"{'renders (s)':<{width}}" + "".join(
+    for what in ("every frame rendered", "again"):  # rendering every frame: as before ee7c203
+        print(f"{what:<{width}}" + "".join(f"{out[lk]['reset'][what]:>20.2f}"
+                                           for lk in args.looks))
+    print(f"{'frames rendered (s)':<{width}}" + "".join(
         f"{out[lk]['reset']['renders'][0]:>12} ({out[lk]['reset']['renders'][1]:>5.2f})"
         for lk in args.looks))
     print(f"env steps/s, steps only / episode of {first['limit']} + reset (reset's share)")

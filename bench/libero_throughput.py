@@ -6,8 +6,10 @@ as they end):
   rgb standard 128   LIBERO's look: agent view + wrist at 128 px, 4x MSAA, reflections
   rgb fast 128       the same cameras without MSAA and reflections (env.render_quality=fast)
   rgb standard 64    LIBERO's look at 64 px
-  rgb fast 64        fast at 64 px, both cameras (libero_spatial's env config: the rgb recipes')
-  rgb fast 128 agent / rgb fast 64 agent   fast, the agent view alone (env.wrist_camera=false)
+  rgb fast 64        fast at 64 px, both cameras (libero_spatial_grpo_openvla_oft_tiny's look)
+  rgb fast 128 agent fast, the agent view alone (env.wrist_camera=false;
+                     libero_spatial_ppo_cnn's look)
+  rgb fast 64 agent  the same at 64 px
   state              physics only, nothing rendered
 
 Two parts, each in interleaved rounds (this machine's speed drifts, and it is shared): first
@@ -44,7 +46,7 @@ LOOKS = {  # name -> LiberoEnvConfig settings
     "state": dict(obs_mode="state"),
 }
 BASE = "rgb standard 128"
-PAIRS = ("rgb standard 128", "rgb fast 64", "state")
+PAIRS = ("rgb standard 128", "rgb fast 64", "rgb fast 128 agent", "state")
 WARMUP_STEPS = 5
 
 
