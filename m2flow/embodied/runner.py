@@ -23,7 +23,6 @@ from m2flow.embodied.checks import check_run, memory_hint
 from m2flow.embodied.config import TrainConfig
 from m2flow.embodied import eval_protocol
 from m2flow.embodied.algorithms import ALGORITHMS
-from m2flow.embodied.eval_protocol import can_reach  # noqa: F401 (importable beside SuccessStop)
 from m2flow.embodied.graph import monitor as plan_monitor
 from m2flow.embodied.layout import Layout
 from m2flow.embodied.no_signal import NoSignalWatch

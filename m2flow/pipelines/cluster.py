@@ -15,9 +15,12 @@ import signal
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from m2flow.pipelines.errors import PlacementError
+
+if TYPE_CHECKING:
+    from m2flow.pipelines.watchdog import Watchdog
 
 BACKENDS = ("ray", "local")
 WEIGHT_SYNC = ("auto", "ray", "dist")  # how weights travel to the rollout (pipelines.link)
@@ -68,12 +71,16 @@ class Cluster:
 
     ``stop``: the event that, once set, ends every stoppable wait on this cluster's workers
     (``pipelines.futures``) and the start-up of its worker groups: a run's ``RunControl.stop``,
-    set by Ctrl-C. None: an event of the cluster's own, which nothing else sets."""
+    set by Ctrl-C. None: an event of the cluster's own, which nothing else sets.
+    ``watchdog``: the run's :class:`~m2flow.pipelines.watchdog.Watchdog`, which the driver's
+    waits on this cluster's workers consult (its thread's only); None: none watches them."""
 
-    def __init__(self, cfg: ClusterConfig, stop: Optional[threading.Event] = None):
+    def __init__(self, cfg: ClusterConfig, stop: Optional[threading.Event] = None,
+                 watchdog: Optional[Watchdog] = None):
         check_cluster(cfg)
         self.cfg = cfg
         self.stop = threading.Event() if stop is None else stop
+        self.watchdog = watchdog
         self.backend = cfg.backend
         self._connected = False
         if cfg.backend == "ray":

@@ -13,9 +13,8 @@ import concurrent.futures as cf
 import re
 import threading
 import time
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
-from m2flow.pipelines import watchdog
 from m2flow.pipelines.errors import (
     OutOfMemory,
     WorkerDied,
@@ -25,6 +24,9 @@ from m2flow.pipelines.errors import (
     oom_summary,
     raised_by,
 )
+
+if TYPE_CHECKING:
+    from m2flow.pipelines.watchdog import Watchdog
 
 WAIT_SLICE_S = 0.2  # the driver looks for a stop request at least this often while it waits
 # a worker that dies makes its peers fail within moments (a channel to it breaks): after a
@@ -46,12 +48,15 @@ class Futures:
     """Results of one call on several ranks. ``wait()`` fails fast on the first error.
 
     ``stop``: the event that ends a stoppable wait on them (their group's cluster's); None: a
-    wait on them ends on its own only (a worker calling its peers in its own process)."""
+    wait on them ends on its own only (a worker calling its peers in its own process).
+    ``watchdog``: the run's (their cluster's), which a wait on them from its thread consults
+    (:mod:`m2flow.pipelines.watchdog`); None: none."""
 
     def __init__(self, group: str, method: str, items: list, backend: str,
-                 stop: Optional[threading.Event] = None):
+                 stop: Optional[threading.Event] = None, watchdog: Optional[Watchdog] = None):
         self.group, self.method, self.items, self.backend = group, method, items, backend
         self.stop = stop
+        self.watchdog = watchdog
 
     def wait(self, timeout: Optional[float] = None, *, stoppable: bool = True) -> list:
         """Per-rank results (see :func:`gather`)."""
@@ -63,7 +68,7 @@ def gather(*futures: Futures, timeout: Optional[float] = None,
     """Waits for several calls at once, raising the first failure as soon as it happens; a
     failure that a peer's death caused (a channel to it broke) gives way to that death if it
     shows within ``DEATH_GRACE_S`` (Ray), and one that a stalled peer caused (a channel
-    timed out waiting on it) to that stall. While it waits, the installed watchdog
+    timed out waiting on it) to that stall. While it waits, the calls' watchdog
     (:mod:`m2flow.pipelines.watchdog`) raises ``WorkerStalled`` for a worker that makes no
     progress.
 
@@ -86,7 +91,8 @@ def gather(*futures: Futures, timeout: Optional[float] = None,
     if len(backends) > 1:
         raise ValueError("gather() takes calls of one backend at a time.")
     backend = backends.pop() if backends else "local"
-    watch = watchdog.current()
+    watch = next((f.watchdog for f in futures
+                  if f.watchdog is not None and f.watchdog.mine()), None)
     stops = list({id(f.stop): f.stop for f in futures if f.stop is not None}.values())
     progress_at = time.monotonic()  # the wait's start, or its last call that finished
     while pending:

@@ -1,9 +1,9 @@
 """Stalled workers: a worker that stops making progress without dying (stopped by SIGSTOP,
 deadlocked, stuck in native code holding its interpreter) ends the run instead of hanging it.
 
-While the driver waits on workers (:func:`m2flow.pipelines.futures.gather`), the installed
-:class:`Watchdog` asks every worker of the run, about every ``ASK_EVERY_S``, a question it
-answers on a thread of its own (``Worker._m2flow_alive``, in the Ray concurrency group
+While the driver waits on workers (:func:`m2flow.pipelines.futures.gather`), the run's
+:class:`Watchdog` (its cluster's: ``Cluster(watchdog=...)``) asks every worker of the run,
+about every ``ASK_EVERY_S``, a question it answers on a thread of its own (``Worker._m2flow_alive``, in the Ray concurrency group
 ``WATCH_GROUP``): a worker busy in a long call answers at once; a stopped one answers nothing.
 :class:`StallWatch` (timestamps in, a verdict out) judges by two rules:
 
@@ -25,7 +25,7 @@ step is never cut: ``STALL_FACTOR`` times the longest completed instance of the 
 ``STALL_FLOOR_S``; a phase not completed yet (start-up, a first learning step that compiles or
 allocates for minutes) gets ``FIRST_ALLOWANCE_S``. ``runner.stall_timeout_s``, when set, is the
 limit of every phase, start-up and phases not completed before included: the operator who sets
-it knows the run's slowest step. Only the thread that installed the
+it knows the run's slowest step. Only the thread that made the
 watchdog (the driver's) consults it: the waits of in-process workers' own threads are theirs.
 """
 
@@ -280,23 +280,3 @@ class Watchdog:
                 ref = handle._m2flow_alive.options(concurrency_group=WATCH_GROUP).remote()
                 self.questions[ref] = worker
                 self.watch.asked(worker, now)
-
-
-_CURRENT: list[Optional[Watchdog]] = [None]
-
-
-def install(watchdog: Optional[Watchdog]) -> None:
-    """Makes ``watchdog`` the one the driver's waits consult (None: none)."""
-    _CURRENT[0] = watchdog
-
-
-def uninstall(watchdog: Watchdog) -> None:
-    """Removes ``watchdog`` if it is the installed one (a newer run's stays)."""
-    if _CURRENT[0] is watchdog:
-        _CURRENT[0] = None
-
-
-def current() -> Optional[Watchdog]:
-    """The installed watchdog when called from its thread, else None."""
-    w = _CURRENT[0]
-    return w if w is not None and w.mine() else None

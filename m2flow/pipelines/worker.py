@@ -37,8 +37,7 @@ from m2flow.pipelines.errors import PlacementError, WorkerError
 from m2flow.pipelines.futures import Futures, check_stop
 from m2flow.pipelines.placement import RankResources
 from m2flow.pipelines.timer import Timer
-from m2flow.pipelines import watchdog
-from m2flow.pipelines.watchdog import WATCH_GROUP
+from m2flow.pipelines.watchdog import WATCH_GROUP, Watchdog
 
 MAX_CONCURRENT_CALLS = 16  # a worker serves channel puts while its own loop runs
 SHUTDOWN_WAIT_S = 5.0  # in-process calls of a worker with close() get this long to end
@@ -273,6 +272,7 @@ class WorkerGroup:
         self.worker_cls = worker_cls
         self.backend = cluster.backend
         self.stop = cluster.stop  # ends waits on these ranks, and their start-up (Ctrl-C)
+        self.watchdog = cluster.watchdog  # the run's, consulted from its own thread only
         self.world_size = len(ranks)
         self.resources = list(ranks)
         """Each rank's resources, as placed."""
@@ -293,9 +293,8 @@ class WorkerGroup:
                 check_stop(self.stop, [f"{self.name} start-up"])
                 self.handles.append(
                     _launch_ray_actor(cluster, self.worker_cls, self._info(r, res), args, kwargs))
-            watch = watchdog.current()  # the run's, when the driver starts the group
-            if watch is not None:  # watched while they start: a constructor that never returns
-                watch.add(self)
+            if self.watchdog is not None and self.watchdog.mine():
+                self.watchdog.add(self)  # watched while they start: a constructor that never returns
             self.call(Worker._m2flow_started).wait()  # surfaces constructor errors here, with the rank
         else:
             self._executor = cf.ThreadPoolExecutor(
@@ -345,7 +344,7 @@ class WorkerGroup:
         """This group's ranks as a value to hand to another group's worker, which then calls
         them itself (see :class:`Peers`)."""
         return Peers(self.name, self.worker_cls, self.backend, list(self.handles),
-                     self._executor, self._running, self.stop)
+                     self._executor, self._running, self.stop, self.watchdog)
 
     def kill(self, rank: int, timeout: float = 30.0) -> None:
         """Kills one rank's process (Ray only) and returns once it is gone: for fault tests."""
@@ -408,22 +407,25 @@ class Peers:
     (``WorkerGroup.peers()``), which then calls the ranks directly (Ray: actor to actor), with
     no driver round trip per call. Picklable under Ray (it carries the actor handles); an
     in-process group's value stays in this process (its calls run on the group's threads).
-    ``stop``: the group's stop event, which ends waits on these calls; it stays in the
-    driver's process (a worker's waits on its peers end on their own)."""
+    ``stop`` and ``watchdog``: the group's stop event, which ends waits on these calls, and
+    the run's watchdog, which those waits consult; both stay in the driver's process (a
+    worker's waits on its peers end on their own)."""
 
     def __init__(self, name: str, worker_cls: type, backend: str, handles: list,
                  executor: Optional[cf.ThreadPoolExecutor] = None,
-                 running: Optional[set] = None, stop: Optional[threading.Event] = None):
+                 running: Optional[set] = None, stop: Optional[threading.Event] = None,
+                 watchdog: Optional[Watchdog] = None):
         self.name, self.worker_cls, self.backend = name, worker_cls, backend
         self.handles = handles
         self._executor, self._running = executor, running
         self.stop = stop
+        self.watchdog = watchdog
 
     def __getstate__(self) -> dict:
         if self.backend != "ray":
             raise TypeError(f"the ranks of in-process group {self.name!r} cannot leave this "
                             "process; hand them to a worker of the same cluster.backend.")
-        return {**self.__dict__, "stop": None}
+        return {**self.__dict__, "stop": None, "watchdog": None}
 
     @property
     def world_size(self) -> int:
@@ -445,7 +447,7 @@ class Peers:
                 self._running.add(fut)
                 fut.add_done_callback(self._running.discard)
                 items.append((r, fut))
-        return Futures(self.name, name, items, self.backend, self.stop)
+        return Futures(self.name, name, items, self.backend, self.stop, self.watchdog)
 
     def share(self, value: Any) -> Any:
         """``value`` as an argument of calls on these ranks: under Ray one object in this

@@ -28,9 +28,8 @@ class RunWorkers:
         self.cfg = cfg
         # a worker that stops making progress ends the run (pipelines.watchdog)
         self.watchdog = watchdog.Watchdog(cfg.runner.stall_timeout_s)
-        self.cluster = Cluster(cfg.cluster, stop=stop)
+        self.cluster = Cluster(cfg.cluster, stop=stop, watchdog=self.watchdog)
         self.placement = Placement(cfg.cluster.placement, self.cluster.nodes)
-        watchdog.install(self.watchdog)
         self.groups: list[WorkerGroup] = []
         self.links: list[LinkGroup] = []
         self.switcher = ContextSwitcher({}, {})  # nobody takes turns until take_turns()
@@ -76,7 +75,6 @@ class RunWorkers:
 
     def close(self) -> None:
         """Ends the workers (calls still running are abandoned) and the cluster."""
-        watchdog.uninstall(self.watchdog)  # (a stalled worker is ended with its group)
         for link in self.links:
             link.close()
         self.links = []

@@ -4,7 +4,8 @@ stop after K evaluations in a row: hand-worked cases, and a real run that shows 
 import torch
 
 from m2flow.cli.train import main as train
-from m2flow.embodied.runner import SuccessStop, can_reach
+from m2flow.embodied.eval_protocol import can_reach
+from m2flow.embodied.runner import SuccessStop
 from m2flow.runs import checkpoint
 
 

@@ -8,7 +8,8 @@ from tensordict import TensorDict
 from m2flow import keys
 from m2flow.embodied.workers.env_eval import EvalRecorder
 from m2flow.embodied.workers.episodes import RunningEpisodes
-from m2flow.embodied.runner import SuccessStop, can_reach
+from m2flow.embodied.eval_protocol import can_reach
+from m2flow.embodied.runner import SuccessStop
 from m2flow.envs.chunked import combine
 
 F, T = False, True
