@@ -21,6 +21,8 @@ still running when its round ends fails by both.
 A first Ctrl-C or SIGTERM (``runs.control.RunControl``) abandons the round in flight; the
 report then holds the rounds completed before it, says so (``interrupted``) and is written as
 a partial report, so an evaluation of hours stopped near its end keeps what it measured.
+A failure (a worker that died, one killed for memory) keeps them the same way, and the
+failure's line says where (``runs.failure.EvalFailed``).
 
 ``evaluate`` is the loop itself, and training's evaluation (``EmbodiedRunner.run_eval``) runs
 it too: the same layout, seeds and per-task tally (``Evaluation``), its ``eval/*`` metrics
@@ -38,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from m2flow.pipelines.errors import failure_cause
 from m2flow.pipelines.futures import Stopped
 from m2flow.runs import seeding
 from m2flow.embodied.workers.env_eval import EvalRound
@@ -188,6 +191,8 @@ class Evaluation:
     videos: list[tuple[Slot, EvalEpisode]] = field(default_factory=list)
     curtailed: bool = False
     interrupted: bool = False
+    failure: Optional[BaseException] = None
+    """The error that ended the loop after the rounds counted (``keep_on_failure``)."""
 
     @property
     def episodes(self) -> int:
@@ -258,7 +263,8 @@ def evaluate(eval_round: Callable, names: list[str], per_task: int, *, ranks: in
              envs_per_rank: int, seed: int, multi_task: bool, max_steps: Optional[int] = None,
              videos_per_task: int = 0, deterministic: bool = True,
              reach: Optional[float] = None, metric: str = "success_once",
-             progress=None, keep_on_stop: bool = False) -> Evaluation:
+             progress=None, keep_on_stop: bool = False,
+             keep_on_failure: bool = False) -> Evaluation:
     """The evaluation loop of ``m2flow-eval`` and of training: ``per_task`` episodes of each
     task in ``names`` laid out by ``episode_rounds``, one round at a time.
 
@@ -280,6 +286,9 @@ def evaluate(eval_round: Callable, names: list[str], per_task: int, *, ranks: in
             end; None: nothing shown.
         keep_on_stop: a stop request (``Stopped``) while a round runs ends the loop with the
             rounds before it (``interrupted``); False: it propagates.
+        keep_on_failure: an error while a round runs (a worker that died or was killed for
+            memory) ends the loop with the rounds before it (``failure``); False: it
+            propagates.
 
     A round's fillers (``Slot.episode`` None) run but are counted nowhere.
     """
@@ -300,6 +309,11 @@ def evaluate(eval_round: Callable, names: list[str], per_task: int, *, ranks: in
                 if not keep_on_stop:
                     raise
                 ev.interrupted = True
+                break
+            except Exception as e:  # the round in flight is lost; the rounds before it are kept
+                if not keep_on_failure:
+                    raise
+                ev.failure = e
                 break
             for row, eps in zip(rnd, episodes):
                 for slot, ep in zip(row, eps):
@@ -325,7 +339,9 @@ def run_protocol(runner, cfg, progress: bool = True) -> dict:
     envs) the task reached show in a bar on a terminal (``progress``, and
     ``runner.progress_bar``), else as a line every ``runner.progress_interval_s`` seconds.
     A stop requested meanwhile (``Stopped``: Ctrl-C, SIGTERM) ends it after the rounds
-    completed: the report's ``interrupted`` is then True, its ``episodes_asked`` the total."""
+    completed: the report's ``interrupted`` is then True, its ``episodes_asked`` the total.
+    A failure (a worker that died, one killed for memory) ends it the same way: ``failed``
+    names its cause, ``_failure`` is the error, to raise once the partial report is written."""
     spec = runner.spec
     ev = cfg.eval
     tasks = list(spec.tasks)
@@ -345,7 +361,8 @@ def run_protocol(runner, cfg, progress: bool = True) -> dict:
     result = evaluate(runner.eval_round, names, per_task, ranks=runner.layout.env_workers,
                       envs_per_rank=runner.layout.num_envs, seed=cfg.seed, multi_task=multi,
                       max_steps=max_steps, videos_per_task=ev.videos_per_task,
-                      deterministic=ev.deterministic, progress=bar, keep_on_stop=True)
+                      deterministic=ev.deterministic, progress=bar, keep_on_stop=True,
+                      keep_on_failure=True)
     rows = [r.row() for r in result.tasks]
     return {
         "env": cfg.env.name,
@@ -360,10 +377,12 @@ def run_protocol(runner, cfg, progress: bool = True) -> dict:
         "episodes": result.episodes,
         "episodes_asked": result.asked,
         "interrupted": result.interrupted,
+        "failed": None if result.failure is None else failure_cause(result.failure),
         "discarded": result.discarded,
         "wall_s": time.perf_counter() - t0,
         "per_episode": sorted(result.per_episode, key=lambda e: (e["task"], e["episode"])),
         "_videos": result.videos,
+        "_failure": result.failure,
     }
 
 
@@ -371,6 +390,7 @@ def write_report(report: dict, out_dir: Path) -> dict[str, Path]:
     """Writes results.json, results.md and the videos; returns their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     videos = report.pop("_videos", [])
+    report.pop("_failure", None)
     paths = {"json": out_dir / "results.json", "markdown": out_dir / "results.md"}
     _atomic_write(paths["json"], json.dumps(report, indent=2) + "\n")
     _atomic_write(paths["markdown"], markdown(report))
@@ -397,6 +417,8 @@ def markdown(report: dict) -> str:
         *([f"**Interrupted** (Ctrl-C or SIGTERM) after {report['episodes']} of "
            f"{report['episodes_asked']} episodes: a partial report.", ""]
           if report.get("interrupted") else []),
+        *([f"**Failed** after {report['episodes']} of {report['episodes_asked']} episodes "
+           f"({report['failed']}): a partial report.", ""] if report.get("failed") else []),
         "| task | instruction | success_once | success_at_end | episodes | mean length |",
         "|---:|---|---:|---:|---:|---:|",
     ]

@@ -95,10 +95,12 @@ def evaluate(cfg: TrainConfig, state: Optional[dict],
     """N episodes per task (the eval protocol), a report and videos. Stopped by Ctrl-C or
     SIGTERM (``run_protocol``'s ``interrupted``), it writes the episodes of the rounds it
     completed as a partial report (none: no report) and raises ``EvalInterrupted``, whose
-    line says how many episodes of how many it kept and where."""
+    line says how many episodes of how many it kept and where. Ended by a failure (a worker
+    that died, one killed for memory), it does the same and raises ``EvalFailed``: the
+    failure's line, with what was kept."""
     from m2flow.embodied.eval_protocol import run_protocol, write_report
     from m2flow.embodied.runner import EmbodiedRunner
-    from m2flow.runs.failure import EvalInterrupted
+    from m2flow.runs.failure import EvalFailed, EvalInterrupted
 
     runner = EmbodiedRunner(cfg, train=False, control=control)
     try:
@@ -108,6 +110,12 @@ def evaluate(cfg: TrainConfig, state: Optional[dict],
     finally:
         runner.close()
     out_dir = _eval_dir(cfg)
+    failure = report.pop("_failure")
+    if failure is not None:  # a worker died (or was killed for memory): keep what was counted
+        if report["per_episode"]:
+            write_report(report, out_dir)
+        raise EvalFailed(failure, report["episodes"], report["episodes_asked"],
+                         out_dir if report["per_episode"] else None)
     if report["interrupted"]:
         if report["per_episode"]:
             write_report(report, out_dir)

@@ -81,6 +81,23 @@ class EvalInterrupted(RunInterrupted):
         return f"interrupted during {self.phase} after {self.iteration} {self.unit}; {kept}."
 
 
+class EvalFailed(Exception):
+    """An evaluation (``m2flow-eval``) ended by ``exc`` after counting ``episodes`` of
+    ``asked``, kept in the partial report in ``report`` (None: none was written).
+    :func:`run_failed` turns it into ``exc``'s line, which then says what was kept."""
+
+    def __init__(self, exc: BaseException, episodes: int, asked: int, report: Optional[Path]):
+        super().__init__(str(exc))
+        self.exc, self.episodes, self.asked, self.report = exc, episodes, asked, report
+
+    def kept(self) -> str:
+        """``"; 72 of 200 episodes kept: partial report in eval/<time>"`` (or ``"; no episode
+        was counted"``)."""
+        if self.report is None:
+            return f"; no episode of {self.asked} was counted"
+        return f"; {self.episodes} of {self.asked} episodes kept: partial report in {self.report}"
+
+
 class RunFailed(RuntimeError):
     """A run ended by an error: a worker that died (killed or crashed), a channel that stopped
     delivering, an exception raised in a worker (or in the driver). ``cause`` names the worker,
@@ -90,10 +107,11 @@ class RunFailed(RuntimeError):
 
     def __init__(self, iteration: Optional[int], checkpoint: Optional[Path],
                  phase: str = "the run", unit: str = "iterations", cause: str = "",
-                 log: Optional[Path] = None):
-        """``iteration`` None: before the run's loop (start-up, or an evaluation)."""
+                 log: Optional[Path] = None, kept: str = ""):
+        """``iteration`` None: before the run's loop (start-up, or an evaluation); ``kept``:
+        what an evaluation kept (``EvalFailed.kept``)."""
         self.iteration, self.checkpoint, self.phase, self.unit = iteration, checkpoint, phase, unit
-        self.cause, self.log = cause.rstrip("."), log
+        self.cause, self.log, self.kept = cause.rstrip("."), log, kept
         super().__init__(self.describe())
 
     what = "failed"  # the line's first word(s)
@@ -109,6 +127,8 @@ class RunFailed(RuntimeError):
         learner[rank 0] in update(): ValueError: ... (traceback in .../train.log); checkpoint
         ...; resume with: ...``; ``command`` as for :meth:`RunInterrupted.describe`."""
         where = f" (traceback in {self.log})" if self.log is not None else ""
+        if self.kept:  # an evaluation: what it kept, and nothing to resume
+            return f"{self.headline()}{where}{self.kept}."
         return _end_line(self.headline() + where, self.checkpoint, command)
 
 
@@ -122,10 +142,10 @@ class RunOutOfMemory(RunFailed):
 
     def __init__(self, iteration: Optional[int], checkpoint: Optional[Path],
                  phase: str = "the run", unit: str = "iterations", cause: str = "",
-                 hint: str = "", log: Optional[Path] = None):
+                 hint: str = "", log: Optional[Path] = None, kept: str = ""):
         """``iteration`` None: before the run's loop (start-up, or an evaluation)."""
         self.hint = hint
-        super().__init__(iteration, checkpoint, phase, unit, cause, log)
+        super().__init__(iteration, checkpoint, phase, unit, cause, log, kept)
 
     def describe(self, command: Optional[Callable[[Optional[Path]], str]] = None) -> str:
         """``out of memory during learning after 3 iterations: <cause>; <hint>; checkpoint
@@ -133,6 +153,8 @@ class RunOutOfMemory(RunFailed):
         head = self.headline()
         if self.hint:
             head = f"{head}; {self.hint}"
+        if self.kept:  # an evaluation: what it kept, and nothing to resume
+            return f"{head}{self.kept}."
         if self.checkpoint is None:  # the same command would run out again: no command
             return f"{head}; no checkpoint was written."
         return _end_line(head, self.checkpoint, command, resume="with those changed, resume")
@@ -146,7 +168,11 @@ def run_failed(exc: BaseException, cfg: Any, *, phase: str, iteration: Optional[
     :class:`~m2flow.pipelines.OutOfMemory`, with ``hint``); its traceback appended to
     ``run_dir``'s ``train.log``. Without ``run_dir`` (a failure before the run's loop opened
     it: start-up, or ``m2flow-eval``) a run directory is made for it, as
-    ``RunFiles.open_run`` makes one."""
+    ``RunFiles.open_run`` makes one. An :class:`EvalFailed` is its error's line, with what
+    the evaluation kept."""
+    kept = ""
+    if isinstance(exc, EvalFailed):
+        kept, exc = exc.kept(), exc.exc
     try:
         log_path = _log_traceback(exc, run_dir or new_run_dir(cfg))
     except OSError as e:  # no run directory to write to: the traceback has only the terminal
@@ -157,8 +183,9 @@ def run_failed(exc: BaseException, cfg: Any, *, phase: str, iteration: Optional[
         log_path = None
     if isinstance(exc, OutOfMemory):
         return RunOutOfMemory(iteration, checkpoint, phase, unit, cause=str(exc), hint=hint,
-                              log=log_path)
-    return RunFailed(iteration, checkpoint, phase, unit, cause=failure_cause(exc), log=log_path)
+                              log=log_path, kept=kept)
+    return RunFailed(iteration, checkpoint, phase, unit, cause=failure_cause(exc), log=log_path,
+                     kept=kept)
 
 
 

@@ -1,7 +1,8 @@
 """``m2flow-demos``, ``m2flow-plan`` and ``m2flow-eval`` stop on Ctrl-C and on SIGTERM as
 ``m2flow-train`` does (tests/runs/test_ctrl_c.py): one line on stderr saying where, no
 traceback, exit code 130 or 143, no process left behind. The demos kept before the stop are
-written, and load; so are the evaluated episodes. Real ManiSkill, real Ray."""
+written, and load; so are the evaluated episodes, and those of an evaluation whose env worker
+died. Real ManiSkill, real Ray."""
 
 from __future__ import annotations
 
@@ -105,3 +106,50 @@ def test_eval_stops_in_one_line_and_writes_the_episodes_it_counted(tmp_path, sig
     assert len([e for e in episodes if not e["discarded"]]) == done
     assert [e["seed"] for e in episodes] == seeding.eval_seeds(0, len(episodes))
     assert "**Interrupted**" in (tmp_path / kept[:-1] / "results.md").read_text()
+
+
+def test_eval_whose_env_worker_dies_writes_the_episodes_it_counted(tmp_path):
+    """The env worker killed (SIGKILL, as the kernel's out-of-memory killer does) after the
+    first rounds: one line naming the death and the partial report, exit code 1, and the
+    report holds exactly the episodes the line counts, marked as failed."""
+    proc, out, err, tag = _start(tmp_path, "eval", [
+        "env=maniskill_pushcube", "policy=mlp", "episodes=2000", "env.num_envs=2",
+        "runner.progress_bar=false", "runner.progress_interval_s=0"])
+    _wait_for(proc, out, "eval ManiSkill/PushCube-v1: 4/2000 ep")
+    workers = [c for c in _tagged_pids(tag) if "ray::EnvWorker" in c[1]]
+    assert len(workers) == 1, workers
+    os.kill(workers[0][0], signal.SIGKILL)
+    proc.wait(timeout=120)
+    text = err.read_text()
+    assert "Traceback" not in text, text
+    line = run_lines(text)[-1]
+    assert proc.returncode == 1, line
+    head, _, kept = line.partition(" of 2000 episodes kept: partial report in ")
+    assert head.startswith("m2flow-eval: failed during evaluation: worker env[rank 0]"), line
+    assert "its process died" in head or "process died" in head, line
+    done = int(head.rsplit("; ", 1)[1])
+    assert kept.endswith("."), line  # nothing to resume: no checkpoint clause
+    report_dir = kept[:-1]
+    report = json.loads((tmp_path / report_dir / "results.json").read_text())
+    assert report["failed"] and not report["interrupted"], report["failed"]
+    assert report["episodes"] == done >= 4 and report["episodes_asked"] == 2000
+    episodes = report["per_episode"]
+    assert [e["episode"] for e in episodes] == list(range(len(episodes)))
+    assert "**Failed** after" in (tmp_path / report_dir / "results.md").read_text()
+    deadline = time.monotonic() + 10
+    while (left := _tagged(tag)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left == [], left
+
+
+def _tagged_pids(tag: str) -> list[tuple[int, str]]:
+    """(pid, command line) of the processes whose environment holds ``tag``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and tag.encode() in (proc / "environ").read_bytes().split(b"\0"):
+                found.append((int(proc.name),
+                              (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()))
+        except OSError:  # ended meanwhile, or not ours to read
+            pass
+    return found

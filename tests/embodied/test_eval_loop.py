@@ -109,3 +109,26 @@ def test_a_stop_keeps_the_rounds_before_it_only_when_asked():
     rounds.calls = []
     with pytest.raises(Stopped):
         evaluate(stop_in_round_2, TASKS, 2, ranks=1, envs_per_rank=2, seed=0, multi_task=True)
+
+
+def test_a_failure_keeps_the_rounds_before_it_only_when_asked():
+    """A worker that died in round 2 (of 3): with ``keep_on_failure`` the loop ends with round
+    1's two episodes (task 0's, as ``OUTCOMES`` says) and the error; without it, it raises."""
+    rounds = StubRounds()
+    died = RuntimeError("worker env[rank 0] in eval_round(): its process died.")
+
+    def die_in_round_2(per_rank, deterministic=True):
+        if len(rounds.calls) == 1:
+            raise died
+        return rounds(per_rank)
+
+    ev = evaluate(die_in_round_2, TASKS, 2, ranks=1, envs_per_rank=2, seed=0,
+                  multi_task=True, keep_on_failure=True)
+    assert ev.failure is died and not ev.interrupted
+    assert (ev.episodes, ev.asked) == (2, 6)
+    assert [(e["task"], e["episode"], e["success_at_end"]) for e in ev.per_episode] == [
+        (0, 0, True), (0, 1, False)]
+    rounds.calls = []
+    with pytest.raises(RuntimeError, match="its process died"):
+        evaluate(die_in_round_2, TASKS, 2, ranks=1, envs_per_rank=2, seed=0, multi_task=True,
+                 keep_on_stop=True)

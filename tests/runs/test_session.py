@@ -299,3 +299,28 @@ def test_a_failure_before_the_run_opened_gets_a_run_dir_for_its_traceback(tmp_pa
     assert failed.log.parent.parent == tmp_path / "t"  # <log_dir>/<run_name>/<time>/
     assert (failed.log.parent / "config.yaml").exists()
     assert "KeyError: 'obs'" in failed.log.read_text()
+
+
+def test_an_evaluation_that_failed_says_what_it_kept_and_nothing_about_resuming(tmp_path):
+    """``EvalFailed``: its error's own line (a death, or a kill for memory with the hint), then
+    the episodes kept and where, or that none was counted; an evaluation has no checkpoint to
+    resume from, so the line has no checkpoint clause. Its traceback is the error's."""
+    from pathlib import Path
+
+    from m2flow.pipelines.errors import OutOfMemory, WorkerDied
+    from m2flow.runs.failure import EvalFailed, RunOutOfMemory, run_failed
+
+    cfg = Root(runner=RunnerBaseConfig(log_dir=str(tmp_path), progress_bar=False))
+    died = WorkerDied("worker env[rank 0] in eval_round_ranks(): its process died.")
+    failed = run_failed(EvalFailed(died, 72, 200, Path("eval/x")), cfg, phase="evaluation")
+    assert failed.describe() == (
+        "failed during evaluation: worker env[rank 0] in eval_round_ranks(): its process died "
+        f"(traceback in {failed.log}); 72 of 200 episodes kept: partial report in eval/x.")
+    assert "WorkerDied" in failed.log.read_text() and "EvalFailed" not in failed.log.read_text()
+    oom = OutOfMemory("worker env[rank 0] in eval_round_ranks(): killed by Ray's memory monitor")
+    failed = run_failed(EvalFailed(oom, 0, 200, None), cfg, phase="evaluation",
+                        hint="lower env.num_envs (now 4)")
+    assert isinstance(failed, RunOutOfMemory)
+    assert failed.describe() == (
+        "out of memory during evaluation: worker env[rank 0] in eval_round_ranks(): killed by "
+        "Ray's memory monitor; lower env.num_envs (now 4); no episode of 200 was counted.")
