@@ -271,8 +271,8 @@ class WorkerGroup:
         self.name = name
         self.worker_cls = worker_cls
         self.backend = cluster.backend
-        self.stop = cluster.stop  # ends waits on these ranks, and their start-up (Ctrl-C)
-        self.watchdog = cluster.watchdog  # the run's, consulted from its own thread only
+        # the stop ends waits on these ranks and their start-up (Ctrl-C); the run's watchdog
+        self.stop, self.watchdog = cluster.stop, cluster.watchdog  # watches them (its thread)
         self.world_size = len(ranks)
         self.resources = list(ranks)
         """Each rank's resources, as placed."""
@@ -293,8 +293,8 @@ class WorkerGroup:
                 check_stop(self.stop, [f"{self.name} start-up"])
                 self.handles.append(
                     _launch_ray_actor(cluster, self.worker_cls, self._info(r, res), args, kwargs))
-            if self.watchdog is not None and self.watchdog.mine():
-                self.watchdog.add(self)  # watched while they start: a constructor that never returns
+            if self.watchdog is not None and self.watchdog.mine():  # watched while they start:
+                self.watchdog.add(self)  # a constructor that never returns is its silence
             self.call(Worker._m2flow_started).wait()  # surfaces constructor errors here, with the rank
         else:
             self._executor = cf.ThreadPoolExecutor(
@@ -407,9 +407,8 @@ class Peers:
     (``WorkerGroup.peers()``), which then calls the ranks directly (Ray: actor to actor), with
     no driver round trip per call. Picklable under Ray (it carries the actor handles); an
     in-process group's value stays in this process (its calls run on the group's threads).
-    ``stop`` and ``watchdog``: the group's stop event, which ends waits on these calls, and
-    the run's watchdog, which those waits consult; both stay in the driver's process (a
-    worker's waits on its peers end on their own)."""
+    ``stop``, ``watchdog``: the group's stop event and watchdog, which waits on these calls
+    use; both stay in the driver's process (a worker's waits on its peers end on their own)."""
 
     def __init__(self, name: str, worker_cls: type, backend: str, handles: list,
                  executor: Optional[cf.ThreadPoolExecutor] = None,
@@ -418,8 +417,7 @@ class Peers:
         self.name, self.worker_cls, self.backend = name, worker_cls, backend
         self.handles = handles
         self._executor, self._running = executor, running
-        self.stop = stop
-        self.watchdog = watchdog
+        self.stop, self.watchdog = stop, watchdog
 
     def __getstate__(self) -> dict:
         if self.backend != "ray":
