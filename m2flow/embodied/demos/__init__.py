@@ -1,7 +1,8 @@
 """Demonstrations for behaviour cloning and RLPD (the command is ``m2flow-demos``,
 :mod:`m2flow.cli.demos`), one recorder module per env family: :mod:`.maniskill` records
 ManiSkill's motion-planning solutions through m2flow's own env (with the motion planner of
-:mod:`.screw_planner`), :mod:`.libero` a scripted LIBERO expert (:mod:`.libero_expert`).
+:mod:`.screw_planner`), :mod:`.libero` a scripted LIBERO expert (:mod:`.libero_expert`),
+:mod:`.metaworld` Meta-World's own experts. All write the same HDF5 layout (:mod:`.dataset`).
 
 A recorder module offers the same few names, which the command calls in this order:
 

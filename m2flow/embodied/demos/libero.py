@@ -32,6 +32,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from m2flow.embodied.demos.dataset import (Episode, TaskTally, dataset_paths,
+                                            write_trajectories)
 from m2flow.envs.libero import LiberoEnvConfig
 
 CONFIG_DIR = "demos"
@@ -67,31 +69,20 @@ class LiberoDemosConfig:
 
 
 @dataclass
-class Demo:
-    """One kept episode as recorded in memory (what the dataset holds for it)."""
+class Demo(Episode):
+    """One kept episode (:class:`.dataset.Episode`) of task ``task`` (index in ``spec.tasks``)
+    from LIBERO's init state ``init_state``; ``actions`` are (T, 7)."""
 
     task: int
     init_state: int
-    obs: dict  # key -> (T+1, ...) numpy
-    actions: np.ndarray  # (T, 7) float32
-    rewards: np.ndarray  # (T,) float32
-    success: np.ndarray  # (T,) bool
-    terminated: np.ndarray  # (T,) bool
-    truncated: np.ndarray  # (T,) bool
 
 
 @dataclass
-class Tally:
+class Tally(TaskTally):
     """Outcomes of a recording run, per task (index in ``spec.tasks``)."""
 
-    tried: int = 0
-    kept: int = 0
-    per_task: dict = field(default_factory=dict)
-    """task -> [tried, kept]."""
-    seconds: float = 0.0
     steps: int = 0
     """Env steps taken (kept or not; settle steps not counted)."""
-    interrupted: bool = False
 
 
 # -- record -------------------------------------------------------------------------------
@@ -158,21 +149,19 @@ def generate(cfg: LiberoDemosConfig, log: Callable[[str], None] = print):
         for k, task_id, objects in task_list(cfg.env):
             expert = expert_for(objects)
             layout = privileged_layout(objects, slots)
-            counts = tally.per_task.setdefault(k, [0, 0])
             for i in range(d.init_states_per_task):
                 seed = (d.first_init_state + i) % INIT_STATES
                 t0 = time.perf_counter()
                 ok, demo = record_episode(env, expert, layout, k, seed)
-                tally.tried, tally.steps = tally.tried + 1, tally.steps + len(demo.actions)
-                counts[0] += 1
+                tally.count(k, ok)
+                tally.steps += len(demo.actions)
                 if ok:
                     demos.append(demo)
-                    counts[1] += 1
-                    tally.kept += 1
                 log(f"task {task_id} init state {seed}: "
                     f"{'kept' if ok else 'failed'}, {len(demo.actions)} steps "
                     f"({time.perf_counter() - t0:.1f} s)")
-            log(f"task {task_id} ({spec.tasks[k]}): success {counts[1]}/{counts[0]}")
+            tried, kept = tally.per_task.get(k, [0, 0])
+            log(f"task {task_id} ({spec.tasks[k]}): success {kept}/{tried}")
     except KeyboardInterrupt:
         tally.interrupted = True
     finally:
@@ -198,39 +187,27 @@ def save(stem: Path, demos: list, env_cfg: LiberoEnvConfig, spec,
          tally: Optional[Tally] = None) -> tuple[Path, Path]:
     """Writes ``stem``.h5 and ``stem``.json (the module docstring's layout); with ``tally``,
     the JSON's ``success_per_task``: {task index: instruction, tried, kept, success}."""
-    import h5py
-
     from m2flow.envs.libero import suite_tasks
     from m2flow.envs.libero_privileged import privileged_dim, privileged_layout
     from m2flow.policies.vla.text import prompt
 
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    h5_path, json_path = stem.with_name(stem.name + ".h5"), stem.with_name(stem.name + ".json")
+    h5_path, json_path = dataset_paths(stem)
     suite = env_cfg.name.split("/", 1)[1]
     tasks = task_list(env_cfg)
     names = suite_tasks(suite, env_cfg.assets_path)
     slots = (spec.obs_shapes["privileged"][0] - privileged_dim(0)) // privileged_dim(1)
-    episodes = []
-    with h5py.File(h5_path, "w") as f:
-        for i, demo in enumerate(demos):
-            g = f.create_group(f"traj_{i}", track_order=True)
-            obs = g.create_group("obs", track_order=True)
-            for key, value in demo.obs.items():
-                image = value.dtype == np.uint8 and value.ndim == 4
-                obs.create_dataset(key, data=value, **(dict(compression="gzip",
-                                                           compression_opts=5) if image else {}))
-            g.create_dataset("actions", data=demo.actions, dtype=np.float32)
-            g.create_dataset("rewards", data=demo.rewards, dtype=np.float32)
-            for name in ("terminated", "truncated", "success"):
-                g.create_dataset(name, data=getattr(demo, name), dtype=bool)
-            text = spec.tasks[demo.task]
-            episodes.append(dict(
-                episode_id=i, episode_seed=demo.init_state,
-                reset_kwargs=dict(seed=demo.init_state, task=demo.task),
-                control_mode="OSC_POSE", elapsed_steps=len(demo.actions),
-                success=bool(demo.success[-1]), task=demo.task,
-                task_name=names[tasks[demo.task][1]][0], init_state=demo.init_state,
-                language_instruction=text, prompt=prompt(text)))
+
+    def describe(i: int, demo: Demo) -> dict:
+        text = spec.tasks[demo.task]
+        return dict(
+            episode_id=i, episode_seed=demo.init_state,
+            reset_kwargs=dict(seed=demo.init_state, task=demo.task),
+            control_mode="OSC_POSE", elapsed_steps=len(demo.actions),
+            success=bool(demo.success[-1]), task=demo.task,
+            task_name=names[tasks[demo.task][1]][0], init_state=demo.init_state,
+            language_instruction=text, prompt=prompt(text))
+
+    episodes = write_trajectories(h5_path, demos, describe)
     meta = dict(
         env_info=dict(env_id=env_cfg.name, env_kwargs=asdict(env_cfg),
                       max_episode_steps=spec.max_episode_steps),

@@ -43,6 +43,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from m2flow.embodied.demos.dataset import Episode, dataset_paths, write_trajectories
 from m2flow.embodied.demos.screw_planner import screw_planner
 from m2flow.envs import EnvConfig
 
@@ -86,16 +87,11 @@ class DemosConfig:
 
 
 @dataclass
-class Demo:
-    """One kept episode as recorded in memory (what the dataset holds for it)."""
+class Demo(Episode):
+    """One kept episode (:class:`.dataset.Episode`) from seed ``seed``, with the motion
+    planner's step count."""
 
     seed: int
-    obs: dict  # key -> (T+1, ...) numpy
-    actions: np.ndarray  # (T, A) float32
-    rewards: np.ndarray  # (T,) float32
-    success: np.ndarray  # (T,) bool
-    terminated: np.ndarray  # (T,) bool
-    truncated: np.ndarray  # (T,) bool
     planner_steps: int
 
 
@@ -303,29 +299,17 @@ def save(stem: Path, demos: list[Demo], env_cfg: EnvConfig, spec,
          tally: Optional[Tally] = None) -> tuple[Path, Path]:
     """Writes ``stem``.h5 and ``stem``.json (RecordEpisode's layout; the module docstring);
     with ``tally``, the JSON's ``tally`` says what happened to the seeds tried."""
-    import h5py
-
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    h5_path, json_path = stem.with_name(stem.name + ".h5"), stem.with_name(stem.name + ".json")
+    h5_path, json_path = dataset_paths(stem)
     text, vla_prompt = instruction(spec)
-    episodes = []
-    with h5py.File(h5_path, "w") as f:
-        for i, demo in enumerate(demos):
-            g = f.create_group(f"traj_{i}", track_order=True)
-            obs = g.create_group("obs", track_order=True)
-            for key, value in demo.obs.items():
-                image = value.dtype == np.uint8 and value.ndim == 4
-                obs.create_dataset(key, data=value, **(dict(compression="gzip",
-                                                           compression_opts=5) if image else {}))
-            g.create_dataset("actions", data=demo.actions, dtype=np.float32)
-            g.create_dataset("rewards", data=demo.rewards, dtype=np.float32)
-            for name in ("terminated", "truncated", "success"):
-                g.create_dataset(name, data=getattr(demo, name), dtype=bool)
-            episodes.append(dict(
-                episode_id=i, episode_seed=demo.seed, reset_kwargs=dict(seed=demo.seed),
-                control_mode=env_cfg.control_mode, elapsed_steps=len(demo.actions),
-                success=bool(demo.success[-1]), language_instruction=text, prompt=vla_prompt,
-                planner_steps=demo.planner_steps))
+
+    def describe(i: int, demo: Demo) -> dict:
+        return dict(
+            episode_id=i, episode_seed=demo.seed, reset_kwargs=dict(seed=demo.seed),
+            control_mode=env_cfg.control_mode, elapsed_steps=len(demo.actions),
+            success=bool(demo.success[-1]), language_instruction=text, prompt=vla_prompt,
+            planner_steps=demo.planner_steps)
+
+    episodes = write_trajectories(h5_path, demos, describe)
     meta = dict(
         env_info=dict(env_id=env_cfg.name.split("/", 1)[1],
                       env_kwargs=env_kwargs(env_cfg, spec.max_episode_steps),

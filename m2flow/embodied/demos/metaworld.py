@@ -36,6 +36,8 @@ from typing import Callable, Optional
 import numpy as np
 
 from m2flow import keys
+from m2flow.embodied.demos.dataset import (Episode, TaskTally, dataset_paths,
+                                            write_trajectories)
 from m2flow.envs import EnvConfig
 
 CONFIG_DIR = "demos"
@@ -75,29 +77,16 @@ class DemosConfig:
 
 
 @dataclass
-class Demo:
-    """One kept episode as recorded in memory (what the dataset holds for it)."""
+class Demo(Episode):
+    """One kept episode (:class:`.dataset.Episode`) of task ``task`` (index in ``spec.tasks``)
+    from seed ``seed``; ``actions`` are (T, 4)."""
 
     seed: int
     task: int
-    obs: dict  # key -> (T+1, ...) numpy
-    actions: np.ndarray  # (T, 4) float32
-    rewards: np.ndarray  # (T,) float32
-    success: np.ndarray  # (T,) bool
-    terminated: np.ndarray  # (T,) bool
-    truncated: np.ndarray  # (T,) bool
 
 
-@dataclass
-class Tally:
-    """What happened to the seeds, in all and per task index."""
-
-    tried: int = 0
-    kept: int = 0
-    per_task: dict = field(default_factory=dict)
-    """task index -> [tried, kept]."""
-    seconds: float = 0.0
-    interrupted: bool = False
+Tally = TaskTally
+"""What happened to the seeds, in all and per task index."""
 
 
 def expert(task_name: str):
@@ -172,19 +161,17 @@ def generate(cfg: DemosConfig, log: Callable[[str], None] = print):
             for seed in range(d.seed, d.seed + tries):
                 if counts[1] >= d.episodes_per_task:
                     break
-                tally.tried += 1
-                counts[0] += 1
                 demo = run_episode(env, policy, seed, task)
+                tally.count(task, bool(demo.success[-1]))
                 if demo.success[-1]:
                     demos.append(demo)
-                    counts[1] += 1
             log(f"task {task} {name}: kept {counts[1]}/{d.episodes_per_task} of {counts[0]} "
                 f"tried ({time.perf_counter() - t0:.1f} s)")
     except KeyboardInterrupt:
         tally.interrupted = True
     finally:
         env.close()
-    tally.kept, tally.seconds = len(demos), time.perf_counter() - start
+    tally.seconds = time.perf_counter() - start
     return demos, tally, env.spec
 
 
@@ -213,33 +200,21 @@ def save(stem: Path, demos: list[Demo], env_cfg: EnvConfig, spec,
          tally: Optional[Tally] = None) -> tuple[Path, Path]:
     """Writes ``stem``.h5 and ``stem``.json (the module docstring's layout; each task's tried
     and kept from ``tally``, where given)."""
-    import h5py
-
     from m2flow.policies.vla.text import prompt
 
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    h5_path, json_path = stem.with_name(stem.name + ".h5"), stem.with_name(stem.name + ".json")
+    h5_path, json_path = dataset_paths(stem)
     names, recorded = task_names(env_cfg), asdict(recording_config(env_cfg))
     counts = tally.per_task if tally is not None else {}
-    episodes = []
-    with h5py.File(h5_path, "w") as f:
-        for i, demo in enumerate(demos):
-            g = f.create_group(f"traj_{i}", track_order=True)
-            obs = g.create_group("obs", track_order=True)
-            for key, value in demo.obs.items():
-                image = value.dtype == np.uint8 and value.ndim == 4
-                obs.create_dataset(key, data=value, **(dict(compression="gzip",
-                                                           compression_opts=5) if image else {}))
-            g.create_dataset("actions", data=demo.actions, dtype=np.float32)
-            g.create_dataset("rewards", data=demo.rewards, dtype=np.float32)
-            for name in ("terminated", "truncated", "success"):
-                g.create_dataset(name, data=getattr(demo, name), dtype=bool)
-            text = spec.tasks[demo.task]
-            episodes.append(dict(
-                episode_id=i, episode_seed=demo.seed,
-                reset_kwargs=dict(seed=demo.seed, task=demo.task), task=demo.task,
-                task_name=names[demo.task], elapsed_steps=len(demo.actions),
-                success=bool(demo.success[-1]), language_instruction=text, prompt=prompt(text)))
+
+    def describe(i: int, demo: Demo) -> dict:
+        text = spec.tasks[demo.task]
+        return dict(
+            episode_id=i, episode_seed=demo.seed,
+            reset_kwargs=dict(seed=demo.seed, task=demo.task), task=demo.task,
+            task_name=names[demo.task], elapsed_steps=len(demo.actions),
+            success=bool(demo.success[-1]), language_instruction=text, prompt=prompt(text))
+
+    episodes = write_trajectories(h5_path, demos, describe)
     meta = dict(
         env_info=dict(env_id=env_cfg.name, max_episode_steps=spec.max_episode_steps,
                       env_kwargs=recorded),
