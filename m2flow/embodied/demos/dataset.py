@@ -77,3 +77,45 @@ def write_trajectories(h5_path: Path, demos: Sequence[Episode],
                 g.create_dataset(name, data=getattr(demo, name), dtype=bool)
             episodes.append(describe(i, demo))
     return episodes
+
+
+# -- the command's checks and paths ----------------------------------------------------------
+
+
+def output_stem(output: str, env_cfg, prefix: str = "") -> Path:
+    """OUTPUT without its .h5: ``output`` (``demos.output``) where given, else
+    ``demos/<prefix><the env name's part after '/'>_<obs mode><image size unless state>``.
+
+    >>> from types import SimpleNamespace as NS
+    >>> output_stem("", NS(name="ManiSkill/PushCube-v1", obs_mode="rgb", image_size=64))
+    PosixPath('demos/PushCube-v1_rgb64')
+    >>> output_stem("out/mine.h5", None)
+    PosixPath('out/mine')
+    """
+    if output:
+        p = Path(output).expanduser()
+        return p.with_suffix("") if p.suffix in (".h5", ".json") else p
+    name = env_cfg.name.split("/", 1)[1]
+    size = env_cfg.image_size if env_cfg.obs_mode != "state" else ""
+    return Path("demos") / f"{prefix}{name}_{env_cfg.obs_mode}{size}"
+
+
+def check_env_and_output(env_cfg, stem: Path, overwrite: bool) -> None:
+    """The env's own checks (its settings class and ``check_config``) and the output's: a
+    ConfigError of one line for a bad env setting, or for a dataset at ``stem`` that
+    ``overwrite`` does not allow replacing."""
+    from m2flow.configs import ConfigError
+    from m2flow.envs import EnvError
+    from m2flow.envs.registry import ENVS
+
+    try:
+        cls = ENVS.require(env_cfg.name)  # its simulator installed
+        ENVS.check_settings(env_cfg, cls, "env")
+        cls.check_config(env_cfg)
+    except EnvError as e:
+        raise ConfigError(f"config error: {str(e).splitlines()[0]}") from None
+    existing = [p for p in (stem.with_name(stem.name + ".h5"), stem.with_name(stem.name + ".json"))
+                if p.exists()]
+    if existing and not overwrite:
+        raise ConfigError(f"config error: demos.output: {existing[0]} exists; pick another "
+                          "demos.output or set demos.overwrite=true.")

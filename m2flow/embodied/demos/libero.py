@@ -32,8 +32,9 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from m2flow.embodied.demos.dataset import (Episode, TaskTally, dataset_paths,
-                                            write_trajectories)
+from m2flow.embodied.demos import dataset
+from m2flow.embodied.demos.dataset import (Episode, TaskTally, check_env_and_output,
+                                            dataset_paths, write_trajectories)
 from m2flow.envs.libero import LiberoEnvConfig
 
 CONFIG_DIR = "demos"
@@ -175,12 +176,7 @@ def generate(cfg: LiberoDemosConfig, log: Callable[[str], None] = print):
 
 def output_stem(cfg: LiberoDemosConfig) -> Path:
     """OUTPUT without its .h5: demos.output, or demos/<suite>_<obs mode><size>."""
-    if cfg.demos.output:
-        p = Path(cfg.demos.output).expanduser()
-        return p.with_suffix("") if p.suffix in (".h5", ".json") else p
-    suite = cfg.env.name.split("/", 1)[1]
-    size = cfg.env.image_size if cfg.env.obs_mode != "state" else ""
-    return Path("demos") / f"{suite}_{cfg.env.obs_mode}{size}"
+    return dataset.output_stem(cfg.demos.output, cfg.env)
 
 
 def save(stem: Path, demos: list, env_cfg: LiberoEnvConfig, spec,
@@ -274,9 +270,6 @@ def load_demos_config(config_name: str = DEFAULT_CONFIG, overrides=()) -> Libero
     """``m2flow/configs/demos/<config_name>.yaml`` with ``overrides``, checked; bad input is a
     ConfigError of one line."""
     from m2flow.configs import ConfigError, load_config, to_object
-    from m2flow.envs import EnvError
-    from m2flow.envs.registry import ENVS
-
     register_schema()
     cfg: LiberoDemosConfig = to_object(load_config(f"{CONFIG_DIR}/{config_name}", overrides))
     family, _, suite = cfg.env.name.partition("/")
@@ -292,16 +285,5 @@ def load_demos_config(config_name: str = DEFAULT_CONFIG, overrides=()) -> Libero
             f"demos.first_init_state={d.first_init_state}: LIBERO has {INIT_STATES} init states "
             f"per task; give 1-{INIT_STATES} and 0-{INIT_STATES - 1}.")
     cfg.env.privileged_state, cfg.env.num_envs = True, 1  # the expert reads it; one at a time
-    try:
-        cls = ENVS.require(cfg.env.name)
-        ENVS.check_settings(cfg.env, cls, "env")
-        cls.check_config(cfg.env)
-    except EnvError as e:
-        raise ConfigError(f"config error: {str(e).splitlines()[0]}") from None
-    stem = output_stem(cfg)
-    existing = [p for p in (stem.with_name(stem.name + ".h5"), stem.with_name(stem.name + ".json"))
-                if p.exists()]
-    if existing and not d.overwrite:
-        raise ConfigError(f"config error: demos.output: {existing[0]} exists; pick another "
-                          "demos.output or set demos.overwrite=true.")
+    check_env_and_output(cfg.env, output_stem(cfg), cfg.demos.overwrite)
     return cfg

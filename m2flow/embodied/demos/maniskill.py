@@ -43,7 +43,9 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from m2flow.embodied.demos.dataset import Episode, dataset_paths, write_trajectories
+from m2flow.embodied.demos import dataset
+from m2flow.embodied.demos.dataset import (Episode, check_env_and_output, dataset_paths,
+                                            write_trajectories)
 from m2flow.embodied.demos.screw_planner import screw_planner
 from m2flow.envs import EnvConfig
 
@@ -268,12 +270,7 @@ def _try_seed(gen: Generator, seed: int, tally: Tally) -> tuple[Optional[Demo], 
 
 def output_stem(cfg: DemosConfig) -> Path:
     """OUTPUT without its .h5: demos.output, or demos/<task>_<obs mode><size>."""
-    if cfg.demos.output:
-        p = Path(cfg.demos.output).expanduser()
-        return p.with_suffix("") if p.suffix in (".h5", ".json") else p
-    task = cfg.env.name.split("/", 1)[1]
-    size = cfg.env.image_size if cfg.env.obs_mode != "state" else ""
-    return Path("demos") / f"{task}_{cfg.env.obs_mode}{size}"
+    return dataset.output_stem(cfg.demos.output, cfg.env)
 
 
 def instruction(spec) -> tuple[str, str]:
@@ -362,9 +359,6 @@ def load_demos_config(config_name: str = DEFAULT_CONFIG, overrides=()) -> DemosC
     """``m2flow/configs/demos/<config_name>.yaml`` with ``overrides``, checked; bad input is a
     ConfigError of one line."""
     from m2flow.configs import ConfigError, load_config, to_object
-    from m2flow.envs import EnvError
-    from m2flow.envs.registry import ENVS
-
     register_schema()
     cfg: DemosConfig = to_object(load_config(f"{CONFIG_DIR}/{config_name}", overrides))
     family, _, task = cfg.env.name.partition("/")
@@ -379,16 +373,5 @@ def load_demos_config(config_name: str = DEFAULT_CONFIG, overrides=()) -> DemosC
     if cfg.demos.episodes < 1 or (cfg.demos.max_tries is not None and cfg.demos.max_tries < 1):
         raise ConfigError("config error: demos.episodes and demos.max_tries must be >= 1 "
                           f"(got {cfg.demos.episodes} and {cfg.demos.max_tries}).")
-    try:
-        cls = ENVS.require(cfg.env.name)  # ManiSkill installed
-        ENVS.check_settings(cfg.env, cls, "env")
-        cls.check_config(cfg.env)
-    except EnvError as e:
-        raise ConfigError(f"config error: {str(e).splitlines()[0]}") from None
-    stem = output_stem(cfg)
-    existing = [p for p in (stem.with_name(stem.name + ".h5"), stem.with_name(stem.name + ".json"))
-                if p.exists()]
-    if existing and not cfg.demos.overwrite:
-        raise ConfigError(f"config error: demos.output: {existing[0]} exists; pick another "
-                          "demos.output or set demos.overwrite=true.")
+    check_env_and_output(cfg.env, output_stem(cfg), cfg.demos.overwrite)
     return cfg

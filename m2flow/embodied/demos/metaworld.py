@@ -36,8 +36,9 @@ from typing import Callable, Optional
 import numpy as np
 
 from m2flow import keys
-from m2flow.embodied.demos.dataset import (Episode, TaskTally, dataset_paths,
-                                            write_trajectories)
+from m2flow.embodied.demos import dataset
+from m2flow.embodied.demos.dataset import (Episode, TaskTally, check_env_and_output,
+                                            dataset_paths, write_trajectories)
 from m2flow.envs import EnvConfig
 
 CONFIG_DIR = "demos"
@@ -188,12 +189,7 @@ def task_names(env_cfg: EnvConfig) -> tuple:
 
 def output_stem(cfg: DemosConfig) -> Path:
     """OUTPUT without its .h5: demos.output, or demos/metaworld_<suite>_<obs mode><size>."""
-    if cfg.demos.output:
-        p = Path(cfg.demos.output).expanduser()
-        return p.with_suffix("") if p.suffix in (".h5", ".json") else p
-    what = cfg.env.name.split("/", 1)[1]
-    size = cfg.env.image_size if cfg.env.obs_mode != "state" else ""
-    return Path("demos") / f"metaworld_{what}_{cfg.env.obs_mode}{size}"
+    return dataset.output_stem(cfg.demos.output, cfg.env, "metaworld_")
 
 
 def save(stem: Path, demos: list[Demo], env_cfg: EnvConfig, spec,
@@ -269,9 +265,6 @@ def load_demos_config(config_name: str = DEFAULT_CONFIG, overrides=()) -> DemosC
     """``m2flow/configs/demos/<config_name>.yaml`` with ``overrides``, checked; bad input is a
     ConfigError of one line."""
     from m2flow.configs import ConfigError, load_config, to_object
-    from m2flow.envs import EnvError
-    from m2flow.envs.registry import ENVS
-
     register_schema()
     cfg: DemosConfig = to_object(load_config(f"{CONFIG_DIR}/{config_name}", overrides))
     if cfg.env.name.split("/", 1)[0] != "MetaWorld":
@@ -282,16 +275,5 @@ def load_demos_config(config_name: str = DEFAULT_CONFIG, overrides=()) -> DemosC
     if d.episodes_per_task < 1 or (d.max_tries_per_task is not None and d.max_tries_per_task < 1):
         raise ConfigError("config error: demos.episodes_per_task and demos.max_tries_per_task "
                           f"must be >= 1 (got {d.episodes_per_task} and {d.max_tries_per_task}).")
-    try:
-        cls = ENVS.require(cfg.env.name)
-        ENVS.check_settings(cfg.env, cls, "env")
-        cls.check_config(cfg.env)
-    except EnvError as e:
-        raise ConfigError(f"config error: {str(e).splitlines()[0]}") from None
-    stem = output_stem(cfg)
-    existing = [p for p in (stem.with_name(stem.name + ".h5"), stem.with_name(stem.name + ".json"))
-                if p.exists()]
-    if existing and not d.overwrite:
-        raise ConfigError(f"config error: demos.output: {existing[0]} exists; pick another "
-                          "demos.output or set demos.overwrite=true.")
+    check_env_and_output(cfg.env, output_stem(cfg), cfg.demos.overwrite)
     return cfg
