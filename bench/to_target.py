@@ -9,7 +9,13 @@ its seed and its mode's overrides:
 - ``full-eval`` / ``curtailed``: every evaluation runs all 64 episodes, or ends after the round
   (16 episodes) from which 0.9 is out of reach (``runner.eval_curtail``; curtailed is the
   default): the same stop decision, less evaluation;
-- ``sequential`` / ``overlap``: ``runner.overlap_learner`` off / on.
+- ``sequential`` / ``overlap``: ``runner.overlap_learner`` off / on;
+- ``confirmed``: a stop needs a second, larger evaluation to confirm it
+  (``runner.stop_confirm_episodes=256``: its own 64 episodes first, then 192 more).
+
+``--score N`` scores each run's handed-over ``last.pt`` with ``m2flow-eval ... episodes=N
+seed=0`` (the fixed initial states every policy is scored on): the figure a stop must not
+overstate.
 
 The runs are sequential (minutes each on two cores). ``train s`` is the training loop (first
 iteration to stop, evaluations included); ``command s`` adds start-up (Ray, simulators,
@@ -41,6 +47,7 @@ MODES = {
     "curtailed": ["runner.eval_curtail=true"],
     "sequential": ["runner.overlap_learner=false"],
     "overlap": ["runner.overlap_learner=true"],
+    "confirmed": ["runner.stop_confirm_episodes=256"],
 }
 
 
@@ -56,6 +63,22 @@ def train(config: str, mode: str, seed: int, overrides: list[str]) -> dict:
     finally:
         runner.close()
     return {**result, "command_s": time.perf_counter() - t0}
+
+
+def score(checkpoint: str, episodes: int) -> dict:
+    """``m2flow-eval checkpoint=<checkpoint> episodes=<episodes> seed=0``'s report."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from m2flow.cli.eval import main as evaluate
+
+    out = Path(tempfile.mkdtemp(prefix="to_target_eval_"))
+    rc = evaluate([f"checkpoint={checkpoint}", f"episodes={episodes}", "seed=0",
+                   "videos_per_task=0", f"output_dir={out}"])
+    if rc != 0:
+        raise SystemExit(f"to_target: m2flow-eval of {checkpoint} exited {rc}")
+    return json.loads((out / "results.json").read_text())
 
 
 def command(config: str, mode: str, seed: int, overrides: list[str]) -> str:
@@ -76,22 +99,29 @@ def main() -> None:
     p.add_argument("--config", default="maniskill_pushcube_ppo_mlp")
     p.add_argument("--modes", nargs="+", choices=sorted(MODES), default=["default"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--score", type=int, default=0, metavar="N",
+                   help="score each run's last.pt on N fixed initial states (m2flow-eval)")
     p.add_argument("overrides", nargs="*", help="config overrides for every run")
     args = p.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     rows = [(mode, seed, train(args.config, mode, seed, args.overrides))
             for mode in args.modes for seed in args.seeds]
+    for _, _, r in rows:
+        if args.score:
+            rep = score(r["checkpoint"], args.score)
+            r["scored"] = f"{rep['mean_success_once']:.3f} / {rep['mean_success_at_end']:.3f}"
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, check=False).stdout.strip()
     date, where = datetime.date.today().isoformat(), machine()
     print(f"\n{args.config} {' '.join(args.overrides)}: to runner.stop_at_success")
     print("| date | commit | machine | command | iterations | env steps | eval success "
-          "| train s | of it eval s | command s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| train s | of it eval s | command s | last.pt on the fixed states |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for mode, seed, r in rows:
         print(f"| {date} | `{commit}` | {where} | `{command(args.config, mode, seed, args.overrides)}` "
               f"| {r['iterations']} | {r['env_steps']:,} | {r.get('eval/success_once', float('nan')):.3f} "
-              f"| {r['wall_s']:.0f} | {r['eval_s']:.0f} | {r['command_s']:.0f} |")
+              f"| {r['wall_s']:.0f} | {r['eval_s']:.0f} | {r['command_s']:.0f} "
+              f"| {r.get('scored', '-')} |")
     for mode in args.modes:
         mine = [r for m, _, r in rows if m == mode]
         steps = sorted(r["env_steps"] for r in mine)
