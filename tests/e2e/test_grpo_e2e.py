@@ -31,12 +31,14 @@ SHORT = ["env.max_episode_steps=16", "runner.rollout_steps=2", "env.settle_steps
 def test_libero_grpo_openvla_oft_tiny_trains_two_iterations_and_evaluates(tmp_path, capsys):
     rc = train(["--config-name", "libero_spatial_grpo_openvla_oft_tiny", "cluster=inprocess",
                 "runner.num_iterations=2", f"runner.log_dir={tmp_path}",
-                "runner.warn_no_signal_iterations=2", "env.task_ids=[0,1]", *SHORT])
+                "runner.warn_no_signal_iterations=2", "env.task_ids=[0,1]", "env.num_envs=2",
+                *SHORT])
     assert rc == 0
     out = capsys.readouterr().out
-    # (two of the suite's tasks: its evaluation runs at least an episode of each task)
-    # 2 iterations x 4 envs x 2 policy calls x chunks of 8 env steps
-    assert "done: 2 iterations, 128 env steps" in out
+    # (two of the suite's tasks: its evaluation runs at least an episode of each task; one
+    # group of 2 envs, the config's group size)
+    # 2 iterations x 2 envs x 2 policy calls x chunks of 8 env steps
+    assert "done: 2 iterations, 64 env steps" in out
     # LIBERO's reward is success only, and nothing succeeded: said once, after 2 iterations
     assert out.count("WARNING: no learning signal for 2 iterations in a row: every reward") == 1
     run = next(tmp_path.glob("libero_spatial_grpo_openvla_oft_tiny/*"))

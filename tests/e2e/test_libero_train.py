@@ -1,8 +1,11 @@
 """The LIBERO training config on real LIBERO envs: one PPO iteration, image + proprio CNN."""
 
+import pytest
+
 from m2flow.cli.train import main as train
 
 
+@pytest.mark.slow  # LIBERO training is CI's in the VLA GRPO test (tests/e2e/test_grpo_e2e.py)
 def test_libero_spatial_ppo_cnn_runs_one_iteration(tmp_path, capsys):
     rc = train([
         "--config-name", "libero_spatial_ppo_cnn", "cluster=inprocess",

@@ -37,9 +37,10 @@ def test_bc_flow_matching_on_a_pushcube_demo_lowers_its_loss(tmp_path, pushcube_
     assert len(logged(run_dir, "loss/loss_aux")) == 6  # the recipe's grounding, kept on
 
 
-def test_ppo_through_the_vlas_chain_runs_two_iterations_on_ray_workers(tmp_path, ray_cluster,
-                                                                       capsys):
-    rc = train(["--config-name", "maniskill_pushcube_ppo_pi0_tiny", *TINY,
+def test_ppo_through_the_vlas_chain_runs_two_iterations(tmp_path, capsys):
+    """In-process workers (the chain's PPO on Ray workers: tests/e2e/test_flow_train.py's
+    flow_mlp; π0 adds no transport of its own)."""
+    rc = train(["--config-name", "maniskill_pushcube_ppo_pi0_tiny", *TINY, "cluster=inprocess",
                 "policy.variant=pi05", "runner.rollout_steps=2", "runner.num_iterations=2",
                 "policy.hold_obs_norm=false",  # from random weights: no statistics to hold
                 "algorithm.update_epochs=1", "algorithm.critic_warmup=0",

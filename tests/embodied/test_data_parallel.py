@@ -194,6 +194,7 @@ def test_learner_ranks_on_cpu_use_gloo_on_own_gpus_nccl_and_on_a_shared_gpu_gloo
         distributed.backend_for([gpu(0), cpu])
 
 
+@pytest.mark.slow  # a minute; CI: the ranks' update above and the sharded run under Ray (test_fsdp)
 def test_pushcube_ppo_trains_with_two_learner_ranks_under_ray(tmp_path, ray_cluster):
     """The real run: 2 env workers -> 2 learner ranks (gloo), 2 iterations, a checkpoint."""
     from m2flow.cli.common import load_run_config

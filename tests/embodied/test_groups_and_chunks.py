@@ -21,8 +21,9 @@ def group_reset(cfg: EnvConfig, group_size: int, iteration: int = 0):
 
 @pytest.mark.parametrize("cfg", [
     env_config(name="ManiSkill/PushCube-v1", num_envs=4, obs_mode="state"),
-    env_config(name="LIBERO/libero_spatial", num_envs=4, obs_mode="rgb", image_size=32,
-               settle_steps=0),
+    pytest.param(env_config(name="LIBERO/libero_spatial", num_envs=4, obs_mode="rgb",
+                            image_size=32, settle_steps=0),
+                 marks=pytest.mark.slow),  # a minute of 4 LIBERO scenes; the same worker code
 ], ids=["maniskill", "libero"])
 def test_envs_of_a_group_share_their_initial_state_and_groups_differ(cfg):
     obs = group_reset(cfg, group_size=2)

@@ -198,6 +198,7 @@ def test_what_an_openvla_policy_sees_equals_openvlas_own_libero_pipeline(rgb_env
     assert ok and diff.max() <= 1 and (diff == 0).mean() > 0.99  # float32 vs float64 rounding
 
 
+@pytest.mark.slow  # 40 s of a second LIBERO process; CI: both cameras' frames above
 def test_without_the_wrist_camera_the_agent_view_after_settle_steps_is_libero_s():
     """``env.wrist_camera=false``: no ``wrist_rgb`` in the spec or the observations; the agent
     view after 2 settle steps equals LIBERO's own env's (both cameras rendered, every step)

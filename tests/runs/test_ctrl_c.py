@@ -11,6 +11,8 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
+
 from m2flow.cli.common import load_run_config
 from m2flow.runs import checkpoint
 from tests.stderr import run_lines
@@ -80,6 +82,7 @@ def _tagged(tag: str) -> list[str]:
     return found
 
 
+@pytest.mark.slow  # the SIGTERM test below is this run, stopped the same way: CI's time
 def test_ctrl_c_during_a_long_evaluation_saves_the_iteration_and_stops_in_seconds(tmp_path):
     """Ray workers; the evaluation after iteration 2 would take minutes (4000 episodes)."""
     run = Run(tmp_path, PUSHCUBE + [
