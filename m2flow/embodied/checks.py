@@ -158,10 +158,6 @@ def check_run(layout: Layout, cfg: TrainConfig,
         raise field_error("runner.stagger_episodes", True,
                           "needs runner.reset_every_iteration=false (a reset every iteration "
                           "would end every episode at the same step); set that too.")
-    if r.stop_confirm_episodes and r.stop_confirm_episodes <= r.eval_episodes:
-        raise field_error("runner.stop_confirm_episodes", r.stop_confirm_episodes,
-                          f"must be more than runner.eval_episodes={r.eval_episodes} (the "
-                          "evaluation it confirms); give e.g. 256, or 0 for no confirmation.")
     if r.overlap_learner and r.max_staleness < 1:
         raise ValueError(
             f"runner.overlap_learner=true needs runner.max_staleness >= 1 (got "

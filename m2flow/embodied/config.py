@@ -72,7 +72,8 @@ class RunnerConfig(RunnerBaseConfig):
     (more than ``eval_episodes``; its own are the first of them: the same initial states, the
     same episodes) and it is this larger evaluation that the stop, ``best.pt``, the log and
     the ``done:`` line count, the figure ``m2flow-eval ... episodes=N`` gives the checkpoint:
-    a lucky small evaluation does not end the run. 0: no confirmation."""
+    a lucky small evaluation does not end the run. 0, or no more than ``eval_episodes`` (an
+    evaluation already that large): no confirmation."""
     eval_curtail: bool = True
     """With stop_at_success: end an evaluation after the round where it can no longer reach
     stop_at_success even if every remaining episode succeeds (the stop decision is the full

@@ -193,6 +193,9 @@ class Evaluation:
     interrupted: bool = False
     failure: Optional[BaseException] = None
     """The error that ended the loop after the rounds counted (``keep_on_failure``)."""
+    results: dict = field(default_factory=dict, repr=False)
+    """Each counted slot's episode by (task, episode): what a larger evaluation of the same
+    weights reuses (``evaluate``'s ``known``)."""
 
     @property
     def episodes(self) -> int:
@@ -219,6 +222,7 @@ class Evaluation:
                                  "success_at_end": bool(ep.success_at_end),
                                  "return": float(ep.ret), "length": int(ep.length)})
         self.tasks[slot.task].add(ep)
+        self.results[(slot.task, slot.episode)] = ep
         if slot.video and ep.frames and not ep.discarded:
             self.videos.append((slot, ep))
 
@@ -264,7 +268,7 @@ def evaluate(eval_round: Callable, names: list[str], per_task: int, *, ranks: in
              videos_per_task: int = 0, deterministic: bool = True,
              reach: Optional[float] = None, metric: str = "success_once",
              progress=None, keep_on_stop: bool = False,
-             keep_on_failure: bool = False) -> Evaluation:
+             keep_on_failure: bool = False, known: Optional[Evaluation] = None) -> Evaluation:
     """The evaluation loop of ``m2flow-eval`` and of training: ``per_task`` episodes of each
     task in ``names`` laid out by ``episode_rounds``, one round at a time.
 
@@ -289,14 +293,32 @@ def evaluate(eval_round: Callable, names: list[str], per_task: int, *, ranks: in
         keep_on_failure: an error while a round runs (a worker that died or was killed for
             memory) ends the loop with the rounds before it (``failure``); False: it
             propagates.
+        known: an evaluation of the same weights with the same seed and actions, already run
+            (the smaller one that ``runner.stop_confirm_episodes`` confirms): an episode it
+            counted (same task and episode, so the same initial state) is counted as it
+            ended there, and a round made only of such episodes is not run again. Only
+            deterministic episodes repeat, so it is refused with sampled actions.
 
     A round's fillers (``Slot.episode`` None) run but are counted nowhere.
     """
     rounds = episode_rounds(len(names), per_task, ranks, envs_per_rank, seed, videos_per_task,
                             one_task_env=not multi_task)
     ev = Evaluation([TaskResult(j, n, asked=per_task) for j, n in enumerate(names)], multi_task)
+    if known is not None and not deterministic:
+        raise ValueError("evaluate(known=...): sampled actions do not repeat an episode")
+    seen = known.results if known is not None else {}
     try:
         for rnd in rounds:
+            counted = [s for row in rnd for s in row if s.episode is not None]
+            if seen and all((s.task, s.episode) in seen for s in counted):
+                for slot in counted:  # this round's episodes ended so already: not run again
+                    ev.add(slot, seen[(slot.task, slot.episode)])
+                if progress is not None:
+                    progress.update(len(counted), _status(ev.tasks, rnd, names if multi_task else None))
+                if reach is not None and ev.left() and not ev.can_reach(reach, metric):
+                    ev.curtailed = True
+                    break
+                continue
             per_rank = [
                 EvalRound(seeds=[s.seed for s in row],
                           tasks=[s.task for s in row] if multi_task else None,
@@ -318,7 +340,7 @@ def evaluate(eval_round: Callable, names: list[str], per_task: int, *, ranks: in
             for row, eps in zip(rnd, episodes):
                 for slot, ep in zip(row, eps):
                     if slot.episode is not None:
-                        ev.add(slot, ep)
+                        ev.add(slot, seen.get((slot.task, slot.episode), ep))
             if progress is not None:
                 progress.update(sum(s.episode is not None for row in rnd for s in row),
                                 _status(ev.tasks, rnd, names if multi_task else None))

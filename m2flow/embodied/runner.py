@@ -130,6 +130,7 @@ class EmbodiedRunner(RunLoop):
         self.set_stages(lay.pipeline_stages)
         self.act_ch = Channel("action", self.env, item_type=TensorDict)  # (e, k) -> env rank e
         self.iteration, self.global_step = 0, 0
+        self.last_evaluation: Optional[eval_protocol.Evaluation] = None  # run_eval's last
         self._pending: Optional[_Collection] = None  # a collection started ahead (overlap)
         self._last_end: Optional[float] = None
         self._last_learn: Optional[float] = None  # the last update's seconds (overlap)
@@ -204,7 +205,8 @@ class EmbodiedRunner(RunLoop):
                    bucket_mb=self.cfg.runner.weight_sync_bucket_mb)
 
     def run_eval(self, episodes: Optional[int] = None, deterministic: bool = True,
-                 reach: Optional[float] = None) -> dict:
+                 reach: Optional[float] = None,
+                 known: Optional[eval_protocol.Evaluation] = None) -> dict:
         """Episodes from fixed seeds (mean actions by default), through the loop ``m2flow-eval``
         runs (``eval_protocol.evaluate``): ``eval/success_once``, ``eval/success_at_end`` and
         friends (``Evaluation.metrics``).
@@ -221,7 +223,9 @@ class EmbodiedRunner(RunLoop):
         the evaluation ends after the first round from which its success rate
         (``runner.success_metric``) can no longer reach ``reach`` even if every remaining
         episode succeeds: its numbers are those of the rounds run, plus ``eval/curtailed`` 1
-        (the rounds run are the first rounds of the full evaluation).
+        (the rounds run are the first rounds of the full evaluation). ``known``: an
+        evaluation of these weights already run, whose episodes are not run again
+        (``eval_protocol.evaluate``); the last one is ``self.last_evaluation``.
         """
         r = self.cfg.runner
         tasks = list(self.spec.tasks)
@@ -231,8 +235,9 @@ class EmbodiedRunner(RunLoop):
         result = eval_protocol.evaluate(
             self.eval_round, names, per_task, ranks=self.layout.env_workers,
             envs_per_rank=self.layout.num_envs, seed=self.cfg.seed, multi_task=bool(tasks),
-            deterministic=deterministic, reach=reach, metric=r.success_metric,
+            deterministic=deterministic, reach=reach, metric=r.success_metric, known=known,
             progress=self.session.progress(f"eval {self.cfg.env.name}", len(names) * per_task))
+        self.last_evaluation = result
         return result.metrics(curtail=reach is not None)
 
     def eval_round(self, per_rank: list[EvalRound], deterministic: bool = True) -> list[list]:
@@ -355,8 +360,9 @@ class EmbodiedRunner(RunLoop):
         reach = r.stop_at_success if r.eval_curtail else None
         out = self.run_eval(reach=reach)
         if confirms(out, r):  # the stop rests on the larger evaluation, not a lucky small one
-            out = {**self.run_eval(episodes=r.stop_confirm_episodes, reach=reach),
-                   "eval/confirming": 1.0}
+            # (the same weights: the episodes just run are its first, counted as they ended)
+            out = {**self.run_eval(episodes=r.stop_confirm_episodes, reach=reach,
+                                   known=self.last_evaluation), "eval/confirming": 1.0}
         self.timings()  # eval's worker timings are not part of the next iteration
         self._last_end = time.perf_counter()  # nor is its wall time
         return out
@@ -437,6 +443,8 @@ def confirms(out: dict, r) -> bool:
     >>> [confirms({"eval/success_once": s}, r) for s in (0.88, 0.91)]
     [False, True]
     >>> confirms({"eval/success_once": 0.95}, R(**{**vars(r), "stop_confirm_episodes": 0}))
+    False
+    >>> confirms({"eval/success_once": 0.95}, R(**{**vars(r), "eval_episodes": 4000}))
     False
     """
     return (r.stop_at_success is not None and r.stop_confirm_episodes > r.eval_episodes

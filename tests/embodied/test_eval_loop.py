@@ -1,6 +1,8 @@
 """The one evaluation loop (``eval_protocol.evaluate``) of training and ``m2flow-eval``: its
 per-task tally, its metrics and its curtailing, against hand-worked outcomes of a stub round."""
 
+import math
+
 import pytest
 
 from m2flow.embodied.eval_protocol import evaluate
@@ -132,3 +134,57 @@ def test_a_failure_keeps_the_rounds_before_it_only_when_asked():
     with pytest.raises(RuntimeError, match="its process died"):
         evaluate(die_in_round_2, TASKS, 2, ranks=1, envs_per_rank=2, seed=0, multi_task=True,
                  keep_on_stop=True)
+
+
+class SeededRounds:
+    """A round whose episodes end by their seed alone, as a deterministic policy's do:
+    success_once unless the seed is divisible by 3, success_at_end when it is even."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, per_rank, deterministic=True):
+        self.calls.append([list(r.seeds) for r in per_rank])
+        tasks = [r.tasks or [0] * len(r.seeds) for r in per_rank]
+        return [[EvalEpisode(seed=s, task=t, ret=float(s % 7), length=5, success_once=s % 3 != 0,
+                             success_at_end=s % 2 == 0, discarded=False)
+                 for s, t in zip(r.seeds, ts)] for r, ts in zip(per_rank, tasks)]
+
+
+@pytest.mark.parametrize("small,multi_task", [(8, False), (6, False), (2, True)])
+def test_a_larger_evaluation_reuses_the_episodes_it_starts_with(small, multi_task):
+    """``known`` (runner.stop_confirm_episodes): 20 episodes (per task, 3 tasks, when
+    multi-task) after ``small`` of the same weights give the metrics 20 run afresh give,
+    with no round re-run whose episodes all ended already (one-task on 4 slots: the 8's two
+    rounds; the 6's first round, its second holding episodes 6 and 7 too)."""
+    names = TASKS if multi_task else ["PushCube-v1"]
+    kw = dict(ranks=2, envs_per_rank=2, seed=5, multi_task=multi_task)
+    fresh = evaluate(SeededRounds(), names, 20, **kw)
+    first = evaluate(SeededRounds(), names, small, **kw)
+    rounds = SeededRounds()
+    again = evaluate(rounds, names, 20, known=first, **kw)
+    assert again.metrics() == fresh.metrics()
+    assert again.per_episode == fresh.per_episode
+    full = math.ceil(20 * len(names) / 4)
+    skipped = {(8, False): 2, (6, False): 1, (2, True): 0}[(small, multi_task)]
+    assert len(rounds.calls) == full - skipped
+    if not multi_task:  # the rounds run are the last ones of the fresh evaluation
+        assert rounds.calls[0] == [seeding.eval_seeds(5, 20)[4 * skipped:][:2],
+                                   seeding.eval_seeds(5, 20)[4 * skipped + 2:][:2]]
+
+
+def test_a_known_evaluation_counts_as_it_ended_and_needs_mean_actions():
+    """An episode ``known`` counted keeps its outcome though a re-run round ends it otherwise
+    (the reported 64 stay the 256's first 64), and sampled actions refuse ``known``."""
+    names = ["PushCube-v1"]
+    kw = dict(ranks=1, envs_per_rank=4, seed=0, multi_task=False)
+    first = evaluate(SeededRounds(), names, 2, **kw)  # round 1 also ran seeds 2-3 as fillers
+    flipped = {k: EvalEpisode(seed=e.seed, task=e.task, ret=e.ret, length=e.length,
+                              success_once=not e.success_once, success_at_end=e.success_at_end,
+                              discarded=False) for k, e in first.results.items()}
+    first.results = flipped
+    again = evaluate(SeededRounds(), names, 4, known=first, **kw)  # round 1 re-runs (2 new)
+    assert [e["success_once"] for e in again.per_episode[:2]] == [
+        not (s % 3 != 0) for s in seeding.eval_seeds(0, 4)[:2]]
+    with pytest.raises(ValueError, match="sampled actions"):
+        evaluate(SeededRounds(), names, 4, known=first, deterministic=False, **kw)

@@ -72,20 +72,20 @@ def test_a_stop_reached_on_few_episodes_is_confirmed_on_more():
     def runner(rates):
         calls = []
 
-        def run_eval(episodes=None, reach=None):
+        def run_eval(episodes=None, reach=None, known=None):
             n = episodes or 64
-            calls.append((n, reach))
+            calls.append((n, reach, known))
             return {"eval/success_once": rates[n], "eval/episodes": float(n)}
 
         r = RunnerConfig(eval_episodes=64, stop_at_success=0.9, stop_confirm_episodes=256)
         fake = SimpleNamespace(cfg=SimpleNamespace(runner=r), drain=lambda: None,
                                run_eval=run_eval, timings=lambda: {},
-                               _success_stop=SuccessStop(0.9))
+                               _success_stop=SuccessStop(0.9), last_evaluation="the 64")
         return fake, calls
 
     fake, calls = runner({64: 0.92, 256: 0.85})
     out = EmbodiedRunner.evaluate(fake)
-    assert calls == [(64, 0.9), (256, 0.9)]
+    assert calls == [(64, 0.9, None), (256, 0.9, "the 64")]  # the 64 are not run again
     assert out["eval/episodes"] == 256.0 and out["eval/confirming"] == 1.0
     assert EmbodiedRunner.stop_reason(fake, out) is None  # the 256 did not reach 0.9
 
