@@ -24,7 +24,8 @@ from m2flow.runs import checkpoint, seeding
 ENVS, GROUP, SEED = 8, 4, 0
 COMMON = ["cluster=inprocess", f"env.num_envs={ENVS}", "runner.eval_interval=0",
           "runner.progress_bar=false", "policy.hidden_sizes=[64,64]", f"seed={SEED}",
-          "env.max_episode_steps=100", "policy.init_log_std=-5.0"]  # the demos' limit: the planner needs 55-80 steps
+          "env.max_episode_steps=100", "policy.init_log_std=-5.0",  # the demos' limit: the planner needs 55-80 steps
+          "env.control_mode=pd_ee_delta_pos"]  # the planner's (env/maniskill_pushcube), not the default job's joints
 
 
 def expert_dataset(path):
