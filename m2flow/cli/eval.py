@@ -5,6 +5,7 @@ config's initial weights; writes results.json, results.md and MP4 videos.
     m2flow-eval checkpoint=runs/maniskill_pickcube_ppo_mlp     # its newest run's newest checkpoint
     m2flow-eval env=libero_spatial policy=cnn episodes_per_task=2 videos_per_task=1
     m2flow-eval config=libero_spatial_ppo_cnn episodes_per_task=50
+    m2flow-eval checkpoint=runs/libero_object_bc_mlp episodes_per_task=10 first_episode=10
     m2flow-eval checkpoint=runs/reasoning_arith_grpo_tiny/.../checkpoints/last.pt size=200
 """
 
@@ -26,7 +27,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("overrides", nargs="*",
                         help="checkpoint=PATH or config groups (env=..., policy=...), "
-                             "episodes_per_task=N, videos_per_task=K, and dotted overrides")
+                             "episodes_per_task=N, first_episode=F, videos_per_task=K, and "
+                             "dotted overrides")
     args = parser.parse_args(argv)
     from m2flow.configs import ConfigError
 

@@ -67,6 +67,8 @@ RULES: list[Rule] = [
      "give the most MB of one weight-sync bucket (default 256)"),
     ("eval.episodes", at_least(0), "give the episodes to run, or 0 for runner.eval_episodes"),
     ("eval.episodes_per_task", at_least(0), "give the episodes per task, or 0 for the default"),
+    ("eval.first_episode", at_least(0),
+     "give the episode whose initial state the first one takes, or 0 for training's"),
     ("eval.max_steps", optional(at_least(1), "the env's limit"), "give the steps per episode"),
     ("eval.videos_per_task", at_least(0), "give the videos per task, or 0 for none"),
 ]

@@ -115,6 +115,12 @@ class EvalConfig:
     """One-task envs: episodes to run; 0: runner.eval_episodes."""
     episodes_per_task: int = 0
     """Episodes per task; 0: 50 for multi-task envs (LIBERO's protocol), else ``episodes``."""
+    first_episode: int = 0
+    """Episode e starts from the initial state of episode ``first_episode + e``: a multi-task
+    env's seed ``first_episode + e`` (LIBERO: that init state of each task), a one-task env's
+    ``seeding.eval_seeds(seed, .)[first_episode + e]``. 0 scores the states training's
+    evaluation scores; e.g. 10 scores LIBERO's init states 10 on, which demos recorded from
+    init states 0-9 never started from."""
     max_steps: Optional[int] = None
     """Steps per episode; None: the env's limit (LIBERO: the suite's published limit)."""
     videos_per_task: int = 2

@@ -112,23 +112,31 @@ class TaskResult:
 
 def episode_rounds(num_tasks: int, per_task: int, ranks: int, envs_per_rank: int,
                    base_seed: int, videos_per_task: int,
-                   one_task_env: bool = False) -> list[list[list[Slot]]]:
+                   one_task_env: bool = False, first: int = 0) -> list[list[list[Slot]]]:
     """Rounds -> env worker ranks -> slots. Episodes are laid out task by task. Episode e
-    starts from seed e, or, for a one-task env, from ``seeding.eval_seeds(base_seed, .)[e]``
-    (training-time evaluation's seeds): either way an episode's seed never depends on the
-    layout (``env.num_envs``, env workers).
+    starts from seed ``first + e``, or, for a one-task env, from
+    ``seeding.eval_seeds(base_seed, .)[first + e]`` (training-time evaluation's seeds, which
+    start at ``first`` 0): either way an episode's seed never depends on the layout
+    (``env.num_envs``, env workers). ``first`` skips the initial states a first evaluation
+    (or the demonstrations) used: LIBERO's episode e of a task then starts from init state
+    ``first + e``.
 
     >>> rounds = episode_rounds(num_tasks=3, per_task=2, ranks=1, envs_per_rank=4, base_seed=0,
     ...                         videos_per_task=1)
     >>> [[(s.task, s.episode, s.video) for s in r[0]] for r in rounds]
     [[(0, 0, True), (0, 1, False), (1, 0, True), (1, 1, False)], [(2, 0, True), (2, 1, False), (0, None, False), (0, None, False)]]
+    >>> later = episode_rounds(num_tasks=2, per_task=2, ranks=1, envs_per_rank=4, base_seed=0,
+    ...                        videos_per_task=0, first=10)
+    >>> [(s.task, s.episode, s.seed) for s in later[0][0]]
+    [(0, 0, 10), (0, 1, 11), (1, 0, 10), (1, 1, 11)]
     """
     episodes = [(j, e) for j in range(num_tasks) for e in range(per_task)]
     slots = ranks * envs_per_rank
     num_rounds = math.ceil(len(episodes) / slots)
     # one-task: a filler in slot k (past the last episode) runs the seed of episode k, never
-    # one a counted episode has; multi-task: seed 0 (init state 0 of task 0)
-    seeds = seeding.eval_seeds(base_seed, num_rounds * slots) if one_task_env else None
+    # one a counted episode has; multi-task: seed ``first`` (task 0's first init state)
+    seeds = (seeding.eval_seeds(base_seed, first + num_rounds * slots)[first:]
+             if one_task_env else None)
     rounds = []
     for r in range(num_rounds):
         per_rank = []
@@ -138,9 +146,10 @@ def episode_rounds(num_tasks: int, per_task: int, ranks: int, envs_per_rank: int
                 k = r * slots + rank * envs_per_rank + i
                 if k < len(episodes):
                     j, e = episodes[k]
-                    row.append(Slot(j, e, e if seeds is None else seeds[k], e < videos_per_task))
+                    row.append(Slot(j, e, first + e if seeds is None else seeds[k],
+                                    e < videos_per_task))
                 else:
-                    row.append(Slot(0, None, 0 if seeds is None else seeds[k]))
+                    row.append(Slot(0, None, first if seeds is None else seeds[k]))
             per_rank.append(row)
         rounds.append(per_rank)
     return rounds
@@ -268,7 +277,8 @@ def evaluate(eval_round: Callable, names: list[str], per_task: int, *, ranks: in
              videos_per_task: int = 0, deterministic: bool = True,
              reach: Optional[float] = None, metric: str = "success_once",
              progress=None, keep_on_stop: bool = False,
-             keep_on_failure: bool = False, known: Optional[Evaluation] = None) -> Evaluation:
+             keep_on_failure: bool = False, known: Optional[Evaluation] = None,
+             first: int = 0) -> Evaluation:
     """The evaluation loop of ``m2flow-eval`` and of training: ``per_task`` episodes of each
     task in ``names`` laid out by ``episode_rounds``, one round at a time.
 
@@ -298,11 +308,13 @@ def evaluate(eval_round: Callable, names: list[str], per_task: int, *, ranks: in
             counted (same task and episode, so the same initial state) is counted as it
             ended there, and a round made only of such episodes is not run again. Only
             deterministic episodes repeat, so it is refused with sampled actions.
+        first: episode e starts from the seed of episode ``first + e`` (``episode_rounds``):
+            ``eval.first_episode``; training's evaluation uses 0.
 
     A round's fillers (``Slot.episode`` None) run but are counted nowhere.
     """
     rounds = episode_rounds(len(names), per_task, ranks, envs_per_rank, seed, videos_per_task,
-                            one_task_env=not multi_task)
+                            one_task_env=not multi_task, first=first)
     ev = Evaluation([TaskResult(j, n, asked=per_task) for j, n in enumerate(names)], multi_task)
     if known is not None and not deterministic:
         raise ValueError("evaluate(known=...): sampled actions do not repeat an episode")
@@ -384,7 +396,7 @@ def run_protocol(runner, cfg, progress: bool = True) -> dict:
                       envs_per_rank=runner.layout.num_envs, seed=cfg.seed, multi_task=multi,
                       max_steps=max_steps, videos_per_task=ev.videos_per_task,
                       deterministic=ev.deterministic, progress=bar, keep_on_stop=True,
-                      keep_on_failure=True)
+                      keep_on_failure=True, first=ev.first_episode)
     rows = [r.row() for r in result.tasks]
     return {
         "env": cfg.env.name,
@@ -392,6 +404,7 @@ def run_protocol(runner, cfg, progress: bool = True) -> dict:
         "checkpoint": ev.checkpoint,
         "deterministic": ev.deterministic,
         "episodes_per_task": per_task,
+        "first_episode": ev.first_episode,
         "max_steps": max_steps,
         "tasks": rows,
         "mean_success_once": result.mean("success_once"),
@@ -427,12 +440,18 @@ def write_report(report: dict, out_dir: Path) -> dict[str, Path]:
     return paths
 
 
+def _from_episode(first: int) -> str:
+    """``' from episode 10's initial state'`` for ``eval.first_episode`` 10; '' for 0."""
+    return f" from episode {first}'s initial state" if first else ""
+
+
 def markdown(report: dict) -> str:
     lines = [
         f"# Evaluation: {report['env']} with policy {report['policy']}",
         "",
         f"checkpoint: {report['checkpoint'] or 'none (initial weights)'}; "
-        f"{report['episodes_per_task']} episodes per task, at most {report['max_steps']} steps; "
+        f"{report['episodes_per_task']} episodes per task"
+        f"{_from_episode(report.get('first_episode', 0))}, at most {report['max_steps']} steps; "
         f"{'mean' if report['deterministic'] else 'sampled'} actions; "
         f"{report['discarded']} episodes discarded (simulator restarts)",
         "",

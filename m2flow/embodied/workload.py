@@ -161,6 +161,7 @@ WORKLOAD = Workload(
     eval_shorthands={
         "episodes": "eval.episodes",
         "episodes_per_task": "eval.episodes_per_task",
+        "first_episode": "eval.first_episode",
         "max_steps": "eval.max_steps",
         "videos_per_task": "eval.videos_per_task",
         "deterministic": "eval.deterministic",

@@ -151,7 +151,7 @@ def test_the_report_counts_success_once_and_at_end_per_task(tmp_path):
         env=SimpleNamespace(name="LIBERO/x", num_envs=4), policy=SimpleNamespace(name="cnn"),
         runner=SimpleNamespace(eval_episodes=4), seed=0,
         eval=SimpleNamespace(episodes_per_task=2, episodes=0, max_steps=None, videos_per_task=0,
-                             deterministic=True, checkpoint=None))
+                             deterministic=True, checkpoint=None, first_episode=0))
     report = run_protocol(Runner(), cfg, progress=False)
     assert lines[-1].startswith("eval LIBERO/x: 4/4 ep | success 1.00/0.67 | task 2/2")
     write_report(report, tmp_path)
@@ -165,6 +165,50 @@ def test_the_report_counts_success_once_and_at_end_per_task(tmp_path):
     assert "| success_once | success_at_end |" in table
     assert "| 0 | push it | 1.000 | 0.500 | 2 |" in table
     assert "| **mean over tasks** | **1.000** | **0.750** | 3 |" in table
+
+
+def test_first_episode_moves_every_episode_to_later_initial_states(tmp_path):
+    """eval.first_episode=10 on a two-task env: each task's episodes 0-2 start from seeds
+    10-12 (LIBERO's init states 10-12), written out for each episode and in the table's
+    header; a one-task env's episodes take eval_seeds' entries 10 on."""
+    from types import SimpleNamespace
+
+    from m2flow.embodied.eval_protocol import episode_rounds, run_protocol, write_report
+    from m2flow.embodied.workers.episodes import EvalEpisode
+    from m2flow.runs import seeding
+    from m2flow.runs.logger import Progress
+
+    asked = []
+
+    class Runner:
+        spec = SimpleNamespace(tasks=("push it", "pull it"), max_episode_steps=4)
+        layout = SimpleNamespace(env_workers=1, num_envs=4)
+        session = SimpleNamespace(progress=lambda desc, total, bar=True: Progress(
+            desc, total, write=lambda line: None, every_s=0))
+
+        def eval_round(self, per_rank, deterministic=True):
+            asked.append((list(per_rank[0].tasks), list(per_rank[0].seeds)))
+            return [[EvalEpisode(seed=s, success_once=True, success_at_end=True)
+                     for s in per_rank[0].seeds]]
+
+    cfg = SimpleNamespace(
+        env=SimpleNamespace(name="LIBERO/x", num_envs=4), policy=SimpleNamespace(name="cnn"),
+        runner=SimpleNamespace(eval_episodes=4), seed=0,
+        eval=SimpleNamespace(episodes_per_task=3, episodes=0, max_steps=None, videos_per_task=0,
+                             deterministic=True, checkpoint=None, first_episode=10))
+    report = run_protocol(Runner(), cfg, progress=False)
+    # 6 episodes on 4 envs: two rounds, the second with two fillers (task 0, seed 10)
+    assert asked == [([0, 0, 0, 1], [10, 11, 12, 10]), ([1, 1, 0, 0], [11, 12, 10, 10])]
+    write_report(report, tmp_path)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert [(e["task"], e["episode"], e["seed"]) for e in saved["per_episode"]] == [
+        (0, 0, 10), (0, 1, 11), (0, 2, 12), (1, 0, 10), (1, 1, 11), (1, 2, 12)]
+    assert saved["first_episode"] == 10
+    assert "3 episodes per task from episode 10's initial state," in (
+        tmp_path / "results.md").read_text()
+    one = episode_rounds(num_tasks=1, per_task=3, ranks=1, envs_per_rank=4, base_seed=7,
+                         videos_per_task=0, one_task_env=True, first=10)
+    assert [s.seed for s in one[0][0]] == seeding.eval_seeds(7, 14)[10:14]
 
 
 def test_training_evaluation_counts_its_episodes_and_matches_m2flow_eval(tmp_path):
