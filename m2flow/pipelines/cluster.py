@@ -119,6 +119,10 @@ class Cluster:
                 object_store_memory=cfg.object_store_memory_mb * 2**20,
                 include_dashboard=False,
                 configure_logging=False,
+                # Ray starts a default worker per CPU for tasks when the driver connects; every
+                # m2flow worker is an actor with environment variables of its own, which runs
+                # in a process started for it, so those would only take CPU from the start-up
+                _system_config={"prestart_worker_first_driver": False},
             )
             return
         try:
