@@ -112,12 +112,23 @@ class EmbodiedRunner(RunLoop):
         offloads = self.session.offloads_for(["rollout", "learner"] if train else [])
         check_run(lay, cfg, offloads)
         # an env worker's part of the layout: its envs (cfg.env.num_envs), groups, reset groups
-        self.env = self.session.group("env", EnvWorker, cfg.env, seed=cfg.seed,
-                                      groups=lay.env_groups, channel_timeout=r.channel_timeout_s,
-                                      reset_group_size=lay.reset_group_size)
-        self.spec = self.env.call(EnvWorker.spec, ranks=[0]).wait()[0]
-        self.rollout = self.session.group("rollout", RolloutWorker, cfg.policy, self.spec, seed=cfg.seed,
-                                   channel_timeout=r.channel_timeout_s)
+        self.env = self.session.launch("env", EnvWorker, cfg.env, seed=cfg.seed,
+                                       groups=lay.env_groups, channel_timeout=r.channel_timeout_s,
+                                       reset_group_size=lay.reset_group_size)
+        # rollout and learner processes start (and import) while the env workers build their
+        # simulators; their constructors wait for the env's spec (Futures.later)
+        spec = self.env.call(EnvWorker.spec, ranks=[0])
+        self.rollout = self.session.launch("rollout", RolloutWorker, cfg.policy, spec.later(),
+                                           seed=cfg.seed, channel_timeout=r.channel_timeout_s)
+        self.learner = None
+        if train:
+            self.learner = self.session.launch(
+                "learner", LearnerWorker, cfg.policy, cfg.algorithm, spec.later(), seed=cfg.seed,
+                num_iterations=r.num_iterations, channel_timeout=r.channel_timeout_s,
+            )
+        self.env.started()
+        self.spec = spec.wait()[0]
+        self.rollout.started()
         self.chunk = self.rollout.call(RolloutWorker.chunk, ranks=[0]).wait()[0]  # env steps per call
         self.env_ranks = list(range(lay.env_workers))
         # stage (env rank e, stage k) goes to rollout rank (k * E + e) mod M: E env workers ->
@@ -134,14 +145,10 @@ class EmbodiedRunner(RunLoop):
         self._pending: Optional[_Collection] = None  # a collection started ahead (overlap)
         self._last_end: Optional[float] = None
         self._last_learn: Optional[float] = None  # the last update's seconds (overlap)
-        self.learner = None
         self.weight_link: Optional[str] = None  # None: weights travel as Ray objects
         self.switcher = self.session.switcher  # evaluation only: nobody to take turns with
         if train:
-            self.learner = self.session.group(
-                "learner", LearnerWorker, cfg.policy, cfg.algorithm, self.spec, seed=cfg.seed,
-                num_iterations=r.num_iterations, channel_timeout=r.channel_timeout_s,
-            )
+            self.learner.started()
             self.switcher = self.session.take_turns(
                 {"rollout": self.rollout, "learner": self.learner}, offloads)
             self.traj_ch = Channel("trajectory", self.learner, item_type=TensorDict, routes={

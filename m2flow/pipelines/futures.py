@@ -13,7 +13,7 @@ import concurrent.futures as cf
 import re
 import threading
 import time
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from m2flow.pipelines.errors import (
     OutOfMemory,
@@ -61,6 +61,49 @@ class Futures:
     def wait(self, timeout: Optional[float] = None, *, stoppable: bool = True) -> list:
         """Per-rank results (see :func:`gather`)."""
         return gather(self, timeout=timeout, stoppable=stoppable)[0]
+
+    def later(self) -> Any:
+        """The first rank's result as a constructor argument of workers launched before it is
+        known (``WorkerGroup.launch``): under Ray a :class:`Later`, which the constructor turns
+        into the result with :func:`resolve`; in process the result itself, waited on now (an
+        in-process worker is built in the caller's thread, when it is launched)."""
+        if self.backend != "ray":
+            return self.wait()[0]
+        return Later(self)
+
+
+class Later:
+    """One rank's result of a call, handed to workers of another group before it is known.
+
+    Ray starts an actor's process only once the object refs among its constructor's
+    arguments are ready, but a ref nested in a value is not waited for: a ``Later`` carries
+    the call's ref that way, so the process starts (and imports what it needs) at once, and
+    its constructor waits for the value in :func:`resolve`. The group it is handed to waits
+    on the call before it waits on its own constructors (``WorkerGroup.started``), so a
+    failed call is reported as the call's own failure, naming its worker."""
+
+    def __init__(self, futures: Futures):
+        self.futures: Optional[Futures] = futures  # the driver's; not pickled
+        self.ref = futures.items[0][1]
+
+    def __getstate__(self) -> dict:
+        return {"futures": None, "ref": self.ref}
+
+
+def resolve(value: Any) -> Any:
+    """``value`` itself, or for a :class:`Later` the call's result, waited for here (in a
+    worker's constructor). A call that failed does not raise here: this worker waits to be
+    ended, and the driver, which waits on the call before it waits on this constructor,
+    reports the failure and ends it; an error raised here would add Ray's account of this
+    constructor's failure to the run's output, after the run's own line."""
+    if not isinstance(value, Later):
+        return value
+    import ray
+
+    try:
+        return ray.get(value.ref)
+    except Exception:  # the driver reports the call's failure and ends this worker
+        threading.Event().wait()
 
 
 def gather(*futures: Futures, timeout: Optional[float] = None,

@@ -12,10 +12,11 @@ about every ``ASK_EVERY_S``, a question it answers on a thread of its own (``Wor
 - a wait of the driver in which no call has finished for longer than the limit, while every
   worker answers (a deadlock), is stalled on a call still pending.
 
-A group's ranks are watched from their launch on (``WorkerGroup`` adds them before it waits on
-their constructors): Ray runs no call on a worker before its constructor returns, so one whose
-constructor does not return (stopped, stuck, slow) answers nothing, and is named as having
-answered nothing since it was launched (``NOT_STARTED``).
+A group's ranks are watched from the driver's wait on their constructors on
+(``WorkerGroup.started``: right after their launch, or later for a group launched ahead of a
+result its constructors wait for): Ray runs no call on a worker before its constructor
+returns, so one whose constructor does not return (stopped, stuck, slow) answers nothing, and
+is named as having answered nothing since it was launched (``NOT_STARTED``).
 
 And when a call fails (a channel timed out waiting on a peer), a worker that does not answer
 within ``FAILURE_GRACE_S`` is named as the failure instead (:meth:`Watchdog.behind`).
@@ -210,8 +211,8 @@ class Watchdog:
         self.questions: dict[object, str] = {}  # unanswered ObjectRef -> worker
 
     def add(self, group) -> None:
-        """Watches the ranks of ``group`` (a ``WorkerGroup``; Ray's only), from their launch
-        on: ``WorkerGroup`` adds itself before it waits on the constructors, so a constructor
+        """Watches the ranks of ``group`` (a ``WorkerGroup``; Ray's only) from now on:
+        ``WorkerGroup.started`` adds it before it waits on the constructors, so a constructor
         that does not return is the worker's silence (``NOT_STARTED``)."""
         if group.backend != "ray":
             return

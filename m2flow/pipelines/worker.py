@@ -34,12 +34,12 @@ from m2flow.pipelines.cluster import VISIBLE_DEVICES, Cluster, gpu_names, visibl
 from m2flow.pipelines import distributed
 from m2flow.pipelines.context_switch import DeviceContext
 from m2flow.pipelines.errors import PlacementError, WorkerError
-from m2flow.pipelines.futures import Futures, check_stop
+from m2flow.pipelines.futures import Futures, Later, check_stop, gather
+from m2flow.pipelines.launch import MAX_CONCURRENT_CALLS, construct_local, launch_ray_actor
 from m2flow.pipelines.placement import RankResources
 from m2flow.pipelines.timer import Timer
-from m2flow.pipelines.watchdog import WATCH_GROUP, Watchdog
+from m2flow.pipelines.watchdog import Watchdog
 
-MAX_CONCURRENT_CALLS = 16  # a worker serves channel puts while its own loop runs
 SHUTDOWN_WAIT_S = 5.0  # in-process calls of a worker with close() get this long to end
 LEAVE_GROUP_WAIT_S = 2.0  # ranks of a process group get this long to leave it before they end
 
@@ -257,7 +257,11 @@ def pin_process(cpu_ids) -> None:
 
 
 class WorkerGroup:
-    """Launches one worker per entry of ``ranks`` and calls methods on all or some of them."""
+    """Launches one worker per entry of ``ranks`` and calls methods on all or some of them.
+
+    The constructor returns once every rank is built; :meth:`launch` returns at once, and
+    :meth:`started` waits for the constructors (a group whose constructors wait for another
+    group's result: ``Futures.later``)."""
 
     def __init__(
         self,
@@ -268,6 +272,20 @@ class WorkerGroup:
         *args: Any,
         **kwargs: Any,
     ):
+        self._launch(cluster, name, worker_cls, ranks, args, kwargs)
+        self.started()
+
+    @classmethod
+    def launch(cls, cluster: Cluster, name: str, worker_cls: type,
+               ranks: Sequence[RankResources], *args: Any, **kwargs: Any) -> "WorkerGroup":
+        """The group with its ranks launched: under Ray their processes start and build
+        meanwhile; call :meth:`started` before calling them. In process they are built now."""
+        group = cls.__new__(cls)
+        group._launch(cluster, name, worker_cls, ranks, args, kwargs)
+        return group
+
+    def _launch(self, cluster: Cluster, name: str, worker_cls: type,
+                ranks: Sequence[RankResources], args, kwargs) -> None:
         self.name = name
         self.worker_cls = worker_cls
         self.backend = cluster.backend
@@ -280,11 +298,33 @@ class WorkerGroup:
         self._executor: Optional[cf.ThreadPoolExecutor] = None
         self._running: set[cf.Future] = set()  # in-process calls not finished yet
         self.handles: list = []
+        # the calls whose results the constructors wait for (started() waits on them first)
+        self._inputs = [a.futures for a in (*args, *kwargs.values()) if isinstance(a, Later)]
+        self._started = False
         try:
             self._start(cluster, ranks, args, kwargs)
         except BaseException:  # a failed or stopped start-up ends the ranks it started
             self.shutdown()
             raise
+
+    def started(self) -> "WorkerGroup":
+        """Waits until every rank is built and returns the group; a constructor's error is
+        raised here, naming its rank, after the error of a call whose result it waited for.
+        The ranks are watched from this wait on (``watchdog.NOT_STARTED``): a constructor
+        that waits for another group's result has nothing to do before that is known."""
+        if self._started or self.backend != "ray":
+            return self
+        try:
+            if self._inputs:
+                gather(*self._inputs)
+            if self.watchdog is not None and self.watchdog.mine():  # watched while they start:
+                self.watchdog.add(self)  # a constructor that never returns is its silence
+            self.call(Worker._m2flow_started).wait()  # surfaces constructor errors here, with the rank
+        except BaseException:  # a failed or stopped start-up ends the ranks it started
+            self.shutdown()
+            raise
+        self._started = True
+        return self
 
     def _start(self, cluster: Cluster, ranks: Sequence[RankResources], args, kwargs) -> None:
         self.process_group = self._process_group(cluster, ranks)
@@ -292,10 +332,7 @@ class WorkerGroup:
             for r, res in enumerate(ranks):
                 check_stop(self.stop, [f"{self.name} start-up"])
                 self.handles.append(
-                    _launch_ray_actor(cluster, self.worker_cls, self._info(r, res), args, kwargs))
-            if self.watchdog is not None and self.watchdog.mine():  # watched while they start:
-                self.watchdog.add(self)  # a constructor that never returns is its silence
-            self.call(Worker._m2flow_started).wait()  # surfaces constructor errors here, with the rank
+                    launch_ray_actor(cluster, self.worker_cls, self._info(r, res), args, kwargs))
         else:
             self._executor = cf.ThreadPoolExecutor(
                 max_workers=MAX_CONCURRENT_CALLS * self.world_size,
@@ -304,7 +341,7 @@ class WorkerGroup:
             for r, res in enumerate(ranks):  # in this thread: some simulators need it
                 check_stop(self.stop, [f"{self.name} start-up"])
                 self.handles.append(
-                    _construct_local(self.worker_cls, self._info(r, res), args, kwargs))
+                    construct_local(self.worker_cls, self._info(r, res), args, kwargs))
 
     def _info(self, rank: int, res: RankResources) -> WorkerInfo:
         return WorkerInfo(self.name, rank, self.world_size, res, self.backend,
@@ -457,44 +494,3 @@ class Peers:
         import ray
 
         return ray.put(value)
-
-
-def _launch_ray_actor(cluster: Cluster, worker_cls: type, info: WorkerInfo, args, kwargs):
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    res = info.resources
-    threads = str(res.threads)
-    env_vars = {
-        # The worker picks its GPUs from the CUDA_VISIBLE_DEVICES it inherits (see
-        # claim_gpus); Ray must not overwrite that variable before it does.
-        "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1",
-        "OMP_NUM_THREADS": threads,
-        "MKL_NUM_THREADS": threads,
-        # An actor runs its calls on a pool of threads, and glibc gives each thread its own
-        # malloc arena that keeps freed memory: a learner whose micro-batches change shape
-        # grows far past its working set this way; two arenas keep it near it
-        # (bench/README.md#reasoning_memorysh).
-        "MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX", "2"),
-    }
-    # the watchdog's question is answered on a thread of its own (pipelines.watchdog)
-    actor_cls = ray.remote(concurrency_groups={WATCH_GROUP: 1})(worker_cls)
-    return actor_cls.options(
-        # Resources are accounted by Placement, not by Ray's logical counts, so that
-        # collocated components may share cores and GPUs.
-        num_cpus=0,
-        num_gpus=0,
-        max_concurrency=MAX_CONCURRENT_CALLS,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(
-            cluster.nodes[res.node].node_id, soft=False
-        ),
-        runtime_env={"env_vars": env_vars},
-    ).remote(info, *args, **kwargs)
-
-
-def _construct_local(worker_cls: type, info: WorkerInfo, args, kwargs):
-    try:
-        return worker_cls(info, *args, **kwargs)
-    except Exception as e:
-        e.add_note(f"(raised while starting worker {info.group}[rank {info.rank}])")
-        raise

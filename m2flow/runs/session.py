@@ -4,7 +4,8 @@ A runner (embodied, reasoning, or a new workload) opens a :class:`RunSession` an
 three parts, each with one job, and the control that ties them together:
 
 - ``workers`` (:class:`~m2flow.runs.workers.RunWorkers`): the cluster, the validated placement,
-  worker groups (``session.group("rollout", RolloutWorker, ...)``) and the links between them
+  worker groups (``session.group("rollout", RolloutWorker, ...)``, or ``session.launch`` for
+  groups that build at once) and the links between them
   (``session.weight_link``), the context switcher (``take_turns``), the watchdog, timings;
 - ``files`` (:class:`~m2flow.runs.run_files.RunFiles`): the run directory, the logger, the
   progress of a long phase, checkpoints (``save``, ``load``);
@@ -71,6 +72,9 @@ class RunSession:
     # -- the workers -------------------------------------------------------------------------
     def group(self, name: str, cls: type, *args: Any, **kwargs: Any) -> WorkerGroup:
         return self.workers.group(name, cls, *args, **kwargs)
+
+    def launch(self, name: str, cls: type, *args: Any, **kwargs: Any) -> WorkerGroup:
+        return self.workers.launch(name, cls, *args, **kwargs)
 
     def weight_link(self, learner: WorkerGroup, rollout: WorkerGroup) -> Optional[str]:
         return self.workers.weight_link(learner, rollout)

@@ -36,8 +36,16 @@ class RunWorkers:
 
     def group(self, name: str, cls: type, *args: Any, **kwargs: Any) -> WorkerGroup:
         """Starts the ranks of component ``name`` (as placed) as workers of class ``cls``."""
-        # (its ranks are watched from their launch on: WorkerGroup adds them to the watchdog)
-        group = WorkerGroup(self.cluster, name, cls, self.placement.ranks(name), *args, **kwargs)
+        return self.launch(name, cls, *args, **kwargs).started()
+
+    def launch(self, name: str, cls: type, *args: Any, **kwargs: Any) -> WorkerGroup:
+        """Launches the ranks of component ``name`` and returns before they are built (Ray;
+        in process they are built now): call the group's ``started()`` before its methods.
+        Groups launched one after another build at once, and an argument may be a result
+        not known yet (``Futures.later()``). Ended by ``close()`` from their launch on."""
+        # (its ranks are watched from started() on: WorkerGroup adds them to the watchdog)
+        group = WorkerGroup.launch(self.cluster, name, cls, self.placement.ranks(name),
+                                   *args, **kwargs)
         self.groups.append(group)
         return group
 

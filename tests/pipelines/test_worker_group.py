@@ -1,9 +1,11 @@
 """Worker groups: per-rank results in rank order, rank selection, errors that keep their type
 and say where they came from, fail-fast gather, waits that a stop request ends, shutdown of
-calls still running, dead Ray actors, and timings."""
+calls still running, dead Ray actors, timings, and groups launched before the value their
+constructors take."""
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +18,7 @@ from m2flow.pipelines import (
     WorkerError,
     WorkerGroup,
 )
-from m2flow.pipelines.futures import Stopped, gather
+from m2flow.pipelines.futures import Stopped, gather, resolve
 
 STOP_BOUND_S = 5.0  # a stop request ends a wait this soon; the calls below block 30 s or more
 
@@ -60,6 +62,29 @@ class Echo(Worker):
             self.hello(0)
         self.timer.add("learn", 0.25)
         self.timer.add("learn", 0.5)
+
+
+    def value_once(self, path, timeout=60.0):
+        """Returns ``path``'s name once another worker created it (it waits for this value)."""
+        deadline = time.monotonic() + timeout
+        while not Path(path).exists():
+            assert time.monotonic() < deadline, f"nobody created {path} in {timeout:g} s"
+            time.sleep(0.01)
+        return Path(path).name
+
+
+class Taker(Worker):
+    """A constructor that takes another group's result (``Futures.later``); ``path``: created
+    before it waits for that result."""
+
+    def __init__(self, info, value, path=None):
+        super().__init__(info)
+        if path is not None:
+            Path(path).touch()
+        self.value = resolve(value)
+
+    def taken(self):
+        return self.value
 
 
 def ranks(n):
@@ -253,3 +278,47 @@ def test_ray_killed_worker_raises_worker_error_naming_group_and_rank(ray_cluster
             group.call(Echo.stall, 60.0).wait(timeout=90)
     finally:
         group.shutdown()
+
+
+def test_ray_a_launched_group_starts_before_the_value_its_constructors_take(ray_cluster, tmp_path):
+    """The value comes only once the takers' constructors ran (they create the file it waits
+    for): had Ray started their processes only once the value was known, nothing would come."""
+    producer = WorkerGroup(ray_cluster, "producer", Echo, ranks(1))
+    takers = None
+    try:
+        value = producer.call(Echo.value_once, str(tmp_path / "v1"), ranks=[0])
+        takers = WorkerGroup.launch(ray_cluster, "takers", Taker, ranks(2), value.later(),
+                                    path=str(tmp_path / "v1"))
+        assert takers.started() is takers
+        assert takers.call(Taker.taken).wait(timeout=60) == ["v1", "v1"]
+    finally:
+        for g in (takers, producer):
+            if g is not None:
+                g.shutdown()
+
+
+def test_ray_a_failed_call_that_a_launched_group_waits_for_is_raised_as_its_own(ray_cluster):
+    producer = WorkerGroup(ray_cluster, "maker", Echo, ranks(1))
+    takers = WorkerGroup.launch(ray_cluster, "taker", Taker, ranks(1),
+                                producer.call(Echo.fail, "boom").later())
+    try:
+        with pytest.raises(ValueError, match="boom on rank 0") as ei:
+            takers.started()
+        assert ei.value.__notes__[0].startswith("(raised by worker maker[rank 0] in fail()")
+        assert takers.handles == []  # ended: a failed start-up ends the ranks it started
+    finally:
+        takers.shutdown()
+        producer.shutdown()
+
+
+def test_in_process_a_launched_group_is_built_at_once_with_the_value_itself():
+    cluster = Cluster(ClusterConfig(backend="local", num_gpus=0))
+    producer = WorkerGroup(cluster, "producer", Echo, ranks(1))
+    takers = WorkerGroup.launch(cluster, "takers", Taker, ranks(2),
+                                producer.call(Echo.hello, 7).later())
+    try:
+        assert [h.value for h in takers.handles] == ["r0:7", "r0:7"]  # built in launch
+        assert takers.started().call(Taker.taken).wait() == ["r0:7", "r0:7"]
+    finally:
+        takers.shutdown()
+        producer.shutdown()

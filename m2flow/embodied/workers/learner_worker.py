@@ -32,6 +32,7 @@ from tensordict import TensorDict
 from m2flow import keys
 from m2flow.embodied.algorithms import Algorithm, AlgorithmConfig, algorithm_class
 from m2flow.pipelines import Channel, Worker
+from m2flow.pipelines.futures import resolve
 from m2flow.pipelines.distributed import DataParallel
 from m2flow.pipelines.fsdp import GatheredModel
 from m2flow.policies import PolicyConfig, make_policy
@@ -59,6 +60,7 @@ class LearnerWorker(SendsWeights, Worker):
         num_iterations: int, channel_timeout: float = 600.0,
     ):
         super().__init__(info)
+        env_spec = resolve(env_spec)  # (launched before the env's spec was known: a Later)
         # first, before the policy is built: a bad algorithm config fails fast
         self.algorithm: Algorithm = algorithm_class(algo_cfg.name)(
             algo_cfg, action_dim=env_spec.action_dim, seed=seed)

@@ -11,6 +11,7 @@ from m2flow import keys
 from m2flow.runs import seeding
 from m2flow.runs.weights import ReceivesWeights, WeightReceiver
 from m2flow.pipelines import Channel, Worker
+from m2flow.pipelines.futures import resolve
 from m2flow.policies import PolicyConfig, make_policy
 
 
@@ -28,6 +29,7 @@ class RolloutWorker(ReceivesWeights, Worker):
     def __init__(self, info, cfg: PolicyConfig, env_spec, *, seed: int,
                  channel_timeout: float = 600.0):
         super().__init__(info)
+        env_spec = resolve(env_spec)  # (launched before the env's spec was known: a Later)
         # seeded as the learner seeds its copy: without a checkpoint (evaluating initial
         # weights) every rank holds the run's initial weights, and no driver builds a copy
         torch.manual_seed(seed)

@@ -8,8 +8,9 @@ the Gaussian MLP, which writes its process's pid to the file named by
 
 - ``M2FLOW_MARK_COLLECTION`` when it samples its ``MARK_AT``-th action (in the middle of the
   second iteration's collection of a run of 64 rollout steps);
-- ``M2FLOW_MARK_START`` (a line appended) when it is built, in a worker's constructor, which
-  then takes ``MARK_PAUSE_S`` more;
+- ``M2FLOW_MARK_START`` (a line appended) when it is built, in a rollout worker's constructor
+  (the learner's, which builds its copy at the same time, marks nothing), which then takes
+  ``MARK_PAUSE_S`` more;
 - ``M2FLOW_MARK_SYNC`` when weights are loaded into it for the ``SYNC_MARK_AT``-th time (the
   rollout's copy: a sync of a tiny MLP is one bucket, one load), which then takes
   ``MARK_PAUSE_S`` more;
@@ -83,7 +84,7 @@ class MLPMarksPhases(GaussianMLPPolicy):
     def __init__(self, cfg, env_spec):
         super().__init__(cfg, env_spec)
         mark = os.environ.get("M2FLOW_MARK_START")
-        if mark:
+        if mark and b"RolloutWorker" in Path("/proc/self/cmdline").read_bytes():  # (Ray's title)
             with open(mark, "a") as f:
                 f.write(f"{os.getpid()}\n")
             time.sleep(MARK_PAUSE_S)
