@@ -43,6 +43,12 @@ class GaussianConfig(MLPHeadsConfig):
 
     init_log_std: float = -0.5
     """Initial log standard deviation of the Gaussian actions (state-independent)."""
+    init_log_std_per_dim: Optional[List[float]] = None
+    """One initial log standard deviation per action dimension, in place of
+    ``init_log_std`` for all: RL from a cloned policy (``init_skip=[actor_log_std]``) whose
+    dimensions tolerate different noise, e.g. LIBERO's OSC_POSE, where a rotation delta of
+    0.5 rad per unit makes noise that position deltas (0.05 m per unit) tolerate fail every
+    episode. None: ``init_log_std``."""
     critic: str = SHARED_CRITIC
     """'shared': the critic reads the actor's features; 'privileged': an asymmetric critic,
     an MLP of its own over the normalised ``("obs", "privileged")`` simulator state
@@ -93,6 +99,10 @@ class GaussianActorCritic(Policy):
         if not np.isfinite(policy_cfg.init_log_std):
             raise PolicyError(f"policy.init_log_std={policy_cfg.init_log_std}: must be finite "
                               "(e.g. -0.5).")
+        per_dim = policy_cfg.init_log_std_per_dim
+        if per_dim is not None and (not per_dim or not np.all(np.isfinite(list(per_dim)))):
+            raise PolicyError(f"policy.init_log_std_per_dim={list(per_dim)}: give one finite "
+                              "value per action dimension, or null for policy.init_log_std.")
         check_critic(policy_cfg.critic)
         task_embedding.check(policy_cfg.task_embedding)
         if policy_cfg.critic == PRIVILEGED_CRITIC:
@@ -111,10 +121,11 @@ class GaussianActorCritic(Policy):
             )
         hidden = list(cfg.hidden_sizes)
         self.actor_mean = mlp(n_features, hidden, act_dim, cfg.activation, ACTOR_OUT_GAIN)
-        if std == SCALAR_STD:
-            self.actor_std = nn.Parameter(torch.full((act_dim,), float(np.exp(cfg.init_log_std))))
+        log_std = initial_log_std(cfg, act_dim)
+        if std == SCALAR_STD:  # exp in float64, then float32: as the single value always was
+            self.actor_std = nn.Parameter(torch.tensor([float(np.exp(v)) for v in log_std]))
         else:
-            self.actor_log_std = nn.Parameter(torch.full((act_dim,), float(cfg.init_log_std)))
+            self.actor_log_std = nn.Parameter(torch.tensor(log_std))
         self.critic = mlp(n_features, hidden, 1, cfg.activation, CRITIC_OUT_GAIN)
 
     def _features(self, obs: TensorDict) -> torch.Tensor:
@@ -247,6 +258,27 @@ class GaussianMLPPolicy(GaussianActorCritic):
             self.obs_norm.update(self._state(batch[keys.OBS]))
         if self.privileged_critic:
             self.critic.observe(batch)
+
+
+def initial_log_std(cfg: GaussianConfig, act_dim: int) -> list[float]:
+    """The actions' initial log-std, one per dimension: ``init_log_std_per_dim``, else
+    ``init_log_std`` in every dimension.
+
+    >>> cfg = GaussianConfig(name="mlp", init_log_std_per_dim=[-3.0, -7.0])
+    >>> initial_log_std(cfg, 2), initial_log_std(GaussianConfig(name="mlp"), 2)
+    ([-3.0, -7.0], [-0.5, -0.5])
+    >>> initial_log_std(cfg, 7)
+    Traceback (most recent call last):
+    ...
+    m2flow.policies.base.PolicyError: policy.init_log_std_per_dim has 2 values, but the env's actions have 7 dimensions: give one per dimension.
+    """
+    per_dim = cfg.init_log_std_per_dim
+    if per_dim is None:
+        return [float(cfg.init_log_std)] * act_dim
+    if len(per_dim) != act_dim:
+        raise PolicyError(f"policy.init_log_std_per_dim has {len(per_dim)} values, but the "
+                          f"env's actions have {act_dim} dimensions: give one per dimension.")
+    return [float(v) for v in per_dim]
 
 
 def _check_inputs(inputs) -> list:

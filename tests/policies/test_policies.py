@@ -428,3 +428,30 @@ def test_mlp_inputs_are_checked_at_start_up():
         policy_class("mlp").check_config(pi_cfg, env_cfg)
     with pytest.raises(PolicyError, match=r"policy.inputs=\['rgb'\]: distinct keys among"):
         policy_class("mlp").check_config(policy_config(name="mlp", inputs=["rgb"]), env_cfg)
+
+
+def test_per_dimension_initial_noise_is_what_sampled_actions_spread_by():
+    """policy.init_log_std_per_dim: 20,000 sampled actions of one observation spread by
+    exp(value) in each dimension (measured, not read back), for the log-std and the scalar
+    std; a list of another length is one line naming the field."""
+    import math
+
+    from m2flow.envs import EnvSpec
+    from m2flow.policies.base import PolicyError
+    from m2flow.policies.mlp import GaussianMLPPolicy, MLPPolicyConfig
+
+    spec = EnvSpec({"state": (4,)}, 3, (-1.0,) * 3, (1.0,) * 3, 50)
+    values = [-1.0, -3.5, -6.5]
+    obs = TensorDict({"state": torch.randn(1, 4).expand(20_000, 4)}, batch_size=[20_000])
+    for std in ("log", "scalar"):
+        torch.manual_seed(0)
+        pi = GaussianMLPPolicy(MLPPolicyConfig(name="mlp", hidden_sizes=[8], std=std,
+                                               init_log_std_per_dim=values), spec)
+        with torch.no_grad():
+            a = pi.act(TensorDict({"obs": obs}, batch_size=[20_000]))["action"]
+        spread = a.std(dim=0).tolist()
+        for got, v in zip(spread, values):
+            assert got == pytest.approx(math.exp(v), rel=0.03), (std, spread)
+    with pytest.raises(PolicyError, match=r"^policy.init_log_std_per_dim has 2 values, but "
+                                          r"the env's actions have 3 dimensions"):
+        GaussianMLPPolicy(MLPPolicyConfig(name="mlp", init_log_std_per_dim=[-1.0, -2.0]), spec)
