@@ -113,3 +113,60 @@ def test_from_the_start_pose_the_hand_travels_high_and_grasps_the_rim_facing_it(
     np.testing.assert_allclose(ex.hand_down(w[2].yaw)[:, 1], [-1, 0, 0], atol=1e-12)
     np.testing.assert_allclose(w[4].pos, [0.055, 0.2, 1.2], atol=1e-12)  # lifted to 1.2
     np.testing.assert_allclose(w[5].pos, [-0.045, 0.0, 1.2], atol=1e-12)  # over the plate
+
+
+def test_action_noise_runs_perturbed_actions_and_records_the_experts():
+    """demos.action_noise (DART): the env runs the expert's action plus seeded noise on the
+    arm's dims, ``actions`` records the expert's own, ``executed`` what ran; the same task and
+    init state draw the same noise. A stand-in env (one that ends after 3 steps) and expert:
+    what is checked is the recorder's bookkeeping, not LIBERO."""
+    from tensordict import TensorDict
+
+    from m2flow.embodied.demos import libero as rec
+
+    class Env:
+        def __init__(self):
+            self.ran, self.t = [], 0
+
+        def _obs(self, n):
+            return TensorDict({"privileged": torch.zeros(n, 2), "state": torch.zeros(n, 8)},
+                              batch_size=[n])
+
+        def reset(self, seed, task):
+            self.t = 0
+            return TensorDict({"obs": self._obs(1)}, batch_size=[1])
+
+        def step(self, action):
+            self.ran.append(action[0].numpy().copy())
+            self.t += 1
+            end = self.t == 3
+            nxt = TensorDict({"obs": self._obs(1), "success": torch.tensor([end]),
+                              "reward": torch.tensor([float(end)]),
+                              "terminated": torch.tensor([end]), "truncated": torch.tensor([False]),
+                              "done": torch.tensor([end])}, batch_size=[1])
+            return TensorDict({"next": nxt}, batch_size=[1])
+
+    class Expert:
+        def reset(self, named):
+            self.k = 0
+
+        def act(self, named):
+            self.k += 1
+            return np.array([0.1 * self.k, 0, 0, 0, 0, 0, 1.0], dtype=np.float32)
+
+    layout = [("eef_pos", slice(0, 2))]
+    env = Env()
+    ok, demo = rec.record_episode(env, Expert(), layout, task=3, seed=7, action_noise=0.05)
+    assert ok and demo.action_noise == 0.05
+    expert = np.array([[0.1 * k, 0, 0, 0, 0, 0, 1.0] for k in (1, 2, 3)], dtype=np.float32)
+    np.testing.assert_array_equal(demo.actions, expert)
+    np.testing.assert_array_equal(demo.executed, np.stack(env.ran))
+    noise = demo.executed - demo.actions
+    assert np.all(noise[:, 6] == 0) and np.all(np.abs(noise[:, :6]) > 0)
+    assert 0.01 < noise[:, :6].std() < 0.1
+    again = rec.record_episode(Env(), Expert(), layout, task=3, seed=7, action_noise=0.05)[1]
+    np.testing.assert_array_equal(again.executed, demo.executed)
+    other = rec.record_episode(Env(), Expert(), layout, task=3, seed=8, action_noise=0.05)[1]
+    assert not np.allclose(other.executed, demo.executed)
+    clean = rec.record_episode(Env(), Expert(), layout, task=3, seed=7)[1]
+    assert clean.executed is None and clean.action_noise == 0.0

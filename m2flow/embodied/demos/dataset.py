@@ -72,6 +72,9 @@ def write_trajectories(h5_path: Path, demos: Sequence[Episode],
                 image = value.dtype == np.uint8 and value.ndim == 4
                 obs.create_dataset(key, data=value, **(_IMAGE_COMPRESSION if image else {}))
             g.create_dataset("actions", data=demo.actions, dtype=np.float32)
+            executed = getattr(demo, "executed", None)  # what ran, where noise perturbed it
+            if executed is not None:
+                g.create_dataset("executed_actions", data=executed, dtype=np.float32)
             g.create_dataset("rewards", data=demo.rewards, dtype=np.float32)
             for name in ("terminated", "truncated", "success"):
                 g.create_dataset(name, data=getattr(demo, name), dtype=bool)

@@ -57,6 +57,15 @@ class LiberoDemosOptions:
     None: demos/<suite>_<obs mode><image size>, e.g. demos/libero_object_rgb128."""
     overwrite: bool = False
     """Replace an existing dataset at OUTPUT."""
+    action_noise: float = 0.0
+    """> 0: Gaussian noise of this std (action units) added to the arm's part of each action
+    the env executes (position and rotation deltas, dims 0-5; not the gripper), while
+    ``actions`` records the expert's own: the demos then show the expert recovering from the
+    drift a sampled policy makes (DART, Laskey et al. 2017). Without it a clone has never
+    seen its hand turned off the expert's path, and its sampled actions (OSC_POSE: 0.5 rad per
+    rotation unit) fail where its mean succeeds. Each episode's noise is seeded by its task
+    and init state; ``executed_actions`` holds what ran (replaying those repeats the
+    episode)."""
 
 
 @dataclass
@@ -76,6 +85,11 @@ class Demo(Episode):
 
     task: int
     init_state: int
+    executed: Optional[np.ndarray] = None
+    """The actions the env ran (T, 7), where ``demos.action_noise`` perturbed them; None:
+    ``actions`` ran."""
+    action_noise: float = 0.0
+    """``demos.action_noise`` when it was recorded."""
 
 
 @dataclass
@@ -89,9 +103,13 @@ class Tally(TaskTally):
 # -- record -------------------------------------------------------------------------------
 
 
-def record_episode(env, expert, layout, task: int, seed: int) -> tuple[bool, Demo]:
+ARM_DIMS = 6  # OSC_POSE's position and rotation deltas; the gripper is dim 6
+
+
+def record_episode(env, expert, layout, task: int, seed: int,
+                   action_noise: float = 0.0) -> tuple[bool, Demo]:
     """One episode of ``expert`` in ``env`` (one env) on ``task`` from init state ``seed``:
-    (success at its end, the episode)."""
+    (success at its end, the episode). ``action_noise``: ``demos.action_noise``."""
     import torch
 
     from m2flow import keys
@@ -101,12 +119,15 @@ def record_episode(env, expert, layout, task: int, seed: int) -> tuple[bool, Dem
     out = env.reset(seed=[seed], task=[task])
     obs = [{k: v[0].numpy() for k, v in out["obs"].items()}]
     expert.reset(named(obs[0][priv], layout))
-    actions, rewards, success, terminated, truncated = [], [], [], [], []
+    rng = np.random.default_rng([task, seed]) if action_noise > 0 else None
+    actions, executed, rewards, success, terminated, truncated = [], [], [], [], [], []
     while True:
         a = expert.act(named(obs[-1][priv], layout))
-        out = env.step(torch.from_numpy(a)[None])
+        ran = a if rng is None else perturbed(a, rng, action_noise)
+        out = env.step(torch.from_numpy(ran)[None])
         nxt = out["next"][0]
         actions.append(a)
+        executed.append(ran)
         obs.append({k: v.numpy() for k, v in nxt["obs"].items()})
         success.append(bool(nxt["success"]))
         rewards.append(float(nxt["reward"]))
@@ -118,8 +139,24 @@ def record_episode(env, expert, layout, task: int, seed: int) -> tuple[bool, Dem
                 obs={k: np.stack([o[k] for o in obs]) for k in obs[0]},
                 actions=np.stack(actions).astype(np.float32),
                 rewards=np.array(rewards, dtype=np.float32), success=np.array(success),
-                terminated=np.array(terminated), truncated=np.array(truncated))
+                terminated=np.array(terminated), truncated=np.array(truncated),
+                executed=None if rng is None else np.stack(executed).astype(np.float32),
+                action_noise=float(action_noise))
     return success[-1], demo
+
+
+def perturbed(action: np.ndarray, rng: np.random.Generator, std: float) -> np.ndarray:
+    """``action`` with N(0, std) added to its arm dims (0-5), clipped to [-1, 1]; the
+    gripper's dim as it was.
+
+    >>> a = np.array([0.5, 0, 0, 0, 0, 0.999, 1.0], dtype=np.float32)
+    >>> b = perturbed(a, np.random.default_rng(0), 0.1)
+    >>> b.dtype, float(b[6]), bool(b[5] <= 1.0), [round(float(x), 4) for x in b[:2] - a[:2]]
+    (dtype('float32'), 1.0, True, [0.0126, -0.0132])
+    """
+    out = action.astype(np.float32, copy=True)
+    out[:ARM_DIMS] = np.clip(out[:ARM_DIMS] + rng.normal(0.0, std, ARM_DIMS), -1.0, 1.0)
+    return out
 
 
 def task_list(env_cfg: LiberoEnvConfig) -> list:
@@ -153,7 +190,7 @@ def generate(cfg: LiberoDemosConfig, log: Callable[[str], None] = print):
             for i in range(d.init_states_per_task):
                 seed = (d.first_init_state + i) % INIT_STATES
                 t0 = time.perf_counter()
-                ok, demo = record_episode(env, expert, layout, k, seed)
+                ok, demo = record_episode(env, expert, layout, k, seed, d.action_noise)
                 tally.count(k, ok)
                 tally.steps += len(demo.actions)
                 if ok:
@@ -201,7 +238,7 @@ def save(stem: Path, demos: list, env_cfg: LiberoEnvConfig, spec,
             control_mode="OSC_POSE", elapsed_steps=len(demo.actions),
             success=bool(demo.success[-1]), task=demo.task,
             task_name=names[tasks[demo.task][1]][0], init_state=demo.init_state,
-            language_instruction=text, prompt=prompt(text))
+            language_instruction=text, prompt=prompt(text), action_noise=demo.action_noise)
 
     episodes = write_trajectories(h5_path, demos, describe)
     meta = dict(
@@ -211,6 +248,7 @@ def save(stem: Path, demos: list, env_cfg: LiberoEnvConfig, spec,
         source_desc=("m2flow's scripted LIBERO expert (m2flow.embodied.demos.libero_expert) "
                      "from the privileged state, OSC_POSE; LIBERO's own init states; episodes "
                      "whose BDDL predicate holds only, each up to its first success"),
+        action_noise=max((d.action_noise for d in demos), default=0.0),
         tasks=list(spec.tasks),
         privileged_layout={str(k): [(n, s.start, s.stop) for n, s in privileged_layout(o, slots)]
                            for k, _, o in tasks},
