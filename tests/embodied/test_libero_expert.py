@@ -102,17 +102,53 @@ def test_a_recorded_demo_replays_to_the_same_success(tmp_path):
         env.close()
 
 
-def test_from_the_start_pose_the_hand_travels_high_and_grasps_the_rim_facing_it():
-    # by hand: the hand starts at (-0.1, 0.2, 1.2), straight along -x from the bowl's centre,
-    # so the closing axis turns to -x (yaw -pi/2), the rim point is 0.045 m towards the hand,
-    # and the hand moves across at its start height, which also becomes the carry height
-    w = ex.waypoints(BOWL, "akita_black_bowl_1", "plate_1", start=np.array([-0.1, 0.2, 1.2]))
-    np.testing.assert_allclose(w[0].pos, [0.055, 0.2, 1.2], atol=1e-12)  # across, at 1.2
-    np.testing.assert_allclose(w[2].pos, [0.055, 0.2, 0.935], atol=1e-12)  # the rim
-    assert w[2].yaw == pytest.approx(-np.pi / 2)
-    np.testing.assert_allclose(ex.hand_down(w[2].yaw)[:, 1], [-1, 0, 0], atol=1e-12)
-    np.testing.assert_allclose(w[4].pos, [0.055, 0.2, 1.2], atol=1e-12)  # lifted to 1.2
-    np.testing.assert_allclose(w[5].pos, [-0.045, 0.0, 1.2], atol=1e-12)  # over the plate
+def test_from_the_start_pose_the_hand_travels_high_and_grasps_the_rim_between_start_and_plate():
+    # by hand: the bowl at (0.1, 0.2), the hand starting at (0.1, 0.0, 1.2) (along -y from
+    # it), the plate at (0.3, 0.2) (along +x): the rim side is their bisector (1, -1)/sqrt(2),
+    # the rim point 0.045 m along it, (0.1 + 0.045/sqrt(2), 0.2 - 0.045/sqrt(2)); the fingers
+    # close along (1, -1)/sqrt(2): yaw pi/4 (hand_down's y axis is (sin, -cos, 0)); the hand
+    # moves across at its start height, which also becomes the carry height
+    parts = dict(BOWL, plate_1_pos=np.array([0.3, 0.2, 0.9]))
+    w = ex.waypoints(parts, "akita_black_bowl_1", "plate_1", start=np.array([0.1, 0.0, 1.2]))
+    r = 0.045 / np.sqrt(2)
+    np.testing.assert_allclose(w[0].pos, [0.1 + r, 0.2 - r, 1.2], atol=1e-12)  # across, at 1.2
+    np.testing.assert_allclose(w[2].pos, [0.1 + r, 0.2 - r, 0.935], atol=1e-12)  # the rim
+    assert all(p.yaw == pytest.approx(np.pi / 4) for p in w)
+    np.testing.assert_allclose(ex.hand_down(w[2].yaw)[:, 1], [r / 0.045, -r / 0.045, 0], atol=1e-12)
+    np.testing.assert_allclose(w[4].pos, [0.1 + r, 0.2 - r, 1.2], atol=1e-12)  # lifted to 1.2
+    np.testing.assert_allclose(w[5].pos, [0.3 + r, 0.2 - r, 1.2], atol=1e-12)  # over the plate
+    np.testing.assert_allclose(w[6].pos, [0.3 + r, 0.2 - r, 0.965], atol=1e-12)  # 0.01 above it
+
+
+def test_the_rim_side_turns_away_from_a_ramekin_beside_the_bowl():
+    # by hand: as above, the bisector at -45 degrees, and a ramekin 0.1 m along it on the
+    # bowl's level; the open outer finger's face 0.045 + 0.05 = 0.095 m out along the side
+    # turned by a is sqrt(0.095^2 + 0.1^2 - 2 0.095 0.1 cos a) from the ramekin's centre:
+    # 0.026, 0.051, 0.075 m at 15, 30, 45 degrees (under 0.08), 0.098 at 60: the side turns
+    # by +60 degrees (the positive turn first) to +15 degrees, (cos 15, sin 15); the fingers
+    # close along it: yaw 105 degrees less 180, -75. An object above the bowl's level (a
+    # bowl on a box, 0.1 m up) does not count.
+    s = np.array([np.cos(-np.pi / 4), np.sin(-np.pi / 4)])
+    near = np.array([0.1, 0.2]) + 0.1 * s
+    parts = dict(BOWL, plate_1_pos=np.array([0.3, 0.2, 0.9]),
+                 glazed_rim_porcelain_ramekin_1_pos=np.array([near[0], near[1], 0.9]),
+                 akita_black_bowl_2_pos=np.array([0.1 + 0.095 * s[0], 0.2 + 0.095 * s[1], 1.0]),
+                 slot5_pos=np.zeros(3))
+    w = ex.waypoints(parts, "akita_black_bowl_1", "plate_1", start=np.array([0.1, 0.0, 1.2]))
+    c, n = np.cos(np.pi / 12), np.sin(np.pi / 12)
+    np.testing.assert_allclose(w[2].pos, [0.1 + 0.045 * c, 0.2 + 0.045 * n, 0.935], atol=1e-12)
+    assert w[2].yaw == pytest.approx(-5 * np.pi / 12)
+    np.testing.assert_allclose(ex.hand_down(w[2].yaw)[:, 1], [-c, -n, 0], atol=1e-12)
+
+
+@pytest.mark.parametrize("axis, yaw", [([0, -1], 0.0), ([0, 1], 0.0), ([1, 0], np.pi / 2 - np.pi),
+                                       ([-1, 0], -np.pi / 2), ([-1, -1], -np.pi / 4),
+                                       ([1, 1], 3 * np.pi / 4 - np.pi), ([-1, 1], -3 * np.pi / 4 + np.pi)])
+def test_the_closing_yaw_keeps_the_last_joint_off_its_limit(axis, yaw):
+    # by hand: hand_down(yaw)'s y axis is (sin yaw, -cos yaw): (0, -1) is yaw 0, (0, 1) yaw pi,
+    # (1, 0) yaw pi/2, (-1, 0) -pi/2, (-1, -1) -pi/4, (1, 1) 3pi/4, (-1, 1) -3pi/4: within
+    # [-pi/2, pi/2) after a turn by pi where needed (either finger may face the rim)
+    assert ex.closing_yaw(axis) == pytest.approx(yaw)
 
 
 def test_action_noise_runs_perturbed_actions_and_records_the_experts():

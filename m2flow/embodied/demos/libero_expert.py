@@ -40,6 +40,10 @@ GRIPPER_STEPS = 12  # control steps of closing or opening in place (the fingers 
 WAYPOINT_STEPS = 60  # a waypoint not reached in this many steps is left (blocked by contact)
 CLEARANCE = 0.10  # m above the grasp height where the hand approaches and leaves
 CARRY = 0.08  # m between the carried object's bottom and the target's top while moving
+FINGER_REACH = 0.05  # m from the grasp point to the open outer finger's outer face
+RIM_CLEAR = 0.08  # m from that face to another object's centre (a ramekin's radius ~0.04)
+RIM_LEVEL = 0.03  # m: objects whose position is within this height of the bowl's stand by it
+RIM_TURN = np.pi / 12  # rad: the steps rim_side turns the grasped side by
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,49 @@ def hand_down(yaw: float) -> np.ndarray:
     return np.array([[c, s, 0.0], [s, -c, 0.0], [0.0, 0.0, -1.0]])
 
 
+def closing_yaw(axis: Sequence[float]) -> float:
+    """The hand's yaw whose fingers close along the horizontal ``axis`` (either way: the two
+    fingers are alike), in [-pi/2, pi/2): the Panda's last joint turns the hand within
+    +-2.9 rad of its yaw 0 at ~0.8, so a yaw near pi leaves it at its limit, which stalls the
+    arm (the hand's yaw is ~0.8 - q7).
+
+    >>> round(closing_yaw([0.0, -1.0]), 6), round(closing_yaw([0.0, 1.0]), 6)
+    (0.0, 0.0)
+    >>> round(closing_yaw([1.0, 1.0]), 6)  # 3 pi/4 - pi: the same axis turned by pi
+    -0.785398
+    """
+    yaw = float(np.arctan2(axis[0], -axis[1]))  # hand_down(yaw)[:, 1] = (sin, -cos, 0)
+    return (yaw + np.pi / 2) % np.pi - np.pi / 2
+
+
+def rim_side(parts: dict, moved: str, target: str, start: Optional[np.ndarray]) -> np.ndarray:
+    """The horizontal unit vector from a bowl's centre to the rim point the fingers grasp:
+    between the sides facing the hand's start (where the arm comes from, so no fixture stands
+    there) and the target (a cabinet's drawer is open towards the table, and the bowl leaves
+    that way), turned by :data:`RIM_TURN` steps, the least first, until the outer finger
+    clears every other object standing on the bowl's level by :data:`RIM_CLEAR` (a ramekin
+    next to it). None: world -y (the closing axis at yaw 0)."""
+    pos = np.asarray(parts[f"{moved}_pos"], dtype=np.float64)
+    if start is None:
+        return np.array([0.0, -1.0, 0.0])
+    unit = lambda v: v / max(np.linalg.norm(v), 1e-9)
+    prefer = unit(np.asarray(start[:2], dtype=np.float64) - pos[:2])
+    goal = np.asarray(parts[f"{target}_pos"][:2], dtype=np.float64)
+    if np.linalg.norm(goal - pos[:2]) > 1e-6:
+        prefer = unit(prefer + unit(goal - pos[:2]))
+    others = [np.asarray(v, dtype=np.float64) for k, v in parts.items()
+              if k.endswith("_pos") and k not in (f"{moved}_pos", f"{target}_pos", "eef_pos")
+              and not k.startswith("slot") and abs(v[2] - pos[2]) < RIM_LEVEL]
+    reach = GRASPS[object_class(moved)].rim + FINGER_REACH
+    base = float(np.arctan2(prefer[1], prefer[0]))
+    steps = int(round(np.pi / RIM_TURN))
+    for k in sorted(range(1 - steps, steps + 1), key=lambda k: (abs(k), -k)):  # 0, 1, -1, ...
+        d = np.array([np.cos(base + k * RIM_TURN), np.sin(base + k * RIM_TURN)])
+        if all(np.linalg.norm(pos[:2] + reach * d - o[:2]) >= RIM_CLEAR for o in others):
+            return np.array([d[0], d[1], 0.0])
+    return np.array([prefer[0], prefer[1], 0.0])
+
+
 def waypoints(parts: dict, moved: str, target: str, start: Optional[np.ndarray] = None) -> list:
     """The expert's waypoints for moving object ``moved`` onto/into ``target``; ``parts``:
     the privileged vector by name (:func:`m2flow.envs.libero_privileged.privileged_layout`).
@@ -136,8 +183,8 @@ def waypoints(parts: dict, moved: str, target: str, start: Optional[np.ndarray] 
     ``start``: the hand's position at the start. The hand moves across the scene at its
     height (LIBERO starts it above every fixture, and the privileged state has no fixtures'
     poses, e.g. a cabinet between the hand and a bowl), and a rim is grasped on the side
-    facing it (where the arm comes from, so no fixture stands there). None: straight to
-    above the object, a rim grasped on the hand's yaw-0 closing axis (world -y).
+    :func:`rim_side` picks. None: straight to above the object, a rim grasped on the hand's
+    yaw-0 closing axis (world -y).
 
     >>> soup = dict(alphabet_soup_1_pos=np.array([0.1, -0.2, 0.04]),
     ...             alphabet_soup_1_quat=np.array([0, 0, 0, 1.0]),
@@ -149,11 +196,11 @@ def waypoints(parts: dict, moved: str, target: str, start: Optional[np.ndarray] 
     pos, quat = parts[f"{moved}_pos"], parts[f"{moved}_quat"]
     yaw = yaw_of(quat) if grasp.align_yaw else 0.0
     travel_z = None if start is None else float(start[2])
-    if grasp.rim and start is not None:  # turn the closing axis towards the start
-        to_start = np.asarray(start[:2], dtype=np.float64) - pos[:2]
-        yaw = float(np.arctan2(to_start[0], -to_start[1]))
-    # the fingers close along the hand's y axis: hand_down(yaw)[:, 1]
-    at = np.asarray(pos, dtype=np.float64) + grasp.rim * hand_down(yaw)[:, 1]
+    at = np.asarray(pos, dtype=np.float64).copy()
+    if grasp.rim:  # the fingers close across the wall: along the rim's radius
+        side = rim_side(parts, moved, target, start)
+        yaw = closing_yaw(side)
+        at += grasp.rim * side
     at[2] = pos[2] + grasp.dz
     above = at + [0, 0, CLEARANCE]
     goal = np.asarray(parts[f"{target}_pos"], dtype=np.float64)
