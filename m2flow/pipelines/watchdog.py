@@ -220,6 +220,19 @@ class Watchdog:
             self.handles[f"{group.name}[rank {rank}]"] = handle
             self.watch.added(f"{group.name}[rank {rank}]", time.monotonic())
 
+    def started(self, group, pids: Sequence[int]) -> None:
+        """The constructors of ``group``'s ranks returned (``Worker._m2flow_started``, which
+        gives each rank's pid): each rank has answered, so a silence from now on is a stopped
+        or stuck worker, named with its pid (``SILENT``), not one still starting."""
+        if group.backend != "ray":
+            return
+        now = time.monotonic()
+        for rank, pid in enumerate(pids):
+            worker = f"{group.name}[rank {rank}]"
+            if worker in self.handles:
+                self.watch.answered(worker, now)
+                self.pids[worker] = pid
+
     def enter(self, phase: str) -> None:
         self.watch.enter(phase, time.monotonic())
 

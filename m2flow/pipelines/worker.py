@@ -317,9 +317,12 @@ class WorkerGroup:
         try:
             if self._inputs:
                 gather(*self._inputs)
-            if self.watchdog is not None and self.watchdog.mine():  # watched while they start:
-                self.watchdog.add(self)  # a constructor that never returns is its silence
-            self.call(Worker._m2flow_started).wait()  # surfaces constructor errors here, with the rank
+            watched = self.watchdog is not None and self.watchdog.mine()
+            if watched:  # watched while they start: a constructor that never returns is its
+                self.watchdog.add(self)  # silence
+            pids = self.call(Worker._m2flow_started).wait()  # constructor errors, with the rank
+            if watched:  # each rank's first answer: built, its pid known (not left to
+                self.watchdog.started(self, pids)  # whether a question came in meanwhile)
         except BaseException:  # a failed or stopped start-up ends the ranks it started
             self.shutdown()
             raise

@@ -111,3 +111,28 @@ def test_a_question_just_asked_after_the_driver_was_away_is_given_its_grace(rule
     assert stall.message(4242).startswith(
         "worker env[rank 0] (pid 4242) stalled: no progress for 52 s during collection (its "
         "limit 7 s: runner.stall_timeout_s); it answers nothing (stopped, e.g. by SIGSTOP")
+
+
+def test_a_rank_whose_constructor_returned_is_silent_not_starting_and_named_by_pid():
+    """Watchdog.started: the pids that ``_m2flow_started`` returned count as each rank's first
+    answer, so a later silence is a stopped worker (``SILENT``) named with its pid, however
+    few questions the driver's waits gave it time to ask before (the groups launched at once
+    leave none in start-up); a rank never started is still ``NOT_STARTED``. A stand-in group:
+    the watchdog only reads its name, backend and handles."""
+    from types import SimpleNamespace
+
+    wd = watchdog.Watchdog(override=5.0)
+    rollout = SimpleNamespace(name="rollout", backend="ray", handles=[object(), object()])
+    wd.add(rollout)
+    wd.started(rollout, [4242, 4343])
+    learner = SimpleNamespace(name="learner", backend="ray", handles=[object()])
+    wd.add(learner)  # launched, its constructor not returned
+    assert wd.watch.how_silent("rollout[rank 1]") == watchdog.SILENT
+    assert wd.watch.how_silent("learner[rank 0]") == watchdog.NOT_STARTED
+    assert wd.pids == {"rollout[rank 0]": 4242, "rollout[rank 1]": 4343}
+    stall = watchdog.Stall("rollout[rank 1]", "collection", 9.0, 5.0, "runner.stall_timeout_s",
+                           watchdog.SILENT)
+    assert "worker rollout[rank 1] (pid 4343) stalled" in str(wd._error(stall))
+    local = SimpleNamespace(name="env", backend="local", handles=[object()])
+    wd.started(local, [1])  # in-process groups are not watched
+    assert "env[rank 0]" not in wd.pids
