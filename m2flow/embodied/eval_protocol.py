@@ -1,4 +1,4 @@
-"""``m2flow-eval``'s protocol: N episodes per task, envs in parallel, a report and videos.
+"""``m2flow-eval``'s protocol: N episodes per task, envs in parallel, a report of each.
 
 Episode e of task j runs on some env slot (env worker rank, env index) in some round; every
 slot runs one counted episode per round (its first), so a round of M env workers with n envs
@@ -8,11 +8,9 @@ protocol); a one-task env starts episode e from ``seeding.eval_seeds(seed, .)[e]
 training-time evaluation does. No episode's seed depends on the layout, so one checkpoint
 gives the same episodes with any ``env.num_envs`` or number of env workers.
 
-Writes into the output folder: ``results.json`` (per task and mean, and ``per_episode``:
-each episode's task, index, seed and outcome, the same whatever the layout), ``results.md`` (the
-same as a Markdown table) and ``videos/task<j>_<task>_ep<e>_<success|failure>.mp4`` for the
-first ``videos_per_task`` episodes of each task (from the env's image observation; named by
-success_once).
+``run_protocol`` returns the report (per task and mean, and ``per_episode``: each episode's
+task, index, seed and outcome, the same whatever the layout), which ``eval_report`` writes
+out (``results.json``, ``results.md``, the videos of each task's first episodes).
 
 Each figure comes twice, as ManiSkill's evaluation reports it: ``success_once`` (the goal
 held at some step of the episode) and ``success_at_end`` (at its last step); an episode
@@ -32,12 +30,9 @@ success rate can no longer reach it.
 
 from __future__ import annotations
 
-import json
 import math
-import re
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Optional
 
 from m2flow.pipelines.errors import failure_cause
@@ -46,7 +41,6 @@ from m2flow.runs import seeding
 from m2flow.embodied.workers.env_eval import EvalRound
 from m2flow.embodied.workers.episodes import EvalEpisode
 
-VIDEO_FPS = 20  # LIBERO and ManiSkill control at 20 Hz
 MULTI_TASK_EPISODES = 50  # the LIBERO protocol: 50 episodes per task
 
 
@@ -419,76 +413,6 @@ def run_protocol(runner, cfg, progress: bool = True) -> dict:
         "_videos": result.videos,
         "_failure": result.failure,
     }
-
-
-def write_report(report: dict, out_dir: Path) -> dict[str, Path]:
-    """Writes results.json, results.md and the videos; returns their paths."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    videos = report.pop("_videos", [])
-    report.pop("_failure", None)
-    paths = {"json": out_dir / "results.json", "markdown": out_dir / "results.md"}
-    _atomic_write(paths["json"], json.dumps(report, indent=2) + "\n")
-    _atomic_write(paths["markdown"], markdown(report))
-    if videos:
-        vdir = out_dir / "videos"
-        vdir.mkdir(exist_ok=True)
-        for slot, ep in videos:
-            outcome = "success" if ep.success_once else "failure"
-            name = f"task{slot.task:02d}_{_slug(report['tasks'][slot.task]['name'])}_ep{slot.episode:02d}_{outcome}.mp4"
-            write_video(vdir / name, ep.frames)
-        paths["videos"] = vdir
-    return paths
-
-
-def _from_episode(first: int) -> str:
-    """``' from episode 10's initial state'`` for ``eval.first_episode`` 10; '' for 0."""
-    return f" from episode {first}'s initial state" if first else ""
-
-
-def markdown(report: dict) -> str:
-    lines = [
-        f"# Evaluation: {report['env']} with policy {report['policy']}",
-        "",
-        f"checkpoint: {report['checkpoint'] or 'none (initial weights)'}; "
-        f"{report['episodes_per_task']} episodes per task"
-        f"{_from_episode(report.get('first_episode', 0))}, at most {report['max_steps']} steps; "
-        f"{'mean' if report['deterministic'] else 'sampled'} actions; "
-        f"{report['discarded']} episodes discarded (simulator restarts)",
-        "",
-        *([f"**Interrupted** (Ctrl-C or SIGTERM) after {report['episodes']} of "
-           f"{report['episodes_asked']} episodes: a partial report.", ""]
-          if report.get("interrupted") else []),
-        *([f"**Failed** after {report['episodes']} of {report['episodes_asked']} episodes "
-           f"({report['failed']}): a partial report.", ""] if report.get("failed") else []),
-        "| task | instruction | success_once | success_at_end | episodes | mean length |",
-        "|---:|---|---:|---:|---:|---:|",
-    ]
-    for t in report["tasks"]:
-        lines.append(f"| {t['task']} | {t['name']} | {t['success_once']:.3f} "
-                     f"| {t['success_at_end']:.3f} | {t['episodes']} | {t['mean_length']:.1f} |")
-    lines.append(f"| | **mean over tasks** | **{report['mean_success_once']:.3f}** | "
-                 f"**{report['mean_success_at_end']:.3f}** | {report['episodes']} | |")
-    return "\n".join(lines) + "\n"
-
-
-def write_video(path: Path, frames: list) -> None:
-    import imageio.v2 as imageio
-
-    tmp = path.with_suffix(".tmp.mp4")
-    # macro_block_size=1: keep odd sizes as they are (no rescale)
-    imageio.mimwrite(tmp, frames, fps=VIDEO_FPS, codec="libx264", macro_block_size=1,
-                     quality=8)
-    tmp.replace(path)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
-def _slug(text: str, limit: int = 60) -> str:
-    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")[:limit]
 
 
 def _status(results: list[TaskResult], rnd: list[list[Slot]], tasks: Optional[list[str]]) -> str:

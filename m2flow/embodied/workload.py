@@ -98,7 +98,8 @@ def evaluate(cfg: TrainConfig, state: Optional[dict],
     line says how many episodes of how many it kept and where. Ended by a failure (a worker
     that died, one killed for memory), it does the same and raises ``EvalFailed``: the
     failure's line, with what was kept."""
-    from m2flow.embodied.eval_protocol import run_protocol, write_report
+    from m2flow.embodied.eval_protocol import run_protocol
+    from m2flow.embodied.eval_report import write_report
     from m2flow.embodied.runner import EmbodiedRunner
     from m2flow.runs.failure import EvalFailed, EvalInterrupted
 

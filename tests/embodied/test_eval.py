@@ -123,36 +123,47 @@ def test_videos_of_a_chunked_policy_have_every_env_step(tmp_path):
     assert len(list(imageio.get_reader(video).iter_data())) == 1 + 16  # 2 chunks of 8
 
 
-def test_the_report_counts_success_once_and_at_end_per_task(tmp_path):
-    """Hand-made episodes through ``run_protocol`` and ``write_report``: task 0's two episodes
-    reached the goal, one of them left it again; task 1's one reached it only at its end, the
-    other was lost to a simulator restart (counted in neither)."""
+def _two_task_protocol(episodes, per_task: int, first_episode: int = 0,
+                       write=lambda line: None):
+    """``run_protocol`` over a stand-in runner of a two-task env with 4 envs on one env
+    worker: ``episodes(per_rank)`` gives each round's ``EvalEpisode`` list (one rank)."""
     from types import SimpleNamespace
 
-    from m2flow.embodied.workers.episodes import EvalEpisode
-    from m2flow.embodied.eval_protocol import run_protocol, write_report
+    from m2flow.embodied.eval_protocol import run_protocol
     from m2flow.runs.logger import Progress
-
-    outcomes = [(True, False, False), (True, True, False), (True, True, False),
-                (True, True, True)]  # (success_once, success_at_end, discarded), slot by slot
-    lines = []
 
     class Runner:
         spec = SimpleNamespace(tasks=("push it", "pull it"), max_episode_steps=4)
         layout = SimpleNamespace(env_workers=1, num_envs=4)  # the run's shape it reads
         session = SimpleNamespace(progress=lambda desc, total, bar=True: Progress(
-            desc, total, write=lines.append, every_s=0))
+            desc, total, write=write, every_s=0))
 
         def eval_round(self, per_rank, deterministic=True):
-            return [[EvalEpisode(seed=s, success_once=o, success_at_end=e, discarded=d)
-                     for s, (o, e, d) in zip(per_rank[0].seeds, outcomes)]]
+            return [episodes(per_rank)]
 
     cfg = SimpleNamespace(
         env=SimpleNamespace(name="LIBERO/x", num_envs=4), policy=SimpleNamespace(name="cnn"),
         runner=SimpleNamespace(eval_episodes=4), seed=0,
-        eval=SimpleNamespace(episodes_per_task=2, episodes=0, max_steps=None, videos_per_task=0,
-                             deterministic=True, checkpoint=None, first_episode=0))
-    report = run_protocol(Runner(), cfg, progress=False)
+        eval=SimpleNamespace(episodes_per_task=per_task, episodes=0, max_steps=None,
+                             videos_per_task=0, deterministic=True, checkpoint=None,
+                             first_episode=first_episode))
+    return run_protocol(Runner(), cfg, progress=False)
+
+
+def test_the_report_counts_success_once_and_at_end_per_task(tmp_path):
+    """Hand-made episodes through ``run_protocol`` and ``write_report``: task 0's two episodes
+    reached the goal, one of them left it again; task 1's one reached it only at its end, the
+    other was lost to a simulator restart (counted in neither)."""
+    from m2flow.embodied.eval_report import write_report
+    from m2flow.embodied.workers.episodes import EvalEpisode
+
+    outcomes = [(True, False, False), (True, True, False), (True, True, False),
+                (True, True, True)]  # (success_once, success_at_end, discarded), slot by slot
+    lines = []
+    report = _two_task_protocol(
+        lambda per_rank: [EvalEpisode(seed=s, success_once=o, success_at_end=e, discarded=d)
+                          for s, (o, e, d) in zip(per_rank[0].seeds, outcomes)],
+        per_task=2, write=lines.append)
     assert lines[-1].startswith("eval LIBERO/x: 4/4 ep | success 1.00/0.67 | task 2/2")
     write_report(report, tmp_path)
     saved = json.loads((tmp_path / "results.json").read_text())
@@ -171,32 +182,19 @@ def test_first_episode_moves_every_episode_to_later_initial_states(tmp_path):
     """eval.first_episode=10 on a two-task env: each task's episodes 0-2 start from seeds
     10-12 (LIBERO's init states 10-12), written out for each episode and in the table's
     header; a one-task env's episodes take eval_seeds' entries 10 on."""
-    from types import SimpleNamespace
-
-    from m2flow.embodied.eval_protocol import episode_rounds, run_protocol, write_report
+    from m2flow.embodied.eval_protocol import episode_rounds
+    from m2flow.embodied.eval_report import write_report
     from m2flow.embodied.workers.episodes import EvalEpisode
     from m2flow.runs import seeding
-    from m2flow.runs.logger import Progress
 
     asked = []
 
-    class Runner:
-        spec = SimpleNamespace(tasks=("push it", "pull it"), max_episode_steps=4)
-        layout = SimpleNamespace(env_workers=1, num_envs=4)
-        session = SimpleNamespace(progress=lambda desc, total, bar=True: Progress(
-            desc, total, write=lambda line: None, every_s=0))
+    def episodes(per_rank):
+        asked.append((list(per_rank[0].tasks), list(per_rank[0].seeds)))
+        return [EvalEpisode(seed=s, success_once=True, success_at_end=True)
+                for s in per_rank[0].seeds]
 
-        def eval_round(self, per_rank, deterministic=True):
-            asked.append((list(per_rank[0].tasks), list(per_rank[0].seeds)))
-            return [[EvalEpisode(seed=s, success_once=True, success_at_end=True)
-                     for s in per_rank[0].seeds]]
-
-    cfg = SimpleNamespace(
-        env=SimpleNamespace(name="LIBERO/x", num_envs=4), policy=SimpleNamespace(name="cnn"),
-        runner=SimpleNamespace(eval_episodes=4), seed=0,
-        eval=SimpleNamespace(episodes_per_task=3, episodes=0, max_steps=None, videos_per_task=0,
-                             deterministic=True, checkpoint=None, first_episode=10))
-    report = run_protocol(Runner(), cfg, progress=False)
+    report = _two_task_protocol(episodes, per_task=3, first_episode=10)
     # 6 episodes on 4 envs: two rounds, the second with two fillers (task 0, seed 10)
     assert asked == [([0, 0, 0, 1], [10, 11, 12, 10]), ([1, 1, 0, 0], [11, 12, 10, 10])]
     write_report(report, tmp_path)
