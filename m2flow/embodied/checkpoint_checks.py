@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Optional
 
 from m2flow.embodied.config import TrainConfig
-from m2flow.runs.checks import check_file, check_resume, field_error
+from m2flow.fields import field_error
+from m2flow.runs.checks import check_file, check_resume
 
 
 def check_paths(cfg: TrainConfig) -> None:

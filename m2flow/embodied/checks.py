@@ -1,13 +1,14 @@
 """Start-up checks of an embodied config: every mistake is one line naming the field, the
 value and the fix, before any worker or simulator starts.
 
-In order, cheapest first: the ranges of every numeric field the env and policy settings
-classes share (the table ``RULES``), the algorithm's own ``validate()``, the cluster and its
-placement on this machine, the run's counts (its ``Layout``: ``m2flow.embodied.layout``) and
-the fields that must agree (``check_config``), the checkpoints
-it reads (``resume``, ``init_from``, ``eval.checkpoint``: ``m2flow.embodied.checkpoint_checks``),
-and registry names with the env's and the policy's own
-``check_config`` hooks (which check the fields of their own settings classes).
+In order, cheapest first: each settings class checks the ranges of its own fields, in its
+``validate()`` (``env``: the fields every env adapter shares, ``staging``, ``runner``,
+``eval``, the ``runner`` fields every workload shares and ``seed``, then ``algorithm``); then
+the cluster and its placement on this machine; the rules across groups, plain functions over
+the typed settings and the run's counts (its ``Layout``: ``m2flow.embodied.layout``;
+``check_config``); the checkpoints it reads (``resume``, ``init_from``, ``eval.checkpoint``:
+``m2flow.embodied.checkpoint_checks``); and registry names with the env's and the policy's
+own ``check_config`` hooks (which check the fields of their adapter's own settings).
 """
 
 from __future__ import annotations
@@ -18,67 +19,18 @@ from m2flow.configs import ConfigError
 from m2flow.embodied.checkpoint_checks import check_paths
 from m2flow.embodied.config import TrainConfig
 from m2flow.embodied.layout import Layout, check_layout
-from m2flow.runs.checks import (
-    Rule,
-    above,
-    at_least,
-    check_cluster_config,
-    check_fields,
-    check_runner_base,
-    field_error,
-    one_of,
-    optional,
-    within,
-)
+from m2flow.fields import field_error
+from m2flow.runs.checks import check_cluster_config, check_runner_base
 
 COMPONENTS = ("env", "rollout", "learner")  # the runner's (m2flow.embodied.runner.COMPONENTS)
-SIM_BACKENDS = ("auto", "cpu", "gpu")
-SUCCESS_METRICS = ("success_once", "success_at_end")  # EpisodeStats' two success figures
-
-RULES: list[Rule] = [
-    ("env.num_envs", at_least(1), "set the envs each env worker steps (e.g. 8)"),
-    ("env.max_episode_steps", optional(at_least(1), "the simulator's limit"),
-     "set the episode time limit in steps"),
-    ("env.image_size", at_least(1), "set the camera width and height in pixels (e.g. 64)"),
-    ("env.sim_backend", one_of(SIM_BACKENDS),
-     "'auto' simulates on the env worker's GPU if it has one"),
-    ("staging.pipeline_stages", at_least(1),
-     "use 1 (sequential) or S > 1 to overlap simulation and inference"),
-    ("staging.env_groups", optional(at_least(1), "staging.pipeline_stages"),
-     "give the env groups each env worker builds"),
-    ("runner.num_iterations", at_least(1), "set it to the number of iterations to run"),
-    ("runner.rollout_steps", at_least(1), "set the env steps per env per iteration (e.g. 50)"),
-    ("runner.eval_interval", at_least(0),
-     "evaluate every N iterations, or 0 for only after the last"),
-    ("runner.eval_episodes", at_least(1), "set the episodes per evaluation (e.g. 16)"),
-    ("runner.stop_at_success", optional(within(0, 1, open_low=True), "run all iterations"),
-     "give the success rate to stop at, e.g. 0.9"),
-    ("runner.success_metric", one_of(SUCCESS_METRICS),
-     "'success_once' counts an episode that reached the goal at any step, 'success_at_end' "
-     "one that holds it at its last step"),
-    ("runner.stop_after_evals", at_least(1),
-     "give the evaluations in a row that must reach runner.stop_at_success (e.g. 1 or 2)"),
-    ("runner.stop_confirm_episodes", at_least(0),
-     "give the episodes of the evaluation that confirms a stop (e.g. 256), or 0 for none"),
-    ("runner.max_staleness", at_least(0), "give the updates an action may lag behind (e.g. 1)"),
-    ("runner.warn_no_signal_iterations", at_least(0),
-     "give the iterations without learning signal before a warning (0: never)"),
-    ("runner.weight_sync_bucket_mb", above(0),
-     "give the most MB of one weight-sync bucket (default 256)"),
-    ("eval.episodes", at_least(0), "give the episodes to run, or 0 for runner.eval_episodes"),
-    ("eval.episodes_per_task", at_least(0), "give the episodes per task, or 0 for the default"),
-    ("eval.first_episode", at_least(0),
-     "give the episode whose initial state the first one takes, or 0 for training's"),
-    ("eval.max_steps", optional(at_least(1), "the env's limit"), "give the steps per episode"),
-    ("eval.videos_per_task", at_least(0), "give the videos per task, or 0 for none"),
-]
 
 
 def check_train_config(cfg: TrainConfig) -> None:
-    """Ranges, the algorithm's own checks, placement, cross-field rules, paths and registry
-    names of ``cfg``; raises a one-line ValueError (``m2flow.cli.common`` prints it as the config
-    error)."""
-    check_fields(cfg, RULES)
+    """The fields of each settings group (its ``validate``), placement, cross-field rules,
+    paths and registry names of ``cfg``; raises a one-line ValueError (``m2flow.cli.common``
+    prints it as the config error)."""
+    for group in (cfg.env, cfg.staging, cfg.runner, cfg.eval):
+        group.validate()
     check_runner_base(cfg)
     cfg.algorithm.validate()
     placement = check_cluster_config(cfg.cluster, COMPONENTS)

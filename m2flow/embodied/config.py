@@ -9,8 +9,11 @@ from omegaconf import MISSING
 
 from m2flow.embodied.algorithms import AlgorithmConfig
 from m2flow.envs import EnvConfig
+from m2flow.fields import above, at_least, check_bound, one_of, optional, within
 from m2flow.policies import PolicyConfig
 from m2flow.runs.config import ClusterGroupConfig, RunnerBaseConfig
+
+SUCCESS_METRICS = ("success_once", "success_at_end")  # EpisodeStats' two success figures
 
 
 @dataclass
@@ -27,6 +30,13 @@ class StagingConfig:
     """Env groups (batched envs) each env worker builds (None: pipeline_stages). A stage is a
     contiguous run of env groups, so the stage count can change at run time up to this
     without restarting a simulator."""
+
+    def validate(self) -> None:
+        """Raises FieldError naming the first field out of range."""
+        check_bound(self, "staging.pipeline_stages", at_least(1),
+                    "use 1 (sequential) or S > 1 to overlap simulation and inference")
+        check_bound(self, "staging.env_groups", optional(at_least(1), "staging.pipeline_stages"),
+                    "give the env groups each env worker builds")
 
 
 @dataclass
@@ -103,6 +113,36 @@ class RunnerConfig(RunnerBaseConfig):
     (trainable tensors, e.g. LoRA adapters and named heads, and changed buffers); the first sync
     after start or resume ships everything."""
 
+    def validate(self) -> None:
+        """Raises FieldError naming the first of its own fields out of range (those of
+        RunnerBaseConfig: ``validate_base``)."""
+        check_bound(self, "runner.num_iterations", at_least(1),
+                    "set it to the number of iterations to run")
+        check_bound(self, "runner.rollout_steps", at_least(1),
+                    "set the env steps per env per iteration (e.g. 50)")
+        check_bound(self, "runner.eval_interval", at_least(0),
+                    "evaluate every N iterations, or 0 for only after the last")
+        check_bound(self, "runner.eval_episodes", at_least(1),
+                    "set the episodes per evaluation (e.g. 16)")
+        check_bound(self, "runner.stop_at_success",
+                    optional(within(0, 1, open_low=True), "run all iterations"),
+                    "give the success rate to stop at, e.g. 0.9")
+        check_bound(self, "runner.success_metric", one_of(SUCCESS_METRICS),
+                    "'success_once' counts an episode that reached the goal at any step, "
+                    "'success_at_end' one that holds it at its last step")
+        check_bound(self, "runner.stop_after_evals", at_least(1),
+                    "give the evaluations in a row that must reach runner.stop_at_success "
+                    "(e.g. 1 or 2)")
+        check_bound(self, "runner.stop_confirm_episodes", at_least(0),
+                    "give the episodes of the evaluation that confirms a stop (e.g. 256), or 0 "
+                    "for none")
+        check_bound(self, "runner.max_staleness", at_least(0),
+                    "give the updates an action may lag behind (e.g. 1)")
+        check_bound(self, "runner.warn_no_signal_iterations", at_least(0),
+                    "give the iterations without learning signal before a warning (0: never)")
+        check_bound(self, "runner.weight_sync_bucket_mb", above(0),
+                    "give the most MB of one weight-sync bucket (default 256)")
+
 
 @dataclass
 class EvalConfig:
@@ -129,6 +169,20 @@ class EvalConfig:
     """Report folder; None: <runner.log_dir>/eval/<run_name>/<timestamp>."""
     deterministic: bool = True
     """Act with the policy's mean (True) or sample like training does (False)."""
+
+    def validate(self) -> None:
+        """Raises FieldError naming the first field out of range."""
+        check_bound(self, "eval.episodes", at_least(0),
+                    "give the episodes to run, or 0 for runner.eval_episodes")
+        check_bound(self, "eval.episodes_per_task", at_least(0),
+                    "give the episodes per task, or 0 for the default")
+        check_bound(self, "eval.first_episode", at_least(0),
+                    "give the episode whose initial state the first one takes, or 0 for "
+                    "training's")
+        check_bound(self, "eval.max_steps", optional(at_least(1), "the env's limit"),
+                    "give the steps per episode")
+        check_bound(self, "eval.videos_per_task", at_least(0),
+                    "give the videos per task, or 0 for none")
 
 
 @dataclass

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from m2flow.embodied.algorithms import AlgorithmConfig, algorithm_class
 from m2flow.embodied.config import TrainConfig
-from m2flow.runs.checks import field_error
+from m2flow.fields import field_error
 
 ENV_WORKERS = "cluster.placement.components.env.workers"
 ROLLOUT_WORKERS = "cluster.placement.components.rollout.workers"
@@ -90,8 +90,9 @@ class Layout:
 
     @classmethod
     def of(cls, cfg: TrainConfig) -> "Layout":
-        """The layout of ``cfg`` (ranges already checked: ``check_fields`` of
-        :mod:`m2flow.embodied.checks`); the counts are checked by :func:`check_layout`."""
+        """The layout of ``cfg`` (ranges already checked: its settings classes' ``validate``,
+        :func:`m2flow.embodied.checks.check_train_config`); the counts are checked by
+        :func:`check_layout`."""
         comps = cfg.cluster.placement.components
 
         def workers(name: str) -> int:

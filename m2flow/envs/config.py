@@ -13,6 +13,10 @@ from typing import Optional
 
 from omegaconf import MISSING
 
+from m2flow.fields import at_least, check_bound, one_of, optional
+
+SIM_BACKENDS = ("auto", "cpu", "gpu")
+
 
 @dataclass
 class EnvConfig:
@@ -37,6 +41,18 @@ class EnvConfig:
     """'cpu', 'gpu', or 'auto' (gpu when the worker was placed on a GPU, else cpu)."""
     image_size: int = 64
     """Camera width and height for image obs modes."""
+
+    def validate(self) -> None:
+        """Raises FieldError naming the first of these fields out of range (an adapter's own
+        fields are its ``check_config`` hook's)."""
+        check_bound(self, "env.num_envs", at_least(1),
+                    "set the envs each env worker steps (e.g. 8)")
+        check_bound(self, "env.max_episode_steps", optional(at_least(1), "the simulator's limit"),
+                    "set the episode time limit in steps")
+        check_bound(self, "env.image_size", at_least(1),
+                    "set the camera width and height in pixels (e.g. 64)")
+        check_bound(self, "env.sim_backend", one_of(SIM_BACKENDS),
+                    "'auto' simulates on the env worker's GPU if it has one")
 
 
 @dataclass

@@ -2,7 +2,8 @@
 value and the fix, before any worker starts.
 
 In order: names (engine, reward, data source, dtype), the libraries they need (``pip install
-'m2flow[reasoning]'`` adds them), the ranges of every numeric field (the table ``RULES``) and
+'m2flow[reasoning]'`` adds them), the ranges of each settings group's fields (checked by its
+class's ``validate()``, then the ``runner`` fields every workload shares and ``seed``) and
 the tiny model's shape, paths (model directory, data files, ``resume``,
 ``eval.checkpoint``), and the cluster and its placement on this machine (one worker per
 component; pipelined modes need rollout and learner on different devices).
@@ -13,65 +14,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from m2flow.configs import ConfigError
+from m2flow.fields import field_error
 from m2flow.reasoning.config import ReasoningConfig
 from m2flow.registry import Requires
-from m2flow.runs.checks import (
-    Rule,
-    above,
-    at_least,
-    check_cluster_config,
-    check_fields,
-    check_file,
-    check_resume,
-    check_runner_base,
-    field_error,
-    one_of,
-    optional,
-)
+from m2flow.runs.checks import check_cluster_config, check_file, check_resume, check_runner_base
 
 COMPONENTS = ("rollout", "reward", "learner")  # the runner's (m2flow.reasoning.runner.COMPONENTS)
 UNUSED_COMPONENTS = ("env",)  # the shared cluster groups (local, inprocess) also place an env
 DATA_SOURCES = ("arithmetic", "jsonl", "parquet")
 FILE_SOURCES = ("jsonl", "parquet")
-
-RULES: list[Rule] = [
-    ("data.train_size", at_least(1), "give the training problems to use (e.g. 20000)"),
-    ("data.test_size", at_least(1), "give the held-out problems (e.g. 200)"),
-    ("data.max_operand", at_least(1), "give the largest operand of a problem (e.g. 20)"),
-    ("data.max_terms", one_of((2, 3)), "numbers per arithmetic problem"),
-    ("model.tiny.hidden_size", at_least(1), "give the tiny model's width (e.g. 128)"),
-    ("model.tiny.intermediate_size", at_least(1), "give the MLP width (e.g. 512)"),
-    ("model.tiny.num_hidden_layers", at_least(1), "give the number of layers (e.g. 4)"),
-    ("model.tiny.num_attention_heads", at_least(1), "give the attention heads (e.g. 4)"),
-    ("model.tiny.num_key_value_heads", at_least(1), "give the key/value heads (e.g. 2)"),
-    ("model.tiny.max_position_embeddings", at_least(2), "give the longest sequence (e.g. 256)"),
-    ("rollout.n", at_least(2),
-     "GRPO scores each completion against its group: sample 2 or more per prompt (e.g. 8)"),
-    ("rollout.max_new_tokens", at_least(1), "give the tokens a completion may have (e.g. 16)"),
-    ("rollout.temperature", above(0), "sample with e.g. 1.0"),
-    ("rollout.top_k", at_least(0), "give k, or 0 for no top-k cut"),
-    ("rollout.prompts_per_call", at_least(1), "give the prompts per generate call (e.g. 8)"),
-    ("rollout.eval_batch_size", at_least(1), "give the prompts per evaluation call (e.g. 64)"),
-    ("algorithm.learning_rate", above(0), "give Adam's step size, e.g. 1e-4"),
-    ("algorithm.prompts_per_step", at_least(1), "give the prompts (groups) per GRPO step"),
-    ("algorithm.micro_batch_size", at_least(1), "give the completions per forward/backward"),
-    ("algorithm.clip_coef", above(0), "give the ratio clip range, e.g. 0.2"),
-    ("algorithm.kl_coef", at_least(0), "give the KL weight, or 0 for none"),
-    ("algorithm.max_grad_norm", above(0), "give the gradient-norm clip, e.g. 1.0"),
-    ("algorithm.eps", above(0), "give the small number added to the group std, e.g. 1e-6"),
-    ("algorithm.weight_decay", at_least(0), "give AdamW's weight decay, or 0"),
-    ("warm_start.steps", at_least(0), "give the SFT steps, or 0 for none"),
-    ("warm_start.batch_size", at_least(1), "give the SFT batch size (e.g. 64)"),
-    ("warm_start.learning_rate", above(0), "give the SFT step size, e.g. 1e-3"),
-    ("runner.num_steps", at_least(1), "set it to the number of GRPO steps to run"),
-    ("runner.eval_interval", at_least(0), "evaluate every N steps, or 0 for first and last only"),
-    ("runner.warn_constant_reward_steps", at_least(0),
-     "warn after N steps in a row without a reward signal (e.g. 5), or 0 for never"),
-    ("runner.weight_sync_bucket_mb", above(0),
-     "give the most MB of one weight-sync bucket (default 256)"),
-    ("eval.size", at_least(0), "give the held-out problems to score, or 0 for data.test_size"),
-    ("eval.samples", at_least(0), "give the completions to write into the report"),
-]
 
 
 def check_reasoning_config(cfg: ReasoningConfig) -> None:
@@ -79,7 +30,9 @@ def check_reasoning_config(cfg: ReasoningConfig) -> None:
     (``m2flow.cli.common`` prints it as the config error)."""
     check_names(cfg)
     check_installed(cfg)
-    check_fields(cfg, RULES)
+    for group in (cfg.data, cfg.model.tiny, cfg.rollout, cfg.algorithm, cfg.warm_start,
+                  cfg.runner, cfg.eval):
+        group.validate()
     check_runner_base(cfg)
     check_tiny_model(cfg)
     check_paths(cfg)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from m2flow.fields import above, at_least, check_bound, one_of
 from m2flow.runs.config import ClusterGroupConfig, RunnerBaseConfig
 
 
@@ -35,6 +36,15 @@ class DataConfig:
     max_terms: int = 2
     """arithmetic: numbers per problem (2 or 3)."""
 
+    def validate(self) -> None:
+        """Raises FieldError naming the first field out of range."""
+        check_bound(self, "data.train_size", at_least(1),
+                    "give the training problems to use (e.g. 20000)")
+        check_bound(self, "data.test_size", at_least(1), "give the held-out problems (e.g. 200)")
+        check_bound(self, "data.max_operand", at_least(1),
+                    "give the largest operand of a problem (e.g. 20)")
+        check_bound(self, "data.max_terms", one_of((2, 3)), "numbers per arithmetic problem")
+
 
 @dataclass
 class TinyModelConfig:
@@ -48,6 +58,21 @@ class TinyModelConfig:
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
     max_position_embeddings: int = 256
+
+    def validate(self) -> None:
+        """Raises FieldError naming the first field out of range."""
+        check_bound(self, "model.tiny.hidden_size", at_least(1),
+                    "give the tiny model's width (e.g. 128)")
+        check_bound(self, "model.tiny.intermediate_size", at_least(1),
+                    "give the MLP width (e.g. 512)")
+        check_bound(self, "model.tiny.num_hidden_layers", at_least(1),
+                    "give the number of layers (e.g. 4)")
+        check_bound(self, "model.tiny.num_attention_heads", at_least(1),
+                    "give the attention heads (e.g. 4)")
+        check_bound(self, "model.tiny.num_key_value_heads", at_least(1),
+                    "give the key/value heads (e.g. 2)")
+        check_bound(self, "model.tiny.max_position_embeddings", at_least(2),
+                    "give the longest sequence (e.g. 256)")
 
 
 @dataclass
@@ -79,6 +104,20 @@ class GenerationConfig:
     eval_batch_size: int = 64
     """Prompts per greedy generate call during evaluation."""
 
+    def validate(self) -> None:
+        """Raises FieldError naming the first field out of range."""
+        check_bound(self, "rollout.n", at_least(2),
+                    "GRPO scores each completion against its group: sample 2 or more per prompt "
+                    "(e.g. 8)")
+        check_bound(self, "rollout.max_new_tokens", at_least(1),
+                    "give the tokens a completion may have (e.g. 16)")
+        check_bound(self, "rollout.temperature", above(0), "sample with e.g. 1.0")
+        check_bound(self, "rollout.top_k", at_least(0), "give k, or 0 for no top-k cut")
+        check_bound(self, "rollout.prompts_per_call", at_least(1),
+                    "give the prompts per generate call (e.g. 8)")
+        check_bound(self, "rollout.eval_batch_size", at_least(1),
+                    "give the prompts per evaluation call (e.g. 64)")
+
 
 @dataclass
 class ReasoningGRPOConfig:
@@ -102,6 +141,22 @@ class ReasoningGRPOConfig:
     """exact (the last number in the completion equals the answer) | math_verify."""
     weight_decay: float = 0.0
 
+    def validate(self) -> None:
+        """Raises FieldError naming the first field out of range."""
+        check_bound(self, "algorithm.learning_rate", above(0), "give Adam's step size, e.g. 1e-4")
+        check_bound(self, "algorithm.prompts_per_step", at_least(1),
+                    "give the prompts (groups) per GRPO step")
+        check_bound(self, "algorithm.micro_batch_size", at_least(1),
+                    "give the completions per forward/backward")
+        check_bound(self, "algorithm.clip_coef", above(0), "give the ratio clip range, e.g. 0.2")
+        check_bound(self, "algorithm.kl_coef", at_least(0), "give the KL weight, or 0 for none")
+        check_bound(self, "algorithm.max_grad_norm", above(0),
+                    "give the gradient-norm clip, e.g. 1.0")
+        check_bound(self, "algorithm.eps", above(0),
+                    "give the small number added to the group std, e.g. 1e-6")
+        check_bound(self, "algorithm.weight_decay", at_least(0),
+                    "give AdamW's weight decay, or 0")
+
 
 @dataclass
 class WarmStartConfig:
@@ -111,6 +166,14 @@ class WarmStartConfig:
     """SFT steps (0: none)."""
     batch_size: int = 64
     learning_rate: float = 1e-3
+
+    def validate(self) -> None:
+        """Raises FieldError naming the first field out of range."""
+        check_bound(self, "warm_start.steps", at_least(0), "give the SFT steps, or 0 for none")
+        check_bound(self, "warm_start.batch_size", at_least(1),
+                    "give the SFT batch size (e.g. 64)")
+        check_bound(self, "warm_start.learning_rate", above(0),
+                    "give the SFT step size, e.g. 1e-3")
 
 
 @dataclass
@@ -130,6 +193,19 @@ class ReasoningRunnerConfig(RunnerBaseConfig):
     (~15 GB at 7B). Each step ships what the update changed (every parameter: the whole
     model is fine-tuned); the first sync after start or resume ships every tensor."""
 
+    def validate(self) -> None:
+        """Raises FieldError naming the first of its own fields out of range (those of
+        RunnerBaseConfig: ``validate_base``)."""
+        check_bound(self, "runner.num_steps", at_least(1),
+                    "set it to the number of GRPO steps to run")
+        check_bound(self, "runner.eval_interval", at_least(0),
+                    "evaluate every N steps, or 0 for first and last only")
+        check_bound(self, "runner.warn_constant_reward_steps", at_least(0),
+                    "warn after N steps in a row without a reward signal (e.g. 5), or 0 for "
+                    "never")
+        check_bound(self, "runner.weight_sync_bucket_mb", above(0),
+                    "give the most MB of one weight-sync bucket (default 256)")
+
 
 @dataclass
 class ReasoningEvalConfig:
@@ -142,6 +218,13 @@ class ReasoningEvalConfig:
     output_dir: Optional[str] = None
     samples: int = 20
     """Problems whose completions are written into the report."""
+
+    def validate(self) -> None:
+        """Raises FieldError naming the first field out of range."""
+        check_bound(self, "eval.size", at_least(0),
+                    "give the held-out problems to score, or 0 for data.test_size")
+        check_bound(self, "eval.samples", at_least(0),
+                    "give the completions to write into the report")
 
 
 @dataclass

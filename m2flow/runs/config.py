@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from m2flow.fields import above, at_least, check_bound, optional
 from m2flow.pipelines import ClusterConfig, PlacementConfig
 
 
@@ -55,3 +56,22 @@ class RunnerBaseConfig:
     """A long phase (an evaluation) writes a progress line (episodes done, success so far)
     at most every N seconds, as its rounds end, and one when it is done; 0: at every round.
     On a terminal these lines go to train.log only (the bar shows the same)."""
+
+    def validate_base(self) -> None:
+        """Raises FieldError naming the first of these fields out of range: the ones every
+        workload's runner has, checked after the workload's own groups
+        (``m2flow.runs.checks.check_runner_base``); a workload's runner config checks its own
+        fields in its ``validate``."""
+        check_bound(self, "runner.checkpoint_interval", at_least(0),
+                    "save every N iterations, or 0 for only the last")
+        check_bound(self, "runner.max_minutes", optional(above(0), "the iteration count decides"),
+                    "give the loop's wall-time budget in minutes, or null")
+        check_bound(self, "runner.keep_checkpoints", at_least(0),
+                    "keep the newest N checkpoints (and the best), or 0 for all")
+        check_bound(self, "runner.progress_interval_s", at_least(0),
+                    "give the seconds between progress lines of a long phase (0: every round)")
+        check_bound(self, "runner.channel_timeout_s", above(0),
+                    "give the seconds a worker may be silent (default 600)")
+        check_bound(self, "runner.stall_timeout_s",
+                    optional(above(0), "limits from each phase's measured durations"),
+                    "give the seconds a worker may make no progress, or null")

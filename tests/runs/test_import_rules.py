@@ -15,7 +15,7 @@ CLI_LEVELS = {  # inside cli/, from the bottom up: a module imports only lower l
     "m2flow.cli.train": 4, "m2flow.cli.eval": 4, "m2flow.cli.plan": 4, "m2flow.cli.demos": 4,
     "m2flow.cli.plot": 4,
 }
-FOUNDATION = ("keys", "registry")  # shared by every layer; import no m2flow module
+FOUNDATION = ("keys", "registry", "fields")  # shared by every layer; import no m2flow module
 
 # inside embodied/: a folder -> the other embodied modules it may import (prefixes); the rest
 # of embodied/ (config, checks, runner, profile, workload, ...) stands on them. The algorithms'
