@@ -95,6 +95,18 @@ class Registry:
 
         return add if target is None else add(target)
 
+    def functions(self) -> tuple[Callable, Callable, Callable, Callable]:
+        """(``register``, ``names``, ``load``, ``settings``): what a registry's module exports
+        under its kind's names (``register_env, registered_envs, env_class, env_config``).
+
+        >>> reg = Registry("thing", "m2flow.things", ValueError)
+        >>> register_thing, registered_things, thing_class, thing_config = reg.functions()
+        >>> _ = register_thing("a", "collections:OrderedDict")
+        >>> registered_things(), thing_class("a").__name__
+        (['a'], 'OrderedDict')
+        """
+        return self.register, self.names, self.load, self.settings
+
     def names(self) -> list[str]:
         """Every known name: registered in code plus entry points (nothing is imported)."""
         return sorted(set(self._table) | {ep.name for ep in entry_points(group=self.group)})

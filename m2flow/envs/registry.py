@@ -26,20 +26,17 @@ ENVS = Registry(
     "env",
     ENTRY_POINT_GROUP,
     EnvError,
-    {
+    base_config=EnvConfig,
+    builtins={
         "ManiSkill/*": "m2flow.envs.maniskill:ManiSkillEnv",
         "gym/*": "m2flow.envs.gymnasium_env:GymnasiumEnv",
         "LIBERO/*": "m2flow.envs.libero:LiberoEnv",
         "mjlab/*": "m2flow.envs.mjlab_env:MjlabEnv",
         "MetaWorld/*": "m2flow.envs.metaworld:MetaWorldEnv",
     },
-    base_config=EnvConfig,
 )
 
-register_env = ENVS.register
-registered_envs = ENVS.names
-env_class = ENVS.load
-env_config = ENVS.settings
+register_env, registered_envs, env_class, env_config = ENVS.functions()
 __all__ = ["ENVS", "env_class", "env_config", "make_env", "register_env", "register_schemas",
            "registered_envs", "suggest"]
 

@@ -23,7 +23,8 @@ POLICIES = Registry(
     "policy",
     ENTRY_POINT_GROUP,
     PolicyError,
-    {
+    base_config=PolicyConfig,
+    builtins={
         "mlp": "m2flow.policies.mlp:GaussianMLPPolicy",
         "cnn": "m2flow.policies.cnn:GaussianCNNPolicy",
         "openvla": "m2flow.policies.vla.openvla:OpenVLAPolicy",
@@ -33,13 +34,9 @@ POLICIES = Registry(
         "flow_mlp": "m2flow.policies.flow:FlowMLPPolicy",
         "pi0": "m2flow.policies.vla.pi0:Pi0Policy",
     },
-    base_config=PolicyConfig,
 )
 
-register_policy = POLICIES.register
-registered_policies = POLICIES.names
-policy_class = POLICIES.load
-policy_config = POLICIES.settings
+register_policy, registered_policies, policy_class, policy_config = POLICIES.functions()
 
 
 def make_policy(cfg: PolicyConfig, env_spec, device: str = "cpu") -> Policy:

@@ -39,9 +39,8 @@ up. Plugins add theirs through the entry-point group, not here."""
 
 ALGORITHMS = Registry("algorithm", ENTRY_POINT_GROUP, AlgorithmError, BUILTINS)
 
-register_algorithm = ALGORITHMS.register
-registered_algorithms = ALGORITHMS.names
-algorithm_class = ALGORITHMS.load
+register_algorithm, registered_algorithms, algorithm_class, algorithm_config = (
+    ALGORITHMS.functions())
 
 
 def register_schemas(cs) -> None:
@@ -58,6 +57,7 @@ __all__ = [
     "AlgorithmConfig",
     "AlgorithmError",
     "algorithm_class",
+    "algorithm_config",
     "check_field",
     "loss_metrics",
     "register_algorithm",
