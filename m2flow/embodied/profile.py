@@ -46,7 +46,8 @@ from m2flow.pipelines.planner import measure
 from m2flow.pipelines.planner.graph import Graph
 from m2flow.pipelines.planner.profiles import Node, Profile
 from m2flow.runs import seeding
-from m2flow.runs.profile import iteration_seconds, model_mb, profile_switch, profile_sync
+from m2flow.runs.profile import (
+    iteration_seconds, model_mb, profile_handover, profile_sync, shutdown)
 
 RECORDED_STEPS = 4
 """Policy calls recorded for the learner's trajectory (tiled to rollout_steps): its cost
@@ -150,9 +151,7 @@ def profile(cfg: TrainConfig, *, say: Callable[[str], None] = print,
             _on_gpu(prof, cfg, spec, sizes, steps, traj)
         prof.facts = embodied_graph.facts(layout, cfg, chunk, param_mb)
     finally:
-        for group in (learner, rollout):
-            if group is not None:
-                group.shutdown()
+        shutdown(learner, rollout)
         envs.close()
     return prof, embodied_graph.graph(prof.facts)
 
@@ -191,14 +190,10 @@ def _on_gpu(prof: Profile, cfg: TrainConfig, spec, sizes: list[int], steps: list
                           min_calls=1, min_s=0.0, sync=sync))
         prof.add_memory("learner", size=traj.numel(), device="cuda",
                         mb=torch.cuda.max_memory_allocated() / 2**20)
-        profile_sync(prof, learner, rollout, size_mb=model_mb(worker.policy),
-                     bucket_mb=cfg.runner.weight_sync_bucket_mb, cores=0, device="cuda",
-                     sync=sync)
-        profile_switch(prof, {"rollout": rollout, "learner": learner}, sync=sync)
+        profile_handover(prof, learner, rollout, size_mb=model_mb(worker.policy),
+                         bucket_mb=cfg.runner.weight_sync_bucket_mb, sync=sync)
     finally:
-        for group in (learner, rollout):
-            if group is not None:
-                group.shutdown()
+        shutdown(learner, rollout)
 
 
 def _groups(sizes: list[int]) -> list[int]:

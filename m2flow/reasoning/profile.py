@@ -30,7 +30,8 @@ from m2flow.reasoning.config import ReasoningConfig
 from m2flow.reasoning.learner_worker import ReasoningLearner
 from m2flow.reasoning.reward_worker import RewardWorker
 from m2flow.reasoning.rollout_worker import ReasoningRollout, decode
-from m2flow.runs.profile import iteration_seconds, model_mb, profile_switch, profile_sync
+from m2flow.runs.profile import (
+    iteration_seconds, model_mb, profile_handover, profile_sync, shutdown)
 
 
 class _Groups:
@@ -121,9 +122,7 @@ def profile(cfg: ReasoningConfig, *, say: Callable[[str], None] = print,
             _on_gpu(prof, cfg, prompts, calls, scored)
         prof.facts = reasoning_graph.facts(cfg, param_mb)
     finally:
-        for group in (learner, reward, rollout):
-            if group is not None:
-                group.shutdown()
+        shutdown(learner, reward, rollout)
     return prof, reasoning_graph.graph(prof.facts)
 
 
@@ -156,14 +155,10 @@ def _on_gpu(prof: Profile, cfg: ReasoningConfig, prompts: list, calls: list[int]
                           min_calls=1, min_s=0.0, sync=sync))
         prof.add_memory("learner", size=p * n, device="cuda",
                         mb=torch.cuda.max_memory_allocated() / 2**20)
-        profile_sync(prof, learner, rollout, size_mb=model_mb(rollout.handles[0].model),
-                     bucket_mb=cfg.runner.weight_sync_bucket_mb, cores=0, device="cuda",
-                     sync=sync)
-        profile_switch(prof, {"rollout": rollout, "learner": learner}, sync=sync)
+        profile_handover(prof, learner, rollout, size_mb=model_mb(rollout.handles[0].model),
+                         bucket_mb=cfg.runner.weight_sync_bucket_mb, sync=sync)
     finally:
-        for group in (learner, rollout):
-            if group is not None:
-                group.shutdown()
+        shutdown(learner, rollout)
 
 
 def graph_of(facts: dict) -> Graph:

@@ -1,6 +1,7 @@
 """What both workloads' profilers (``m2flow-plan``) measure alike: the learner's weight sync
 to the rollout, on a GPU each component's offload and onload (context switch), a model's
-size and the seconds of real iterations (``m2flow-plan --verify``)."""
+size and the seconds of real iterations (``m2flow-plan --verify``); and the end of their
+worker groups."""
 
 from __future__ import annotations
 
@@ -39,6 +40,23 @@ def profile_switch(prof: Profile, groups: dict[str, WorkerGroup], *,
         on = measure.median_seconds(w.onload, warm=0, min_calls=1, min_s=0.0, sync=sync)
         prof.add_time(name, "offload", size=0, cores=0, device="cuda", seconds=off)
         prof.add_time(name, "onload", size=0, cores=0, device="cuda", seconds=on)
+
+
+def profile_handover(prof: Profile, learner: WorkerGroup, rollout: WorkerGroup, *,
+                     size_mb: float, bucket_mb: float, sync: Callable[[], None]) -> None:
+    """Adds, with ``learner`` and ``rollout`` on one GPU, the weight sync from the one to the
+    other (:func:`profile_sync`) and each one's offload and onload (:func:`profile_switch`)
+    to ``prof``."""
+    profile_sync(prof, learner, rollout, size_mb=size_mb, bucket_mb=bucket_mb, cores=0,
+                 device="cuda", sync=sync)
+    profile_switch(prof, {"rollout": rollout, "learner": learner}, sync=sync)
+
+
+def shutdown(*groups: Optional[WorkerGroup]) -> None:
+    """Shuts down each of ``groups`` that was built (None: not yet), in order."""
+    for group in groups:
+        if group is not None:
+            group.shutdown()
 
 
 def model_mb(module: nn.Module) -> float:
