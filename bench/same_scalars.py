@@ -87,12 +87,18 @@ def record(iterations: int, overrides: list[str], out: Path) -> int:
     return 0
 
 
-def compare(a: Path, b: Path) -> int:
-    """Exact comparison of two records; prints each difference, exit 1 if any."""
+def compare(a: Path, b: Path, any_overrides: bool = False) -> int:
+    """Exact comparison of two records; prints each difference, exit 1 if any.
+    ``any_overrides``: compare records whose overrides differ (a later commit's run held back
+    to an earlier default by overrides), printing both."""
     ra, rb = json.loads(a.read_text()), json.loads(b.read_text())
-    if ra["overrides"] != rb["overrides"] or ra["iterations"] != rb["iterations"]:
-        print("same_scalars: the records come from different commands", file=sys.stderr)
+    if ra["iterations"] != rb["iterations"] or (
+            ra["overrides"] != rb["overrides"] and not any_overrides):
+        print("same_scalars: the records come from different commands (--any-overrides "
+              "compares runs whose overrides differ)", file=sys.stderr)
         return 2
+    if ra["overrides"] != rb["overrides"]:
+        print(f"same_scalars: overrides {ra['overrides']} against {rb['overrides']}")
     sa, sb = ra["scalars"], rb["scalars"]
     diff = [f"{t}: only in {a.name if t in sa else b.name}" for t in sorted(sa.keys() ^ sb.keys())]
     for tag in sorted(sa.keys() & sb.keys()):
@@ -117,10 +123,12 @@ def main() -> int:
     c = sub.add_parser("compare")
     c.add_argument("a", type=Path)
     c.add_argument("b", type=Path)
+    c.add_argument("--any-overrides", action="store_true",
+                   help="compare records whose m2flow-train overrides differ")
     args = p.parse_args()
     if args.cmd == "record":
         return record(args.iterations, args.overrides, args.out)
-    return compare(args.a, args.b)
+    return compare(args.a, args.b, args.any_overrides)
 
 
 if __name__ == "__main__":
