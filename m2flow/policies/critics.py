@@ -59,17 +59,26 @@ class PrivilegedCritic(nn.Module):
         self.norm.update(batch[keys.PRIVILEGED].float())
 
 
+TARGET_MIN_STD = 0.01
+"""StateAux's target normalisation never divides by less than this (metres for positions,
+unit quaternion components, finger metres): a pose entry that moves by millimetres only (a
+distractor resting on the table, the end effector's near-fixed orientation) would otherwise be
+stretched to unit variance, and its simulator jitter, which no image shows, would dominate the
+loss while the entries that do move (the grasped object, the gripper) are learnt."""
+
+
 class StateAux(nn.Module):
     """An auxiliary task for an image encoder: predict the running-normalised privileged
     vector from the actor's features (a linear head); ``loss`` is ``coef`` x the per-sample
     mean squared error. The encoder then learns where the objects are from a dense,
     supervised signal instead of from the policy gradient alone; the actor still reads only
-    its image and proprio, and evaluation never calls it."""
+    its image and proprio, and evaluation never calls it. The target's std is floored at
+    :data:`TARGET_MIN_STD`."""
 
     def __init__(self, n_features: int, dim: int, coef: float):
         super().__init__()
         self.coef = coef
-        self.norm = RunningNorm(dim)
+        self.norm = RunningNorm(dim, min_std=TARGET_MIN_STD)
         self.head = nn.Linear(n_features, dim)
 
     @staticmethod

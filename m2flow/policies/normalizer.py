@@ -17,11 +17,21 @@ class RunningNorm(nn.Module):
     >>> norm.update(torch.tensor([[0.0, 10.0], [2.0, 30.0]]))
     >>> norm(torch.tensor([[1.0, 20.0]]))
     tensor([[0., 0.]])
+
+    With ``min_std``, a dim that barely moves is not stretched to unit variance:
+
+    >>> jitter = RunningNorm(1, min_std=0.01)
+    >>> jitter.update(torch.tensor([[0.0], [0.002]]))
+    >>> jitter(torch.tensor([[0.002]]))
+    tensor([[0.1000]])
     """
 
-    def __init__(self, dim: int, hold: bool = False):
+    def __init__(self, dim: int, hold: bool = False, min_std: float = 0.0):
         super().__init__()
         self.hold = hold  # statistics kept as loaded (policy.hold_obs_norm); update does nothing
+        # a dim whose spread is below min_std (in its own units) is divided by min_std instead:
+        # its jitter stays small rather than being blown up to unit variance
+        self.min_std = min_std
         self.register_buffer("mean", torch.zeros(dim))
         self.register_buffer("var", torch.ones(dim))
         self.register_buffer("count", torch.tensor(0.0))
@@ -45,7 +55,10 @@ class RunningNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.count == 0:
             return x
-        return ((x - self.mean) / torch.sqrt(self.var + EPS)).clamp(-CLIP, CLIP)
+        std = torch.sqrt(self.var + EPS)
+        if self.min_std > 0:
+            std = std.clamp_min(self.min_std)
+        return ((x - self.mean) / std).clamp(-CLIP, CLIP)
 
 
 def state_norm(dim: int, cfg, present: bool = True) -> nn.Module:

@@ -250,7 +250,9 @@ def test_mlp_privileged_critic_needs_the_envs_privileged_state():
 def test_cnn_state_aux_predicts_the_normalised_simulator_state_from_the_actors_features():
     """policy.state_aux: a linear head on the actor's features regresses the
     normalised privileged vector; its loss (by hand) reaches PPO's and BC's terms and trains the
-    encoder, and the actor's outputs are what they are without it."""
+    encoder, and the actor's outputs are what they are without it. A target entry that only
+    jitters (millimetres: a distractor at rest) is divided by the 0.01 floor, not stretched to
+    unit variance."""
     from m2flow.embodied.algorithms.bc import BC
     from m2flow.embodied.algorithms.ppo import ppo_loss
 
@@ -261,6 +263,7 @@ def test_cnn_state_aux_predicts_the_normalised_simulator_state_from_the_actors_f
     plain = make_policy(policy_config(name="cnn", hidden_sizes=[16],
                                       critic="privileged"), PRIV_SPEC)
     b = random_obs(PRIV_SPEC, 4)
+    b["obs", "privileged"][:, 0] = 0.5 + 1e-3 * torch.randn(4)  # a resting object's jitter
     pi.observe(b)
     plain.observe(b)
     torch.testing.assert_close(pi.act(b, deterministic=True)["action"],
@@ -272,7 +275,9 @@ def test_cnn_state_aux_predicts_the_normalised_simulator_state_from_the_actors_f
     feats = torch.cat([pi.encoder(b["obs", "rgb"]),
                        (s - s.mean(0)) / torch.sqrt(s.var(0, unbiased=False) + 1e-8)], -1)
     x = b["obs", "privileged"]
-    z = (x - x.mean(0)) / torch.sqrt(x.var(0, unbiased=False) + 1e-8)
+    std = torch.sqrt(x.var(0, unbiased=False) + 1e-8)
+    z = (x - x.mean(0)) / torch.where(std < 0.01, torch.full_like(std, 0.01), std)
+    assert z[:, 0].abs().max() < 0.5 and z[:, 1:].std(0, unbiased=False).min() > 0.99
     by_hand = 0.5 * ((feats @ pi.state_aux.head.weight.T + pi.state_aux.head.bias - z) ** 2).mean(-1)
     torch.testing.assert_close(out["aux_loss"], by_hand)
     assert float(by_hand.detach().mean()) > 0.01
