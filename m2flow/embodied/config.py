@@ -90,6 +90,12 @@ class RunnerConfig(RunnerBaseConfig):
     evaluation's; ``eval/success_*`` are then those of the episodes run, ``eval/curtailed`` 1,
     and the checkpoint is never ``best.pt``). Saves most evaluation time before the policy
     gets close; False: every evaluation runs all ``eval_episodes``."""
+    eval_gate: Optional[float] = None
+    """A scheduled evaluation (every ``eval_interval``) runs only when the iteration's training
+    success (``env/<success_metric>``: the episodes that ended in it, sampled actions) is at
+    least this; the last iteration's always runs. Early in a run the sampled training success
+    is at or above the mean-action evaluation's, so the evaluations it skips are ones that
+    could not have stopped the run. None: every scheduled evaluation runs."""
     eval_batch_invariant: bool = True
     """Evaluation with mean actions (training-time and ``m2flow-eval``) runs the policy on one
     env's observation at a time, so an episode's actions never depend on which episodes share
@@ -130,6 +136,9 @@ class RunnerConfig(RunnerBaseConfig):
         check_bound(self, "runner.success_metric", one_of(SUCCESS_METRICS),
                     "'success_once' counts an episode that reached the goal at any step, "
                     "'success_at_end' one that holds it at its last step")
+        check_bound(self, "runner.eval_gate",
+                    optional(within(0, 1), "evaluate at every eval_interval"),
+                    "give the training success a scheduled evaluation waits for, e.g. 0.7")
         check_bound(self, "runner.stop_after_evals", at_least(1),
                     "give the evaluations in a row that must reach runner.stop_at_success "
                     "(e.g. 1 or 2)")

@@ -350,6 +350,7 @@ class EmbodiedRunner(RunLoop):
         self._success_stop = SuccessStop(r.stop_at_success, r.stop_after_evals,
                                          metric=r.success_metric)
         self._plan_watch = plan_monitor(self.cfg, self.layout)  # predicted vs measured
+        self.gated_evals = 0  # scheduled evaluations runner.eval_gate skipped
         return {}
 
     def watch(self, metrics: dict, logger) -> None:
@@ -374,6 +375,17 @@ class EmbodiedRunner(RunLoop):
         self._last_end = time.perf_counter()  # nor is its wall time
         return out
 
+    def evaluation_wanted(self, metrics: dict) -> bool:
+        """``runner.eval_gate``: the iteration's training success reached it (an iteration in
+        which no episode ended has none, and waits)."""
+        r = self.cfg.runner
+        if r.eval_gate is None:
+            return True
+        success = metrics.get(f"env/{r.success_metric}")
+        wanted = success is not None and success >= r.eval_gate
+        self.gated_evals += not wanted
+        return wanted
+
     def stop_reason(self, metrics: dict) -> Optional[str]:
         success = metrics[f"eval/{self.cfg.runner.success_metric}"]
         return self._success_stop.describe(success) if self._success_stop.update(success) else None
@@ -385,7 +397,7 @@ class EmbodiedRunner(RunLoop):
         self._pending = None  # its workers are ended with the session
 
     def summary(self) -> dict:
-        return {"env_steps": self.global_step}
+        return {"env_steps": self.global_step, "gated_evaluations": self.gated_evals}
 
     # -- checkpoints -------------------------------------------------------------------------
     def checkpoint_state(self) -> dict:

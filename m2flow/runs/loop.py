@@ -11,7 +11,7 @@ the order, which is the same for both:
         metrics = iterate(it)                 # sets self.iteration = it + 1
         watch(metrics)                        # warnings, plan monitor
         out of budget? -> this is the last iteration
-        last or every eval_interval: evaluate; stop_reason(metrics)
+        last, or every eval_interval if evaluation_wanted(metrics): evaluate; stop_reason
         log (step: logged_step())
         stopping, last or every checkpoint_interval: save
         stopping: say why, leave
@@ -114,6 +114,11 @@ class RunLoop:
         """After an evaluation: why the run stops here (a success target reached), or None."""
         return None
 
+    def evaluation_wanted(self, metrics: dict) -> bool:
+        """Before a scheduled evaluation (not the last one): whether it runs, from the
+        iteration's metrics (the embodied runner's ``runner.eval_gate``)."""
+        return True
+
     def memory_hint(self) -> str:
         """The fields that size the run's memory, for the line of a run killed for memory."""
         return ""
@@ -203,7 +208,7 @@ class RunLoop:
                 self.watch(metrics, logger)
                 reason = self.over_budget(time.perf_counter() - loop_start)
                 last = self.iteration == self.total() or reason is not None
-                if last or self.due(r.eval_interval):
+                if last or (self.due(r.eval_interval) and self.evaluation_wanted(metrics)):
                     t0 = time.perf_counter()
                     self.session.phase = "evaluation"
                     metrics.update(self.evaluate())

@@ -139,6 +139,7 @@ def case_table() -> list[tuple[str, str, list[str], str]]:
         ("eval_episodes", TRAIN, ["runner.eval_episodes=0"], "runner.eval_episodes"),
         ("stop_at_success", TRAIN, ["runner.stop_at_success=1.5"], "runner.stop_at_success"),
         ("stop_after_evals", TRAIN, ["runner.stop_after_evals=0"], "runner.stop_after_evals"),
+        ("eval_gate", TRAIN, ["runner.eval_gate=1.5"], "runner.eval_gate=1.5"),
         ("success_metric", TRAIN, ["runner.success_metric=success_end"],
          "runner.success_metric='success_end': must be one of success_once, success_at_end"),
         ("rollout_steps", TRAIN, ["runner.rollout_steps=0"], "runner.rollout_steps"),

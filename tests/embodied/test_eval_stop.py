@@ -118,3 +118,43 @@ def test_bc_is_not_warned_of_equal_rewards_and_ppo_is():
         lines = [fake._no_signal.update({"train/reward_spread": 0.0}) for _ in range(6)]
         warned[cfg.algorithm.name] = [i for i, line in enumerate(lines) if line]
     assert warned == {"bc": [], "ppo": [4]}
+
+
+def test_the_eval_gate_waits_for_the_training_success():
+    """runner.eval_gate: hand-worked cases of the runner's rule (at the gate runs, below it and
+    with no episode ended it waits, no gate always runs), counted in the summary."""
+    from types import SimpleNamespace
+
+    from m2flow.embodied.config import RunnerConfig
+    from m2flow.embodied.runner import EmbodiedRunner
+
+    def wanted(gate, metrics, metric="success_once"):
+        fake = SimpleNamespace(cfg=SimpleNamespace(runner=RunnerConfig(
+            eval_gate=gate, success_metric=metric)), gated_evals=0)
+        return EmbodiedRunner.evaluation_wanted(fake, metrics), fake.gated_evals
+
+    assert wanted(0.7, {"env/success_once": 0.7}) == (True, 0)
+    assert wanted(0.7, {"env/success_once": 0.69}) == (False, 1)
+    assert wanted(0.7, {"env/episodes": 0.0}) == (False, 1)  # no episode ended
+    assert wanted(0.7, {"env/success_once": 0.9, "env/success_at_end": 0.5},
+                  metric="success_at_end") == (False, 1)
+    assert wanted(None, {}) == (True, 0)
+
+
+def test_a_gated_run_skips_its_scheduled_evaluations_and_trains_the_same(tmp_path, capsys):
+    """Pendulum never succeeds: with eval_interval=1 over 3 iterations, a gate of 0.5 leaves
+    only the last iteration's evaluation; without it all three run. Skipping them changes
+    nothing in training: both runs end with the same weights."""
+    common = ["env=gym_pendulum", "cluster=inprocess", "env.num_envs=2", "runner.rollout_steps=8",
+              "runner.num_iterations=3", "runner.eval_interval=1", "runner.eval_episodes=2",
+              "runner.progress_interval_s=0", "runner.progress_bar=false"]
+    ends = {}
+    for name, extra in (("gated", ["runner.eval_gate=0.5"]), ("every", [])):
+        assert train([*common, *extra, f"runner.log_dir={tmp_path / name}"]) == 0
+        ends[name] = len(_eval_lines(capsys.readouterr().out))
+    assert ends == {"gated": 1, "every": 3}
+    gated, every = (checkpoint.load(next((tmp_path / n).glob("*/*/checkpoints/last.pt")))
+                    for n in ("gated", "every"))
+    assert gated["global_step"] == every["global_step"] == 3 * 2 * 8
+    assert all(torch.equal(gated["learner"]["policy"][k], w)
+               for k, w in every["learner"]["policy"].items())
