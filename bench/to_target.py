@@ -12,6 +12,9 @@ its seed and its mode's overrides:
 - ``sequential`` / ``overlap``: ``runner.overlap_learner`` off / on;
 - ``confirmed``: a stop needs a second, larger evaluation to confirm it
   (``runner.stop_confirm_episodes=256``: its own 64 episodes first, then 192 more).
+- ``gated`` / ``gated-every-2``: a scheduled evaluation runs only once the iteration's
+  training success reaches 0.7 (``runner.eval_gate``); every 10 iterations, or every 2 (the
+  stop then comes within 2 iterations of the policy reaching it, not 10).
 
 ``--score N`` scores each run's handed-over ``last.pt`` with ``m2flow-eval ... episodes=N
 seed=0`` (the fixed initial states every policy is scored on): the figure a stop must not
@@ -48,6 +51,8 @@ MODES = {
     "sequential": ["runner.overlap_learner=false"],
     "overlap": ["runner.overlap_learner=true"],
     "confirmed": ["runner.stop_confirm_episodes=256"],
+    "gated": ["runner.eval_gate=0.7"],
+    "gated-every-2": ["runner.eval_gate=0.7", "runner.eval_interval=2"],
 }
 
 
