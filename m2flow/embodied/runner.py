@@ -26,6 +26,7 @@ from m2flow.embodied.algorithms import ALGORITHMS
 from m2flow.embodied.graph import monitor as plan_monitor
 from m2flow.embodied.layout import Layout
 from m2flow.embodied.no_signal import NoSignalWatch
+from m2flow.embodied.stop_rules import SuccessStop, confirms, gate_open
 from m2flow.embodied.workers.env_eval import EvalRound
 from m2flow.embodied.workers.env_worker import EnvWorker
 from m2flow.embodied.workers.episodes import EpisodeStats
@@ -378,11 +379,7 @@ class EmbodiedRunner(RunLoop):
     def evaluation_wanted(self, metrics: dict) -> bool:
         """``runner.eval_gate``: the iteration's training success reached it (an iteration in
         which no episode ended has none, and waits)."""
-        r = self.cfg.runner
-        if r.eval_gate is None:
-            return True
-        success = metrics.get(f"env/{r.success_metric}")
-        wanted = success is not None and success >= r.eval_gate
+        wanted = gate_open(metrics, self.cfg.runner)
         self.gated_evals += not wanted
         return wanted
 
@@ -450,43 +447,6 @@ class _Collection:
             self.seconds = time.perf_counter() - self._t0
             self._result = _merge(env_out)
         return self._result
-
-
-def confirms(out: dict, r) -> bool:
-    """Whether evaluation ``out`` (``eval/*``) reached ``runner.stop_at_success`` on fewer
-    episodes than ``runner.stop_confirm_episodes``, so a larger one must confirm it.
-
-    >>> from types import SimpleNamespace as R
-    >>> r = R(stop_at_success=0.9, stop_confirm_episodes=256, eval_episodes=64,
-    ...       success_metric="success_once")
-    >>> [confirms({"eval/success_once": s}, r) for s in (0.88, 0.91)]
-    [False, True]
-    >>> confirms({"eval/success_once": 0.95}, R(**{**vars(r), "stop_confirm_episodes": 0}))
-    False
-    >>> confirms({"eval/success_once": 0.95}, R(**{**vars(r), "eval_episodes": 4000}))
-    False
-    """
-    return (r.stop_at_success is not None and r.stop_confirm_episodes > r.eval_episodes
-            and out[f"eval/{r.success_metric}"] >= r.stop_at_success)
-
-
-class SuccessStop:
-    """``runner.stop_at_success`` with ``runner.stop_after_evals``: ``update`` (one
-    evaluation's success rate, ``metric``: ``runner.success_metric``) is True once ``evals``
-    evaluations in a row reached ``threshold`` (None: never)."""
-
-    def __init__(self, threshold: Optional[float], evals: int = 1, *,
-                 metric: str = "success_once"):
-        self.threshold, self.evals, self.metric, self.in_a_row = threshold, evals, metric, 0
-
-    def update(self, success: float) -> bool:
-        reached = self.threshold is not None and success >= self.threshold
-        self.in_a_row = self.in_a_row + 1 if reached else 0
-        return self.threshold is not None and self.in_a_row >= self.evals
-
-    def describe(self, success: float) -> str:
-        row = f" in {self.in_a_row} evaluations in a row" if self.in_a_row > 1 else ""
-        return f"eval/{self.metric} {success:.3f} >= runner.stop_at_success={self.threshold}{row}"
 
 
 def _sum(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:

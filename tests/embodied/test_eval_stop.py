@@ -5,7 +5,7 @@ import torch
 
 from m2flow.cli.train import main as train
 from m2flow.embodied.eval_protocol import can_reach
-from m2flow.embodied.runner import SuccessStop
+from m2flow.embodied.stop_rules import SuccessStop
 from m2flow.runs import checkpoint
 
 
