@@ -93,9 +93,10 @@ class RunnerConfig(RunnerBaseConfig):
     eval_gate: Optional[float] = None
     """A scheduled evaluation (every ``eval_interval``) runs only when the iteration's training
     success (``env/<success_metric>``: the episodes that ended in it, sampled actions) is at
-    least this; the last iteration's always runs. Early in a run the sampled training success
-    is at or above the mean-action evaluation's, so the evaluations it skips are ones that
-    could not have stopped the run. None: every scheduled evaluation runs."""
+    least this; the last iteration's always runs. The sampled training success follows the
+    mean-action evaluation's but is one iteration's few episodes, and can sit below it, so a
+    gate under the target skips hopeless evaluations at the risk of a later stop. None: every
+    scheduled evaluation runs."""
     eval_batch_invariant: bool = True
     """Evaluation with mean actions (training-time and ``m2flow-eval``) runs the policy on one
     env's observation at a time, so an episode's actions never depend on which episodes share
