@@ -25,7 +25,7 @@ class EnvConfig:
     name: str = MISSING
     """Registered env id, e.g. 'ManiSkill/PushCube-v1' or 'gym/Pendulum-v1'."""
     num_envs: int = 8
-    """Envs stepped together by one env worker (CPU simulators: one process each)."""
+    """Envs stepped together by one env worker (CPU simulators: in simulator processes)."""
     obs_mode: str = "state"
     """'state' (vector) or 'rgb' (camera image + state), if the simulator can render it."""
     control_mode: Optional[str] = None

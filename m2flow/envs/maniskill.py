@@ -10,10 +10,10 @@ Actions: the controller's normalised Box (``control_mode``; e.g. 4 for pd_ee_del
 Success: the task's own ``evaluate()["success"]``; an episode terminates on success unless
 ``ignore_terminations`` (then it runs to the time limit).
 
-Backends: on CPU (``sim_backend=cpu``) each env is one SAPIEN process (ManiSkill allows one
-CPU env per process), forked from a server that has imported torch, SAPIEN and ManiSkill once
-for all of them (:data:`PRELOAD`); on GPU (``sim_backend=gpu``) all envs are one native GPU
-batch.
+Backends: on CPU (``sim_backend=cpu``) each env is one SAPIEN process (or
+``envs_per_process`` envs to a process), forked from a server that has imported torch, SAPIEN
+and ManiSkill once for all of them (:data:`PRELOAD`); on GPU (``sim_backend=gpu``) all envs
+are one native GPU batch.
 """
 
 from __future__ import annotations
@@ -67,6 +67,13 @@ class ManiSkillEnvConfig(ProcessEnvConfig):
     acts from what the camera and proprio show."""
     make_args: Dict[str, Any] = field(default_factory=dict)
     """More keyword arguments of the task's ``gym.make`` (e.g. ``robot_uids``)."""
+    envs_per_process: int = 0
+    """CPU backend: envs one simulator process holds and steps one after another. 0 (the
+    default): one process per CPU core, the envs shared out among them; 1: a process per env,
+    stepped in parallel across cores. Where the envs outnumber the cores (16 on 2), a few
+    processes of several envs each spend less of a step on messages and context switches
+    (bench/README.md#envs_per_processpy). Every env steps as it would alone (its episodes
+    drawn from its own seeds); a crashed process discards all of its envs' episodes."""
 
 
 class ManiSkillEnv(BatchedEnv):
@@ -91,6 +98,10 @@ class ManiSkillEnv(BatchedEnv):
                 f"{', '.join(RENDER_BACKENDS)}; 'auto' renders only for image obs modes."
             )
         check_processes(cfg)
+        if cfg.envs_per_process < 0:
+            raise EnvError(f"env.envs_per_process={cfg.envs_per_process}: must be >= 0; give "
+                           "the envs one simulator process steps (1: a process per env; 0: "
+                           "one process per CPU core, the envs shared out among them).")
         if not 0.0 < cfg.visual_mesh_fraction <= 1.0:
             raise EnvError(
                 f"env.visual_mesh_fraction={cfg.visual_mesh_fraction!r}: keep a fraction of "
@@ -150,6 +161,7 @@ class ManiSkillEnv(BatchedEnv):
                 [make] * cfg.num_envs, processes=True, max_episode_steps=limit,
                 rebuild_options=REBUILD, timeout=cfg.step_timeout_s,
                 shared_memory=cfg.shared_memory, max_restarts=cfg.max_restarts,
+                envs_per_process=cfg.envs_per_process,
                 name=cfg.name,
             )
         else:
@@ -291,6 +303,9 @@ def _make_cpu_env(task: str, obs_mode: str, ignore_terminations: bool, kw: dict,
     from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
 
     torch.set_num_threads(1)  # one core per env process; the placement counts them
+    # an auto-reset (no seed) draws its episode from this env's own seed stream, not from the
+    # process's torch generator, which every env of a process would share
+    kw = {"enhanced_determinism": True, **kw}
     env = FreshResetContacts(gym.make(task, num_envs=1, sim_backend="physx_cpu", **kw))
     if visual_mesh_fraction < 1.0:
         from m2flow.envs import meshes

@@ -1,20 +1,21 @@
-"""Single gymnasium envs behind one interface, in this process or one subprocess each.
+"""Single gymnasium envs behind one interface, in this process or in subprocesses.
 
 A *slot* holds one env and steps it with same-step auto-reset: when an episode ends, the
 slot resets the env at once and returns the final observation beside the new episode's
-first one. ``LocalSlots`` keeps the envs in this process; ``ProcessSlots`` runs each in its
-own process (forkserver, so a live renderer in the parent is never forked) and survives a
-process that dies or hangs: it is killed, started again with the same env and the same reset
-options (the same task), and that env's step comes back marked ``discarded`` with the first
-observation of a fresh episode. Nothing from the lost episode is returned as if it were data.
+first one. ``LocalSlots`` keeps the envs in this process; ``ProcessSlots`` runs them in
+processes (forkserver, so a live renderer in the parent is never forked), one env each or
+``envs_per_process`` each, and survives a process that dies or hangs: it is killed, started
+again with the same envs and the same reset options (the same tasks), and each of its envs'
+steps comes back marked ``discarded`` with the first observation of a fresh episode. Nothing
+from a lost episode is returned as if it were data.
 
 The processes are forked from a *fork server* (:mod:`m2flow.envs.fork`) that imported once
 what every simulator process shares, so they start in milliseconds and share those modules'
 memory.
 
-Large observation arrays (images) come back through a shared-memory block per process instead
-of the pickled message (:mod:`m2flow.envs.shm`; ``shared_memory`` says which arrays), which the
-slots own: a restarted process attaches to its slot's block, and ``close`` unlinks them all.
+Large observation arrays (images) come back through a shared-memory block per env instead of
+the pickled message (:mod:`m2flow.envs.shm`; ``shared_memory`` says which arrays), which the
+slots own: a restarted process attaches to its envs' blocks, and ``close`` unlinks them all.
 """
 
 from __future__ import annotations
@@ -137,15 +138,30 @@ class LocalSlots:
             env.close()
 
 
+def processes_for(num_envs: int, envs_per_process: int) -> int:
+    """Envs per process for ``envs_per_process`` (0: as many processes as this process may
+    use cores, the envs shared out evenly; on 2 cores 16 envs run as 2 processes of 8).
+
+    >>> processes_for(16, 1), processes_for(16, 8), processes_for(5, 2)
+    (1, 8, 2)
+    """
+    if envs_per_process:
+        return envs_per_process
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return -(-num_envs // max(1, cores or 1))
+
+
 class ProcessSlots:
-    """One process per env, forked from a fork server; a process that dies or hangs past
-    ``timeout`` is replaced from the same server (a server that died is started again).
+    """Envs in processes forked from a fork server, ``envs_per_process`` in each (stepped one
+    after another there); a process that dies or hangs past ``timeout`` is replaced from the
+    same server (a server that died is started again), and every env of it starts a fresh
+    episode.
 
     Args:
         env_fns: picklable callables that each build one env; where they are
             :class:`EnvRecipe` objects, the server preloads the first one's ``preload`` modules.
         timeout: seconds a step or reset may take before the process counts as hung.
-        start_timeout: seconds a process may take to build its env.
+        start_timeout: seconds a process may take to build its envs.
         shared_memory: which observation arrays come back through a shared-memory block
             instead of the pickled message: 'auto' (default) those of at least
             :data:`m2flow.envs.shm.MIN_BYTES` (images), 'on' every fixed-shape array, 'off' none.
@@ -154,15 +170,25 @@ class ProcessSlots:
             :class:`SimulatorError` ends the run instead; 0: never restart.
         label: ``label(i, last reset options)`` names env i's simulator and task in that
             error (default: "env process i").
+        envs_per_process: envs each process holds (the last one may hold fewer); 0: one
+            process per core (:func:`processes_for`). One per process steps the envs in
+            parallel across cores; several per process spend less of each step on messages
+            and context switches where the envs outnumber the cores
+            (bench/README.md#envs_per_processpy).
     """
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], timeout: float = 300.0,
                  start_timeout: float = 600.0, shared_memory: str = "auto",
                  max_restarts: int = 3,
-                 label: Optional[Callable[[int, Optional[dict]], str]] = None):
+                 label: Optional[Callable[[int, Optional[dict]], str]] = None,
+                 envs_per_process: int = 1):
         if shared_memory not in shm.MODES:
             raise EnvError(f"env.shared_memory={shared_memory!r}: use one of {list(shm.MODES)} "
                            "('auto' sends images through shared memory, state as messages).")
+        if envs_per_process < 0:
+            raise EnvError(f"env.envs_per_process={envs_per_process}: must be >= 0; give the "
+                           "envs one simulator process steps (1: a process per env; 0: one "
+                           "process per core).")
         self.shared_memory = shared_memory
         self.env_fns = list(env_fns)
         self.timeout = timeout
@@ -174,22 +200,26 @@ class ProcessSlots:
         self.max_restarts = max_restarts
         self._label = label or (lambda i, options: f"env process {i}")
         n = len(self.env_fns)
-        self._in_a_row = [0] * n  # restarts of each process since its last finished episode
-        self._procs: list = [None] * n
-        self._conns: list = [None] * n
+        k = processes_for(n, envs_per_process)
+        self._groups = [list(range(i, min(i + k, n))) for i in range(0, n, k)]  # envs of each
+        m = len(self._groups)
+        self._in_a_row = [0] * m  # restarts of each process since its last finished episode
+        self._procs: list = [None] * m
+        self._conns: list = [None] * m
         self._seeds: list[Optional[int]] = [None] * n
         self._options: list[Optional[dict]] = [None] * n
-        self._sent = [False] * n
-        self._blocks: list[Optional[ObsBlock]] = [None] * n
-        for i in range(n):  # start all first: they build their envs in parallel
-            self._spawn(i)
+        self._sent = [False] * m
+        self._blocks: list[Optional[ObsBlock]] = [None] * n  # one per env
+        for p in range(m):  # start all first: they build their envs in parallel
+            self._spawn(p)
         try:
-            spaces = [self._recv(i, self.start_timeout, "start") for i in range(n)]
+            spaces = [s for p in range(m) for s in self._recv(p, self.start_timeout, "start")]
             for i, (obs_space, _) in enumerate(spaces):
                 fields, nbytes = shm.layout(obs_space, shared_memory)
                 if fields:
                     self._blocks[i] = ObsBlock.create(fields, nbytes, tag=str(i))
-                    self._attach(i)
+            for p in range(m):
+                self._attach(p)
         except (_Lost, SimulatorError) as e:
             self.close()
             raise SimulatorError(f"{e} (while building its env; no env was started)") from None
@@ -200,7 +230,8 @@ class ProcessSlots:
 
     @property
     def pids(self) -> list[int]:
-        return [p.pid for p in self._procs]
+        """Per env, the pid of the process that steps it."""
+        return [self._procs[p].pid for p, group in enumerate(self._groups) for _ in group]
 
     @property
     def shared_keys(self) -> list[tuple]:
@@ -219,52 +250,53 @@ class ProcessSlots:
 
     def reset_async(self, seeds: Sequence[Optional[int]],
                     options: Sequence[Optional[dict]]) -> None:
-        """Sends every process its reset; ``reset_wait`` collects the first obs."""
+        """Sends every process its envs' resets; ``reset_wait`` collects the first obs."""
         for i, (s, o) in enumerate(zip(seeds, options)):
             self._seeds[i], self._options[i] = s, o
-            self._send(i, ("reset", (s, o)))
+        for p, group in enumerate(self._groups):
+            self._send(p, ("reset", [(self._seeds[i], self._options[i]) for i in group]))
 
     def reset_wait(self) -> list:
         out = []
-        for i in range(len(self.env_fns)):
+        for p in range(len(self._groups)):
             try:
-                out.append(self._recv(i, self.timeout, "reset"))
+                out.extend(self._recv(p, self.timeout, "reset"))
             except _Lost as e:
-                out.append(self._restart(i, e))
+                out.extend(self._restart(p, e))
         return out
 
     def step_async(self, actions: np.ndarray) -> None:
-        for i, a in enumerate(actions):
-            self._send(i, ("step", a))
+        for p, group in enumerate(self._groups):
+            self._send(p, ("step", actions[group[0]:group[-1] + 1]))
 
     def step_wait(self) -> list[StepResult]:
         out = []
-        for i in range(len(self.env_fns)):
+        for p in range(len(self._groups)):
             try:
-                result = self._recv(i, self.timeout, "step")
+                results = self._recv(p, self.timeout, "step")
             except _Lost as e:
-                obs = self._restart(i, e)
-                result = StepResult(obs, obs, 0.0, False, True, False, discarded=True)
+                results = [StepResult(obs, obs, 0.0, False, True, False, discarded=True)
+                           for obs in self._restart(p, e)]
             else:
-                if result.terminated or result.truncated:
-                    self._in_a_row[i] = 0  # it finished an episode: it works
-            out.append(result)
+                if any(r.terminated or r.truncated for r in results):
+                    self._in_a_row[p] = 0  # it finished an episode: it works
+            out.extend(results)
         return out
 
     def close(self) -> None:
-        for i, conn in enumerate(self._conns):
+        for p, conn in enumerate(self._conns):
             try:
-                if self._sent[i]:  # a step in flight: its answer is not wanted
-                    self._procs[i].kill()
+                if self._sent[p]:  # a step in flight: its answer is not wanted
+                    self._procs[p].kill()
                 else:
                     conn.send(("close", None))
             except (OSError, ValueError):
                 pass
-        for p in self._procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        for proc in self._procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
         for conn in self._conns:
             conn.close()
         for block in self._blocks:  # after the joins: no process writes or attaches any more
@@ -272,11 +304,18 @@ class ProcessSlots:
                 block.close(unlink=True)
 
     # -- one process ---------------------------------------------------------------------
-    def _spawn(self, i: int) -> None:
+    def _name(self, p: int) -> str:
+        """'env process 3', or 'env process 1 (envs 8-15)' where it steps several."""
+        group = self._groups[p]
+        envs = f" (envs {group[0]}-{group[-1]})" if len(group) > 1 else ""
+        return f"env process {p}{envs}"
+
+    def _spawn(self, p: int) -> None:
+        fns = [self.env_fns[i] for i in self._groups[p]]
         for attempt in range(2):
             parent, child = mp.Pipe()
-            proc = ServerProcess(self.server, target=_serve, args=(child, self.env_fns[i]),
-                                  daemon=True, name=f"m2flow-env-{i}")
+            proc = ServerProcess(self.server, target=_serve, args=(child, fns),
+                                  daemon=True, name=f"m2flow-env-{p}")
             try:
                 proc.start()
                 break
@@ -287,91 +326,106 @@ class ProcessSlots:
                     continue  # it was dying when ensure_running looked: the next try relaunches
                 raise SimulatorError(
                     f"the fork server of the env processes (pid {self.server.pid}) did not "
-                    f"start env process {i} ({e!r}); if an import of its preload failed, its "
+                    f"start {self._name(p)} ({e!r}); if an import of its preload failed, its "
                     f"traceback is printed above. Preload: {self.server.preload}"
                 ) from None
         child.close()
-        self._procs[i], self._conns[i] = proc, parent
-        self._sent[i] = True  # its "ready" message is due
+        self._procs[p], self._conns[p] = proc, parent
+        self._sent[p] = True  # its "ready" message is due
 
-    def _attach(self, i: int) -> None:
-        """Tells process i (started) to write its large observations into its block."""
-        block = self._blocks[i]
-        self._send(i, ("attach", (block.name, block.fields, block.region_bytes)))
-        self._sent[i] = False  # not answered (a failure answers the next command)
+    def _attach(self, p: int) -> None:
+        """Tells process p (started) to write its envs' large observations into their blocks
+        (nothing where none of its envs has one)."""
+        blocks = [self._blocks[i] for i in self._groups[p]]
+        if not any(blocks):
+            return
+        self._send(p, ("attach", [(b.name, b.fields, b.region_bytes) if b else None
+                                  for b in blocks]))
+        self._sent[p] = False  # not answered (a failure answers the next command)
 
-    def _send(self, i: int, msg) -> None:
+    def _send(self, p: int, msg) -> None:
         try:
-            self._conns[i].send(msg)
+            self._conns[p].send(msg)
         except (OSError, ValueError):
             pass  # dead: the receive that follows finds out and restarts it
-        self._sent[i] = True
+        self._sent[p] = True
 
-    def _recv(self, i: int, timeout: float, what: str):
-        conn, proc = self._conns[i], self._procs[i]
+    def _recv(self, p: int, timeout: float, what: str) -> list:
+        conn, proc = self._conns[p], self._procs[p]
         deadline = time.monotonic() + timeout
         while not conn.poll(min(1.0, max(0.0, deadline - time.monotonic()))):
             if not proc.is_alive():
-                raise _Lost(f"env process {i} (pid {proc.pid}) died ({_exit(proc.exitcode)}) "
+                raise _Lost(f"{self._name(p)} (pid {proc.pid}) died ({_exit(proc.exitcode)}) "
                             f"during {what}")
             if time.monotonic() >= deadline:
-                raise _Lost(f"env process {i} (pid {proc.pid}) did not answer a {what} "
+                raise _Lost(f"{self._name(p)} (pid {proc.pid}) did not answer a {what} "
                             f"within {timeout:.0f} s (hung)")
-        return self._read(i, what)
+        return self._read(p, what)
 
-    def _read(self, i: int, what: str):
-        """Process i's answer (there is one to read), its observations out of its block."""
+    def _read(self, p: int, what: str) -> list:
+        """Process p's answer (there is one to read), one entry per env of it, their
+        observations out of their blocks."""
         try:
-            kind, payload = self._conns[i].recv()
+            kind, payload = self._conns[p].recv()
         except (EOFError, OSError):  # its end of the pipe closed: it is dying or dead
-            proc = self._procs[i]
+            proc = self._procs[p]
             proc.join(timeout=1.0)
-            raise _Lost(f"env process {i} (pid {proc.pid}) died ({_exit(proc.exitcode)}) "
+            raise _Lost(f"{self._name(p)} (pid {proc.pid}) died ({_exit(proc.exitcode)}) "
                         f"during {what}") from None
-        self._sent[i] = False
+        self._sent[p] = False
         if kind == "error":
-            raise SimulatorError(f"env process {i} raised during {what}:\n{payload}")
-        block = self._blocks[i]
-        if block is None or what == "start":
+            raise SimulatorError(f"{self._name(p)} raised during {what}:\n{payload}")
+        if what == "start":
             return payload
-        if not isinstance(payload, StepResult):
-            return block.take(payload, shm.OBS)
-        obs = block.take(payload.obs, shm.OBS)
-        same = payload.final_obs is payload.obs
-        final = obs if same else block.take(payload.final_obs, shm.FINAL_OBS)
-        return replace(payload, obs=obs, final_obs=final)
+        return [self._take(self._blocks[i], x) for i, x in zip(self._groups[p], payload)]
 
-    def _restart(self, i: int, cause: "_Lost"):
-        """Replaces process i; resets it as its last reset asked. Returns the new first obs.
-        A replacement lost before it answers that reset is replaced again, until process i
-        has been restarted ``max_restarts`` times in a row: then a SimulatorError names the
-        env, its task and the last error."""
+    @staticmethod
+    def _take(block: Optional[ObsBlock], answer):
+        """One env's answer with its observations read out of its block."""
+        if block is None:
+            return answer
+        if not isinstance(answer, StepResult):
+            return block.take(answer, shm.OBS)
+        obs = block.take(answer.obs, shm.OBS)
+        same = answer.final_obs is answer.obs
+        final = obs if same else block.take(answer.final_obs, shm.FINAL_OBS)
+        return replace(answer, obs=obs, final_obs=final)
+
+    def _restart(self, p: int, cause: "_Lost") -> list:
+        """Replaces process p; resets each of its envs as its last reset asked. Returns their
+        new first obs. A replacement lost before it answers that reset is replaced again,
+        until process p has been restarted ``max_restarts`` times in a row: then a
+        SimulatorError names its first env, that env's task and the last error."""
+        group = self._groups[p]
         while True:
-            n = self._in_a_row[i]
+            n = self._in_a_row[p]
             if n >= self.max_restarts:
                 why = (f"lost again after {n} restart{'s' * (n != 1)} in a row with no episode "
                        "finished" if n else "lost") + f" (env.max_restarts={self.max_restarts})"
-                raise SimulatorError(f"{self._label(i, self._options[i])}: its simulator process "
-                                     f"was {why}; not restarted any more. Last error: {cause}")
-            self._in_a_row[i] += 1
+                envs = ("" if len(group) == 1 else f" (and env {group[1]} with it)"
+                        if len(group) == 2 else f" (and envs {group[1]}-{group[-1]} with it)")
+                raise SimulatorError(f"{self._label(group[0], self._options[group[0]])}{envs}: "
+                                     f"its simulator process was {why}; not restarted any "
+                                     f"more. Last error: {cause}")
+            self._in_a_row[p] += 1
             self.restarts += 1
-            log.warning("%s; restarting it (its episode is discarded)", cause)
-            self._replace(i)
-            seed = self._seeds[i]
-            if seed is not None:
-                seed = (seed + RESTART_SEED_STRIDE * self.restarts) & 0x7FFFFFFF
+            lost = "its episode is" if len(group) == 1 else f"its {len(group)} episodes are"
+            log.warning("%s; restarting it (%s discarded)", cause, lost)
+            self._replace(p)
+            seeds = [None if self._seeds[i] is None else
+                     (self._seeds[i] + RESTART_SEED_STRIDE * self.restarts) & 0x7FFFFFFF
+                     for i in group]
             try:
-                self._recv(i, self.start_timeout, "start")
-                if self._blocks[i] is not None:
-                    self._attach(i)
-                self._send(i, ("reset", (seed, self._options[i])))
-                return self._recv(i, self.timeout, "reset")
+                self._recv(p, self.start_timeout, "start")
+                self._attach(p)
+                self._send(p, ("reset", [(s, self._options[i]) for s, i in zip(seeds, group)]))
+                return self._recv(p, self.timeout, "reset")
             except _Lost as e:  # the replacement was lost too
                 cause = e
 
-    def _replace(self, i: int) -> None:
-        """Kills process i if it lives on, and starts a new one from the server."""
-        proc = self._procs[i]
+    def _replace(self, p: int) -> None:
+        """Kills process p if it lives on, and starts a new one from the server."""
+        proc = self._procs[p]
         # exit code 255 without a death: its fork server died, and the process may live on
         if proc.is_alive() or proc.exitcode == 255:
             try:
@@ -379,8 +433,8 @@ class ProcessSlots:
             except ProcessLookupError:  # it ended (and was reaped) since is_alive looked
                 pass
         proc.join(timeout=10)
-        self._conns[i].close()
-        self._spawn(i)
+        self._conns[p].close()
+        self._spawn(p)
 
 
 def _exit(code: Optional[int]) -> str:
@@ -404,22 +458,24 @@ class _Lost(Exception):
     replacement is lost too)."""
 
 
-def _serve(conn, env_fn: Callable[[], gym.Env]) -> None:
-    """The subprocess: builds one env, then answers reset/step/close until told to stop, or
-    until its parent is gone (ended with its run: a Ctrl-C, a failure). A lost parent ends it
-    quietly: nobody is left to answer, and a traceback would only reach the terminal of a run
-    that is ending."""
+def _serve(conn, env_fns: Sequence[Callable[[], gym.Env]]) -> None:
+    """The subprocess: builds its envs, then answers reset/step/close for all of them (one
+    answer per env, in order) until told to stop, or until its parent is gone (ended with its
+    run: a Ctrl-C, a failure). A lost parent ends it quietly: nobody is left to answer, and a
+    traceback would only reach the terminal of a run that is ending."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     # what the server imported is shared copy-on-write: keep the garbage collector from
     # writing to (and so copying) every page of it
     gc.freeze()
+    envs: list = []
     try:
-        env = env_fn()
-        answer = ("ok", (env.observation_space, env.action_space))
+        for fn in env_fns:
+            envs.append(fn())
+        answer = ("ok", [(env.observation_space, env.action_space) for env in envs])
     except Exception:
         _answer(conn, ("error", traceback.format_exc()))
         return
-    block: Optional[ObsBlock] = None  # the parent's, once it says so
+    blocks: list = [None] * len(envs)  # the parent's, once it says so
     parent = _answer(conn, answer)
     while parent:
         try:
@@ -430,14 +486,14 @@ def _serve(conn, env_fn: Callable[[], gym.Env]) -> None:
         answer = None
         try:
             if cmd == "reset":
-                seed, options = arg
-                obs = env.reset(seed=seed, options=options)[0]
-                answer = ("ok", block.put(obs, shm.OBS) if block else obs)
+                obs = [env.reset(seed=seed, options=options)[0]
+                       for env, (seed, options) in zip(envs, arg)]
+                answer = ("ok", [b.put(o, shm.OBS) if b else o for b, o in zip(blocks, obs)])
             elif cmd == "step":
-                result = step_env(env, arg)
-                answer = ("ok", _put_step(block, result) if block else result)
+                results = [step_env(env, a) for env, a in zip(envs, arg)]
+                answer = ("ok", [_put_step(b, r) if b else r for b, r in zip(blocks, results)])
             elif cmd == "attach":
-                block = ObsBlock.attach(*arg)
+                blocks = [ObsBlock.attach(*a) if a else None for a in arg]
             elif cmd == "close":
                 break
         except Exception:
@@ -448,9 +504,11 @@ def _serve(conn, env_fn: Callable[[], gym.Env]) -> None:
         if answer is not None and not _answer(conn, answer):
             parent = False
     try:
-        if block is not None:
-            block.close()
-        env.close()
+        for block in blocks:
+            if block is not None:
+                block.close()
+        for env in envs:
+            env.close()
     except Exception:
         if parent:  # the parent reads it in its own error (a dead process)
             raise
@@ -475,7 +533,8 @@ def _put_step(block: ObsBlock, result: StepResult) -> StepResult:
 
 
 def check_processes(cfg: ProcessEnvConfig) -> None:
-    """Raises EnvError for ``step_timeout_s`` or ``shared_memory`` out of range: what the
+    """Raises EnvError for ``step_timeout_s``, ``max_restarts`` or ``shared_memory`` out of
+    range: what the
     ``check_config`` of an adapter with these settings calls, at start-up."""
     if not cfg.step_timeout_s > 0:
         raise EnvError(f"env.step_timeout_s={cfg.step_timeout_s}: must be > 0; give the seconds "

@@ -1,4 +1,4 @@
-"""A BatchedEnv over single gymnasium envs: one process per env, or all in this process.
+"""A BatchedEnv over single gymnasium envs: in simulator processes, or all in this process.
 
 Shared by every adapter whose simulator steps one env at a time (ManiSkill's CPU backend, any
 gymnasium id, LIBERO). Envs auto-reset in the step their episode ends (see
@@ -25,8 +25,8 @@ class GymVectorEnv(BatchedEnv):
 
     Args:
         env_fns: picklable callables that each build one env (Box or Dict observations).
-        processes: True: one subprocess per env, restarted if it dies or hangs; False: all
-            envs in this process.
+        processes: True: the envs in subprocesses (``envs_per_process`` each), a process
+            restarted if it dies or hangs; False: all envs in this process.
         max_episode_steps: the time limit the envs enforce, reported in ``spec``.
         rebuild_options: reset options that rebuild the simulator (``reset(rebuild=True)``).
         timeout: with processes, seconds a step or reset may take before the process counts
@@ -38,6 +38,7 @@ class GymVectorEnv(BatchedEnv):
         max_restarts: with processes, restarts of one process in a row before the run ends
             (see :class:`ProcessSlots`).
         name: the env's name in errors (e.g. 'ManiSkill/PushCube-v1').
+        envs_per_process: with processes, envs each process steps (see :class:`ProcessSlots`).
     """
 
     def __init__(
@@ -52,13 +53,15 @@ class GymVectorEnv(BatchedEnv):
         shared_memory: str = "auto",
         max_restarts: int = 3,
         name: str = "",
+        envs_per_process: int = 1,
     ):
         self.num_envs = len(env_fns)
         self.rebuild_options = rebuild_options
         self.steps_in_background = processes
         self.name, self.tasks = name, tuple(tasks)
         self.slots = (ProcessSlots(env_fns, timeout=timeout, shared_memory=shared_memory,
-                                   max_restarts=max_restarts, label=self._label)
+                                   max_restarts=max_restarts, label=self._label,
+                                   envs_per_process=envs_per_process)
                       if processes else LocalSlots(env_fns))
         self.spec = _spec(self.slots, max_episode_steps, tuple(tasks))
 
@@ -72,7 +75,7 @@ class GymVectorEnv(BatchedEnv):
 
     @property
     def restarts(self) -> int:
-        """Simulator processes replaced so far (each one discarded an episode)."""
+        """Simulator processes replaced so far (each one discarded its envs' episodes)."""
         return self.slots.restarts
 
     def reset(self, seed: Optional[Sequence[int]] = None, *, rebuild: bool = False,

@@ -148,6 +148,8 @@ def case_table() -> list[tuple[str, str, list[str], str]]:
          "runner.stall_timeout_s=-5.0: must be > 0, or null"),
         ("image_size", TRAIN, ["env.image_size=0"], "env.image_size"),
         ("step_timeout", TRAIN, ["env.step_timeout_s=0"], "env.step_timeout_s"),
+        ("envs_per_process", TRAIN, ["env.envs_per_process=-1"],
+         "env.envs_per_process=-1: must be >= 0"),
         ("visual_mesh_fraction", TRAIN, ["env.visual_mesh_fraction=0"],
          "env.visual_mesh_fraction"),
         ("max_episode_steps", TRAIN, ["env.max_episode_steps=0"], "env.max_episode_steps"),
