@@ -303,6 +303,8 @@ def _make_cpu_env(task: str, obs_mode: str, ignore_terminations: bool, kw: dict,
     from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
 
     torch.set_num_threads(1)  # one core per env process; the placement counts them
+    if kw.get("render_backend") == "none":
+        _keep_a_render_material()
     # an auto-reset (no seed) draws its episode from this env's own seed stream, not from the
     # process's torch generator, which every env of a process would share
     kw = {"enhanced_determinism": True, **kw}
@@ -313,6 +315,24 @@ def _make_cpu_env(task: str, obs_mode: str, ignore_terminations: bool, kw: dict,
         meshes.install(env, visual_mesh_fraction)
     return CPUGymWrapper(_flatten(env, obs_mode, privileged),
                          ignore_terminations=ignore_terminations)
+
+
+_RENDER_MATERIALS: list = []  # this process's kept material (see _keep_a_render_material)
+
+
+def _keep_a_render_material() -> None:
+    """Keeps one SAPIEN render material alive for the life of this process.
+
+    Without a render device (``render_backend='none'``, state observations) SAPIEN sets up
+    its material resources whenever a material is made while none is alive, and frees them
+    with the last one. A scene rebuild (every evaluation reset, ``runner.exact_resets``)
+    frees the old scene's materials, and PushCube's cube and goal then pay that set-up for
+    each of their three materials, in every env; with one material kept they reuse it
+    (``bench/rebuild.py``). Nothing is rendered either way."""
+    if not _RENDER_MATERIALS:
+        import sapien
+
+        _RENDER_MATERIALS.append(sapien.render.RenderMaterial())
 
 
 class FreshResetContacts(gym.Wrapper):
