@@ -154,7 +154,7 @@ class ManiSkillEnv(BatchedEnv):
             fraction = _mesh_fraction(cfg, kw["render_backend"])
             make = EnvRecipe(
                 functools.partial(_make_cpu_env, task, cfg.obs_mode, cfg.ignore_terminations, kw,
-                                  fraction, cfg.privileged_state),
+                                  fraction, cfg.privileged_state, own_process=True),
                 preload=PRELOAD,
             )
             self._impl: BatchedEnv = GymVectorEnv(
@@ -297,13 +297,16 @@ def _render_backend(cfg: ManiSkillEnvConfig, sim_backend: str) -> str:
 
 
 def _make_cpu_env(task: str, obs_mode: str, ignore_terminations: bool, kw: dict,
-                  visual_mesh_fraction: float = 1.0, privileged: bool = False) -> gym.Env:
-    """Runs in a subprocess: one single-env ManiSkill task with numpy, unbatched I/O."""
+                  visual_mesh_fraction: float = 1.0, privileged: bool = False, *,
+                  own_process: bool = False) -> gym.Env:
+    """Runs in a subprocess: one single-env ManiSkill task with numpy, unbatched I/O.
+    ``own_process``: the process holds only envs of this config (an env server's), so it may
+    keep a render material for its life (:func:`_keep_a_render_material`)."""
     import mani_skill.envs  # noqa: F401
     from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
 
     torch.set_num_threads(1)  # one core per env process; the placement counts them
-    if kw.get("render_backend") == "none":
+    if own_process and kw.get("render_backend") == "none":
         _keep_a_render_material()
     # an auto-reset (no seed) draws its episode from this env's own seed stream, not from the
     # process's torch generator, which every env of a process would share
@@ -328,7 +331,9 @@ def _keep_a_render_material() -> None:
     with the last one. A scene rebuild (every evaluation reset, ``runner.exact_resets``)
     frees the old scene's materials, and PushCube's cube and goal then pay that set-up for
     each of their three materials, in every env; with one material kept they reuse it
-    (``bench/rebuild.py``). Nothing is rendered either way."""
+    (``bench/rebuild.py``). Nothing is rendered either way; but the kept material holds
+    SAPIEN to no render device, and a renderer on a device fails in that process afterwards
+    ("only supports single-GPU rendering"): only processes of envs that never render keep one."""
     if not _RENDER_MATERIALS:
         import sapien
 

@@ -315,7 +315,9 @@ def test_the_updates_time_inside_a_calibration_run_corrects_the_update_at_its_th
     one_thread = label.replace("learner any core 2t", "learner any core 1t")
     plain = {pr.plan.label(g): pr for pr in search(g, models_for(p, g), node) if pr.feasible}
     assert plain[label].busy["learner"] == pytest.approx(0.2)
-    cfg = load_run_config("maniskill_pushcube_ppo_mlp")  # cluster=local: learner on 2 cores
+    # cluster=local with its learner on 2 cores (the default job gives its MLP's learner one)
+    cfg = load_run_config("maniskill_pushcube_ppo_mlp",
+                          ["cluster.placement.components.learner.cpus=2"])
     measured = plain[label].iteration_s + 0.3 + 0.1  # 0.3 s slower update, 0.1 s framework
     p.facts["calibration"] = calibration(cfg.cluster, g, [
         (1, False, measured, [measured], {"learner_learn": 0.5, "env_step": 1.0})])
