@@ -10,6 +10,8 @@ as they end):
   rgb fast 128 agent fast, the agent view alone (env.wrist_camera=false;
                      libero_spatial_ppo_cnn's look)
   rgb fast 64 agent  the same at 64 px
+  rgb fast 64 chunk 8  fast at 64 px, both cameras, stepped in action chunks of 8 (ChunkedEnv,
+                     as the tiny OFT recipes step): a chunk's 7 inner steps render no frames
   state              physics only, nothing rendered
 
 Two parts, each in interleaved rounds (this machine's speed drifts, and it is shared): first
@@ -43,6 +45,7 @@ LOOKS = {  # name -> LiberoEnvConfig settings
                                wrist_camera=False),
     "rgb fast 64 agent": dict(obs_mode="rgb", image_size=64, render_quality="fast",
                               wrist_camera=False),
+    "rgb fast 64 chunk 8": dict(obs_mode="rgb", image_size=64, render_quality="fast", chunk=8),
     "state": dict(obs_mode="state"),
 }
 BASE = "rgb standard 128"
@@ -56,17 +59,25 @@ def rates(envs: dict, steps: int, rounds: int) -> dict:
     out = {key: [] for key in envs}
     for rnd in range(rounds + 1):
         for key, env in envs.items():
-            n = env.num_envs
+            n, k = env.num_envs, getattr(env, "chunk", 1)
+            shape = (n, 7) if k == 1 else (n, k, 7)
             t = time.perf_counter()
-            for _ in range(WARMUP_STEPS if rnd == 0 else steps):
-                env.step(torch.rand(n, 7) * 2 - 1)
+            for _ in range(-(-(WARMUP_STEPS if rnd == 0 else steps) // k)):
+                env.step(torch.rand(shape) * 2 - 1)
             if rnd > 0:
-                out[key].append(steps * n / (time.perf_counter() - t))
+                out[key].append(-(-steps // k) * k * n / (time.perf_counter() - t))
     return {key: statistics.median(r) for key, r in out.items()}
 
 
 def build(suite: str, look: str, n: int):
-    env = make_env(env_config(name=f"LIBERO/{suite}", num_envs=n, **LOOKS[look]))
+    settings = dict(LOOKS[look])
+    chunk = settings.pop("chunk", 1)
+    env = make_env(env_config(name=f"LIBERO/{suite}", num_envs=n, **settings))
+    if chunk > 1:
+        from m2flow.envs.chunked import ChunkedEnv
+
+        env = ChunkedEnv(env)
+        env.chunk = chunk
     obs = env.reset(seed=list(range(n)))["obs"]
     return env, obs
 

@@ -63,6 +63,10 @@ class BatchedEnv(ABC):
     steps_in_background: bool = False
     """True when ``step_async`` returns while the simulator runs elsewhere (processes), so the
     caller can do other work (and start other envs) until ``step_wait``."""
+    skips_frames: bool = False
+    """True when ``step_async(action, frames=False)`` is understood: nobody reads the step's
+    images (an action chunk's inner step), so the simulator may leave them unrendered
+    (``ChunkedEnv`` asks it of every step but a chunk's last)."""
     episode_clocks: bool = False
     """True when ``start_episodes_at`` can set how far each env is into its episode
     (``runner.stagger_episodes`` needs it)."""

@@ -18,6 +18,10 @@ chunk (n, K, A) runs K steps; the result is one transition per chunk, as the lea
 
 After an episode ends inside a chunk, the env (auto-reset) runs the chunk's remaining actions
 in its next episode; that episode's bookkeeping starts from there.
+
+Only the last step's observation and the one an episode ended in are read, so an env that
+``skips_frames`` is told that a chunk's other steps need no images (``frames=False``): with
+K=8 it renders one step in 8 (``frames_key`` renders every step).
 """
 
 from __future__ import annotations
@@ -72,7 +76,14 @@ class ChunkedEnv(BatchedEnv):
             self.env.step_async(action)
         else:  # the first step starts now, the others in step_wait
             self._chunk = action
-            self.env.step_async(action[:, 0])
+            self._step_async(action, 0)
+
+    def _step_async(self, chunk: torch.Tensor, j: int) -> None:
+        """Starts step ``j`` of ``chunk``; its frames are wanted only if it is the last."""
+        if self.env.skips_frames and self.frames_key is None and j + 1 < chunk.shape[1]:
+            self.env.step_async(chunk[:, j], frames=False)
+        else:
+            self.env.step_async(chunk[:, j])
 
     def step_wait(self) -> TensorDict:
         return step_wait_all([self])[0]
@@ -98,7 +109,7 @@ def step_wait_all(envs: Sequence[ChunkedEnv]) -> list[TensorDict]:
             if j < (1 if c is None else c.shape[1]):
                 out.append(e.env.step_wait())
                 if c is not None and j + 1 < c.shape[1]:
-                    e.env.step_async(c[:, j + 1])
+                    e._step_async(c, j + 1)
     return [out[0] if c is None else combine(out, e.frames_key)
             for e, c, out in zip(envs, chunks, outs)]
 

@@ -378,11 +378,32 @@ class LiberoTaskEnv(gym.Env):
         return self._obs(obs), {"init_state": idx}
 
     def step(self, action):
-        obs, _, _, _ = self.env.step(np.asarray(action, dtype=np.float64))
+        return self._step(action, frames=True)
+
+    def step_without_frames(self, action):
+        """:meth:`step`, for a step whose frames nobody reads (a chunk's inner step): the
+        cameras are not rendered and its images are black, except where the episode ends.
+
+        - A step that reaches the time limit renders as :meth:`step` does (its final frames
+          are what a critic bootstraps from), so they are the same frames.
+        - A step that ends in success renders its final frames afterwards, from the state the
+          episode ended in. robosuite samples its cameras within the step, one physics substep
+          in, so these frames differ slightly from :meth:`step`'s; a terminal observation's
+          value is never bootstrapped, and recorded videos render every step.
+
+        Rendering moves no state: the physics, the proprio and the privileged state are
+        :meth:`step`'s, as are the frames of the next step that renders."""
+        return self._step(action, frames=self.t + 1 >= self.max_steps)
+
+    def _step(self, action, frames: bool):
+        with frames_unrendered(self.render and not frames):
+            obs, _, _, _ = self.env.step(np.asarray(action, dtype=np.float64))
         self.t += 1
         success = bool(self.env.check_success())
         terminated = success and not self.ignore_terminations
         truncated = self.t >= self.max_steps and not terminated
+        if self.render and not frames and terminated:
+            obs = self.env.env._get_observations(force_update=True)
         return self._obs(obs), float(success), terminated, truncated, {"success": success}
 
     def _obs(self, obs: dict) -> dict:

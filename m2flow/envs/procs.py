@@ -70,9 +70,15 @@ class SimulatorError(RuntimeError):
     """A simulator raised an exception (a bug or bad input, not a crash): never retried."""
 
 
-def step_env(env: gym.Env, action) -> StepResult:
-    """Steps ``env`` and resets it if the episode ended (same-step auto-reset)."""
-    obs, reward, terminated, truncated, info = env.step(action)
+def step_env(env: gym.Env, action, frames: bool = True) -> StepResult:
+    """Steps ``env`` and resets it if the episode ended (same-step auto-reset).
+
+    ``frames=False``: nobody reads this step's images (an action chunk's inner step), so an
+    env that defines ``step_without_frames(action)`` (LIBERO's) takes that step instead and
+    need not render them; any other env steps as usual.
+    """
+    step = env.step if frames else getattr(env, "step_without_frames", env.step)
+    obs, reward, terminated, truncated, info = step(action)
     result = StepResult(obs, obs, float(reward), bool(terminated), bool(truncated),
                         bool(np.asarray(info.get("success", False)).any()))
     if terminated or truncated:
@@ -126,12 +132,12 @@ class LocalSlots:
         (seeds, options), self._reset_args = self._reset_args, None
         return self.reset(seeds, options)
 
-    def step_async(self, actions: np.ndarray) -> None:
-        self._actions = actions
+    def step_async(self, actions: np.ndarray, frames: bool = True) -> None:
+        self._actions = actions, frames
 
     def step_wait(self) -> list[StepResult]:
-        actions, self._actions = self._actions, None
-        return [step_env(env, a) for env, a in zip(self.envs, actions)]
+        (actions, frames), self._actions = self._actions, None
+        return [step_env(env, a, frames) for env, a in zip(self.envs, actions)]
 
     def close(self) -> None:
         for env in self.envs:
@@ -265,9 +271,10 @@ class ProcessSlots:
                 out.extend(self._restart(p, e))
         return out
 
-    def step_async(self, actions: np.ndarray) -> None:
+    def step_async(self, actions: np.ndarray, frames: bool = True) -> None:
+        """Starts a step of every env; ``frames``: see :func:`step_env`."""
         for p, group in enumerate(self._groups):
-            self._send(p, ("step", actions[group[0]:group[-1] + 1]))
+            self._send(p, ("step", (actions[group[0]:group[-1] + 1], frames)))
 
     def step_wait(self) -> list[StepResult]:
         out = []
@@ -490,7 +497,8 @@ def _serve(conn, env_fns: Sequence[Callable[[], gym.Env]]) -> None:
                        for env, (seed, options) in zip(envs, arg)]
                 answer = ("ok", [b.put(o, shm.OBS) if b else o for b, o in zip(blocks, obs)])
             elif cmd == "step":
-                results = [step_env(env, a) for env, a in zip(envs, arg)]
+                actions, frames = arg
+                results = [step_env(env, a, frames) for env, a in zip(envs, actions)]
                 answer = ("ok", [_put_step(b, r) if b else r for b, r in zip(blocks, results)])
             elif cmd == "attach":
                 blocks = [ObsBlock.attach(*a) if a else None for a in arg]

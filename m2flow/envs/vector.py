@@ -113,9 +113,12 @@ class GymVectorEnv(BatchedEnv):
         self.step_async(action)
         return self.step_wait()
 
-    def step_async(self, action: torch.Tensor) -> None:
+    skips_frames = True
+
+    def step_async(self, action: torch.Tensor, *, frames: bool = True) -> None:
         act = self.clip_action(action.detach().float().cpu()).numpy()
-        self.slots.step_async(act.reshape((self.num_envs, *self.slots.action_space.shape)))
+        self.slots.step_async(act.reshape((self.num_envs, *self.slots.action_space.shape)),
+                              frames)
 
     def step_wait(self) -> TensorDict:
         results: list[StepResult] = self.slots.step_wait()

@@ -234,6 +234,57 @@ def test_a_policy_reading_wrist_rgb_is_refused_at_start_up_without_the_wrist_cam
     check(policy_config(name=policy), env_config(name="LIBERO/libero_spatial", obs_mode="rgb"))
 
 
+def plain_steps(env, seeds, tasks, actions):
+    """Resets ``env`` and steps it one action at a time, every frame rendered: each step's
+    result (the independent computation a chunk's frames are checked against)."""
+    env.reset(seed=seeds, task=tasks)
+    return [env.step(a) for a in actions.unbind(1)]
+
+
+def test_a_chunks_inner_steps_skip_their_frames_and_change_nothing_else(rgb_env):
+    from m2flow.envs.chunked import ChunkedEnv
+
+    seeds, tasks = [4, 9], [2, 5]
+    chunk = torch.from_numpy(np.random.RandomState(1).uniform(-0.5, 0.5, (2, 8, 7))).float()
+    plain = plain_steps(rgb_env, seeds, tasks, chunk)
+    # an inner step on its own: black frames, the same physics as the rendered step
+    rgb_env.reset(seed=seeds, task=tasks)
+    rgb_env.step_async(chunk[:, 0], frames=False)
+    inner = rgb_env.step_wait()
+    assert inner["obs", "rgb"].sum() == 0 and inner["obs", "wrist_rgb"].sum() == 0
+    assert plain[0]["obs", "rgb"].float().std() > 10
+    assert torch.equal(inner["obs", "state"], plain[0]["obs", "state"])
+    # the whole chunk (7 steps without frames, the last with): what the policy acts on next
+    # is the plain loop's last observation, to the pixel
+    rgb_env.reset(seed=seeds, task=tasks)
+    out = ChunkedEnv(rgb_env).step(chunk)
+    for key in ("rgb", "wrist_rgb", "state"):
+        assert torch.equal(out["obs", key], plain[-1]["obs", key]), key
+        assert torch.equal(out["next", "obs", key], plain[-1]["next", "obs", key]), key
+    assert torch.equal(out["next", "reward"], sum(p["next", "reward"] for p in plain))
+
+
+def test_an_episode_that_times_out_inside_a_chunk_ends_on_its_rendered_frames():
+    from m2flow.envs.chunked import ChunkedEnv
+
+    env = make_env(env_config(name="LIBERO/libero_spatial", num_envs=1, obs_mode="rgb",
+                              image_size=SIZE, settle_steps=0, max_episode_steps=3))
+    try:
+        chunk = torch.from_numpy(np.random.RandomState(2).uniform(-0.5, 0.5, (1, 5, 7))).float()
+        plain = plain_steps(env, [6], [1], chunk)
+        assert plain[2]["next", "truncated"].item()  # step 3 of 5 ends the episode
+        env.reset(seed=[6], task=[1])
+        out = ChunkedEnv(env).step(chunk)
+        assert out["next", "truncated"].item() and out["next", "num_steps"].item() == 3
+        final = out["next", "obs", "rgb"]  # the frames a critic bootstraps from
+        assert final.float().std() > 10
+        assert torch.equal(final, plain[2]["next", "obs", "rgb"])
+        assert torch.equal(out["next", "obs", "wrist_rgb"], plain[2]["next", "obs", "wrist_rgb"])
+        assert torch.equal(out["obs", "rgb"], plain[-1]["obs", "rgb"])  # the next episode's
+    finally:
+        env.close()
+
+
 def test_the_same_seed_gives_the_same_scene(rgb_env):
     first = rgb_env.reset(seed=[7, 7], task=[3, 3])["obs"]
     # two processes, same task and seed: the same scene, to the pixel
