@@ -387,19 +387,31 @@ class MetaWorldTaskEnv(gym.Env):
         return self._obs(obs), {}
 
     def step(self, action):
+        return self._step(action, frames=True)
+
+    def step_without_frames(self, action):
+        """:meth:`step`, for a step whose frame nobody reads (a chunk's inner step): its
+        ``rgb`` is black, unless the episode ends in it. The frame is rendered after the step
+        from its end state, so every frame that is rendered is :meth:`step`'s."""
+        return self._step(action, frames=False)
+
+    def _step(self, action, frames: bool):
         obs, reward, _, _, info = self.env.step(np.asarray(action, dtype=np.float64))
         self.t += 1
         success = bool(info["success"])
         terminated = success and not self.cfg.ignore_terminations
         truncated = self.t >= self.max_steps and not terminated
         reward = float(success) if self.sparse else float(reward)
-        return self._obs(obs), reward, terminated, truncated, {"success": success}
+        return (self._obs(obs, frames or terminated or truncated), reward, terminated, truncated,
+                {"success": success})
 
-    def _obs(self, obs: np.ndarray) -> dict:
+    def _obs(self, obs: np.ndarray, frame: bool = True) -> dict:
         state = obs.astype(np.float32)
         out = {keys.leaf(keys.TASK): np.int64(self.task)}
         if self.render_rgb:
-            out[keys.leaf(keys.RGB)] = self.render_frame()
+            size = self.cfg.image_size
+            out[keys.leaf(keys.RGB)] = (self.render_frame() if frame
+                                        else np.zeros((size, size, 3), np.uint8))
             if self.cfg.privileged_state:
                 out[keys.leaf(keys.PRIVILEGED)] = state
             state = state[:PROPRIO_DIM]

@@ -147,6 +147,35 @@ def test_rgb_is_metaworlds_own_render_from_rlinfs_camera():
         env.close()
 
 
+def test_a_chunks_inner_steps_render_nothing_and_change_nothing_else():
+    """Chunks of 4 through ChunkedEnv against the same actions one at a time (every frame
+    rendered): the frames a policy acts on, and the final frame of an episode that times out
+    inside a chunk (step 6 of 8), are the plain loop's to the pixel; an inner step's is black."""
+    from m2flow.envs.chunked import ChunkedEnv
+
+    env = make_env(env_config(name="MetaWorld/push-v3", num_envs=2, obs_mode="rgb",
+                              image_size=32, max_episode_steps=6))
+    try:
+        actions = torch.from_numpy(np.random.RandomState(0).uniform(-1, 1, (2, 8, 4))).float()
+        env.reset(seed=[3, 4])
+        plain = [env.step(a) for a in actions.unbind(1)]
+        assert plain[5]["next", "truncated"].all() and not plain[4]["next", "done"].any()
+        env.reset(seed=[3, 4])
+        env.step_async(actions[:, 0], frames=False)
+        inner = env.step_wait()
+        assert inner["obs", "rgb"].sum() == 0 and plain[0]["obs", "rgb"].float().std() > 10
+        assert torch.equal(inner["obs", "state"], plain[0]["obs", "state"])
+        env.reset(seed=[3, 4])
+        chunked = ChunkedEnv(env)
+        first, second = chunked.step(actions[:, :4]), chunked.step(actions[:, 4:])
+        assert torch.equal(first["obs", "rgb"], plain[3]["obs", "rgb"])
+        assert torch.equal(second["next", "obs", "rgb"], plain[5]["next", "obs", "rgb"])
+        assert torch.equal(second["obs", "rgb"], plain[7]["obs", "rgb"])
+        assert (second["next", "num_steps"] == 2).all()
+    finally:
+        env.close()
+
+
 def _task_of(sim):
     from metaworld import _encode_task
 
