@@ -60,6 +60,11 @@ def markdown(report: dict) -> str:
                      f"| {t['success_at_end']:.3f} | {t['episodes']} | {t['mean_length']:.1f} |")
     lines.append(f"| | **mean over tasks** | **{report['mean_success_once']:.3f}** | "
                  f"**{report['mean_success_at_end']:.3f}** | {report['episodes']} | |")
+    if report.get("groups"):  # e.g. Meta-World's difficulty levels, as RLinf's MT50 table
+        lines += ["", "| group | tasks | success_once | success_at_end | episodes |",
+                  "|---|---:|---:|---:|---:|"]
+        lines += [f"| {g['group']} | {g['tasks']} | {g['success_once']:.3f} | "
+                  f"{g['success_at_end']:.3f} | {g['episodes']} |" for g in report["groups"]]
     return "\n".join(lines) + "\n"
 
 

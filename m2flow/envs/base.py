@@ -37,6 +37,9 @@ class EnvSpec:
     tasks: tuple[str, ...] = ()
     """Language instruction of each task the env can run (``("obs", "task")`` indexes it);
     empty for a one-task env. Envs with tasks take ``reset(..., task=[...])``."""
+    task_groups: tuple[str, ...] = ()
+    """A group label per task of ``tasks`` (Meta-World's difficulty: 'easy', ...), by which
+    the evaluation report also averages, as published tables do; empty: no groups."""
 
 
 class BatchedEnv(ABC):

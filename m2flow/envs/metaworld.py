@@ -63,7 +63,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import List, Optional
 
 import gymnasium as gym
@@ -322,6 +322,7 @@ class MetaWorldEnv(GymVectorEnv):
                          name=cfg.name)
         self.task_names = chosen
         """Meta-World's name of each task of ``spec.tasks`` (e.g. 'reach-v3')."""
+        self.spec = replace(self.spec, task_groups=tuple(difficulty(t) for t in chosen))
 
 
 class MetaWorldTaskEnv(gym.Env):

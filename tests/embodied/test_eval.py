@@ -124,7 +124,7 @@ def test_videos_of_a_chunked_policy_have_every_env_step(tmp_path):
 
 
 def _two_task_protocol(episodes, per_task: int, first_episode: int = 0,
-                       write=lambda line: None):
+                       write=lambda line: None, groups: tuple = ()):
     """``run_protocol`` over a stand-in runner of a two-task env with 4 envs on one env
     worker: ``episodes(per_rank)`` gives each round's ``EvalEpisode`` list (one rank)."""
     from types import SimpleNamespace
@@ -133,7 +133,8 @@ def _two_task_protocol(episodes, per_task: int, first_episode: int = 0,
     from m2flow.runs.logger import Progress
 
     class Runner:
-        spec = SimpleNamespace(tasks=("push it", "pull it"), max_episode_steps=4)
+        spec = SimpleNamespace(tasks=("push it", "pull it"), max_episode_steps=4,
+                               task_groups=groups)
         layout = SimpleNamespace(env_workers=1, num_envs=4)  # the run's shape it reads
         session = SimpleNamespace(progress=lambda desc, total, bar=True: Progress(
             desc, total, write=write, every_s=0))
@@ -163,7 +164,7 @@ def test_the_report_counts_success_once_and_at_end_per_task(tmp_path):
     report = _two_task_protocol(
         lambda per_rank: [EvalEpisode(seed=s, success_once=o, success_at_end=e, discarded=d)
                           for s, (o, e, d) in zip(per_rank[0].seeds, outcomes)],
-        per_task=2, write=lines.append)
+        per_task=2, write=lines.append, groups=("hard", "easy"))
     assert lines[-1].startswith("eval LIBERO/x: 4/4 ep | success 1.00/0.67 | task 2/2")
     write_report(report, tmp_path)
     saved = json.loads((tmp_path / "results.json").read_text())
@@ -176,6 +177,9 @@ def test_the_report_counts_success_once_and_at_end_per_task(tmp_path):
     assert "| success_once | success_at_end |" in table
     assert "| 0 | push it | 1.000 | 0.500 | 2 |" in table
     assert "| **mean over tasks** | **1.000** | **0.750** | 3 |" in table
+    # the env's task groups (Meta-World's difficulty): a mean per group, in the tasks' order
+    assert [g["group"] for g in saved["groups"]] == ["hard", "easy"]
+    assert "| hard | 1 | 1.000 | 0.500 | 2 |\n| easy | 1 | 1.000 | 1.000 | 1 |" in table
 
 
 def test_first_episode_moves_every_episode_to_later_initial_states(tmp_path):

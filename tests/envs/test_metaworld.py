@@ -147,6 +147,22 @@ def test_rgb_is_metaworlds_own_render_from_rlinfs_camera():
         env.close()
 
 
+def test_mt50_labels_each_task_with_its_difficulty_for_the_report():
+    """Seo et al.'s split as RLinf's MT50 table counts it: 28 easy, 11 medium, 6 hard and 5
+    very hard tasks, each label on its own task (the report's per-group means read these)."""
+    from collections import Counter
+
+    env = make_env(env_config(name="MetaWorld/MT50", num_envs=1, obs_mode="state"))
+    try:
+        groups, names = env.spec.task_groups, env.task_names
+    finally:
+        env.close()
+    assert Counter(groups) == {"easy": 28, "medium": 11, "hard": 6, "very_hard": 5}
+    label = dict(zip(names, groups))
+    assert (label["reach-v3"], label["basketball-v3"], label["pick-place-v3"],
+            label["shelf-place-v3"]) == ("easy", "medium", "hard", "very_hard")
+
+
 def test_a_chunks_inner_steps_render_nothing_and_change_nothing_else():
     """Chunks of 4 through ChunkedEnv against the same actions one at a time (every frame
     rendered): the frames a policy acts on, and the final frame of an episode that times out
