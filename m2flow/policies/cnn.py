@@ -269,8 +269,7 @@ class GaussianCNNPolicy(GaussianActorCritic):
         self.state_norm = state_norm(state_dim, cfg, self.has_state)
         self.privileged_critic = cfg.critic == PRIVILEGED_CRITIC
         if self.privileged_critic:  # replaces the critic over the encoder's features
-            n_priv = critics.privileged_dim(shapes, "policy.critic=privileged")
-            self.critic = critics.PrivilegedCritic(n_priv, cfg.hidden_sizes, cfg.activation)
+            self.critic = critics.privileged_critic(env_spec, cfg.hidden_sizes, cfg.activation)
         self.state_aux = critics.StateAux.build(n_features, shapes, cfg.state_aux)
 
     def _features(self, obs: TensorDict) -> torch.Tensor:

@@ -44,19 +44,38 @@ def check_env(env_cfg, setting: str, instead: str) -> None:
 
 
 class PrivilegedCritic(nn.Module):
-    """``value(obs)``: an MLP over the running-normalised privileged vector, (B,) float32."""
+    """``value(obs)``: an MLP over the running-normalised privileged vector and, in a
+    multi-task env (``num_tasks`` > 1), the one-hot of ``("obs", "task")``; (B,) float32.
 
-    def __init__(self, dim: int, hidden: list[int], activation: str = "tanh"):
+    A multi-task env lays its privileged vector out alike across tasks (LIBERO's object
+    slots, Meta-World's 39-d state), and nothing in it says which task is being run: LIBERO-
+    Object's scenes hold the same kinds of objects whichever one is to be picked. Without the
+    task, one value would have to serve every task's success from the same state."""
+
+    def __init__(self, dim: int, hidden: list[int], activation: str = "tanh",
+                 num_tasks: int = 0):
         super().__init__()
+        self.num_tasks = num_tasks if num_tasks > 1 else 0
         self.norm = RunningNorm(dim)
-        self.net = mlp(dim, list(hidden), 1, activation, CRITIC_OUT_GAIN)
+        self.net = mlp(dim + self.num_tasks, list(hidden), 1, activation, CRITIC_OUT_GAIN)
 
     def forward(self, obs: TensorDict) -> torch.Tensor:
-        x = obs[keys.leaf(keys.PRIVILEGED)].float()
-        return self.net(self.norm(x)).squeeze(-1)
+        x = self.norm(obs[keys.leaf(keys.PRIVILEGED)].float())
+        if self.num_tasks:
+            task = obs[keys.leaf(keys.TASK)].long().reshape(x.shape[:-1])
+            x = torch.cat([x, nn.functional.one_hot(task, self.num_tasks).to(x.dtype)], -1)
+        return self.net(x).squeeze(-1)
 
     def observe(self, batch: TensorDict) -> None:
         self.norm.update(batch[keys.PRIVILEGED].float())
+
+
+def privileged_critic(env_spec, hidden: list[int], activation: str = "tanh"
+                      ) -> PrivilegedCritic:
+    """``policy.critic=privileged``'s critic for ``env_spec``: the env's privileged width
+    (PolicyError naming the fix where it gives none) and its task count."""
+    dim = privileged_dim(env_spec.obs_shapes, "policy.critic=privileged")
+    return PrivilegedCritic(dim, hidden, activation, num_tasks=len(env_spec.tasks))
 
 
 TARGET_MIN_STD = 0.01

@@ -163,8 +163,7 @@ class FlowMLPPolicy(FlowChain, Policy):
         self.obs_norm = state_norm(obs_dim, cfg)
         self.privileged_critic = cfg.critic == PRIVILEGED_CRITIC
         if self.privileged_critic:
-            n_priv = critics.privileged_dim(shapes, "policy.critic=privileged")
-            self.critic = critics.PrivilegedCritic(n_priv, cfg.hidden_sizes, cfg.activation)
+            self.critic = critics.privileged_critic(env_spec, cfg.hidden_sizes, cfg.activation)
         else:
             self.critic = mlp(n_state, list(cfg.hidden_sizes), 1, cfg.activation,
                               CRITIC_OUT_GAIN)

@@ -235,8 +235,7 @@ class GaussianMLPPolicy(GaussianActorCritic):
         hidden = hidden_state.ranges(cfg.actor_hidden_state, obs_dim, HIDE_FIELD)
         self._hide_from_actor(hidden, 0, n_features)
         if self.privileged_critic:  # replaces the critic over the state
-            n_priv = critics.privileged_dim(env_spec.obs_shapes, "policy.critic=privileged")
-            self.critic = critics.PrivilegedCritic(n_priv, cfg.hidden_sizes, cfg.activation)
+            self.critic = critics.privileged_critic(env_spec, cfg.hidden_sizes, cfg.activation)
 
     def _state(self, obs: TensorDict) -> torch.Tensor:
         """The inputs, concatenated (B, D): ``state`` alone unless ``policy.inputs`` says."""

@@ -225,7 +225,7 @@ def test_under_lora_only_adapters_and_named_heads_train_and_a_step_leaves_the_re
 
 def test_privileged_critic_scores_the_simulator_state_trains_under_lora_and_needs_the_env():
     """``critic=privileged``: the value is an MLP of the normalised ("obs", "privileged")
-    vector (computed here by hand), no value head exists, the actor's tokens do not depend on
+    vector and the task's one-hot (computed here by hand), no value head exists, the actor's tokens do not depend on
     it, and under LoRA it is what trains during the critic warm-up."""
     from m2flow.envs import env_config
 
@@ -243,6 +243,7 @@ def test_privileged_critic_scores_the_simulator_state_trains_under_lora_and_need
     p.observe(TensorDict({"obs": o}, batch_size=[4]))
     x = o["privileged"]
     z = ((x - x.mean(0)) / torch.sqrt(x.var(0, unbiased=False) + 1e-8)).clamp(-10, 10)
+    z = torch.cat([z, F.one_hot(o["task"].long(), len(TASKS)).float()], -1)  # the env's tasks
     h = torch.tanh(F.linear(z, p.critic.net[0].weight, p.critic.net[0].bias))
     h = torch.tanh(F.linear(h, p.critic.net[2].weight, p.critic.net[2].bias))
     by_hand = F.linear(h, p.critic.net[4].weight, p.critic.net[4].bias).squeeze(-1)

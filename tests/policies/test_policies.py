@@ -235,6 +235,31 @@ def test_mlp_privileged_critic_reads_only_the_privileged_vector_and_the_actor_th
     torch.testing.assert_close(pi.value(b["obs"]), by_hand)
 
 
+def test_a_multi_task_privileged_critic_reads_which_task_is_run():
+    """In an env with 3 tasks, the privileged critic's MLP reads the normalised privileged
+    vector followed by the task's one-hot (by hand): the same state scores differently per
+    task. A one-task env's critic reads the vector alone (the test above)."""
+    torch.manual_seed(0)
+    spec = EnvSpec({"state": (5,), "task": (), "privileged": (9,)}, 3, (-1.0,) * 3, (1.0,) * 3,
+                   50, tasks=("push it", "pull it", "lift it"))
+    pi = make_policy(policy_config(name="mlp", hidden_sizes=[16], activation="elu",
+                                   critic="privileged"), spec)
+    b = random_obs(spec, 6)
+    b["obs", "privileged"] = torch.randn(6, 9) * 3 + 1
+    b["obs", "task"] = torch.tensor([0, 1, 2, 0, 1, 2])
+    pi.observe(b)
+    x = b["obs", "privileged"]
+    z = (x - x.mean(0)) / torch.sqrt(x.var(0, unbiased=False) + 1e-8)
+    z = torch.cat([z, torch.eye(3)[b["obs", "task"]]], -1)  # (6, 12)
+    lin = [m for m in pi.critic.net if isinstance(m, torch.nn.Linear)]
+    assert lin[0].in_features == 12
+    by_hand = lin[1](torch.nn.functional.elu(lin[0](z))).squeeze(-1)
+    torch.testing.assert_close(pi.value(b["obs"]), by_hand)
+    other_task = b.clone()
+    other_task["obs", "task"] = (b["obs", "task"] + 1) % 3
+    assert not torch.allclose(pi.value(other_task["obs"]), pi.value(b["obs"]))
+
+
 def test_mlp_privileged_critic_needs_the_envs_privileged_state():
     from m2flow.envs import env_config
 

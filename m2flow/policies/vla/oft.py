@@ -125,9 +125,8 @@ class OpenVLAOFTPolicy(Policy):
             self.queries = nn.Parameter(torch.zeros(self.num_queries, h))
             privileged = o.critic == critics.PRIVILEGED
             self.value_head = nn.Linear(h, 1) if o.value_head and not privileged else None
-            self.critic = (critics.PrivilegedCritic(
-                critics.privileged_dim(shapes, "policy.critic=privileged"), PRIVILEGED_HIDDEN)
-                if privileged else None)
+            self.critic = (critics.privileged_critic(env_spec, PRIVILEGED_HIDDEN)
+                           if privileged else None)
             self.image_pos = (nn.Parameter(torch.zeros(
                 len(self.image_keys) * self.vlm.num_patches, h)) if o.image_positions else None)
             self.state_aux = critics.StateAux.build(h, shapes, o.state_aux)

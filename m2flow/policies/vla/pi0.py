@@ -254,8 +254,7 @@ class Pi0Policy(FlowChain, Policy):
             self._init_chain(o, env_spec, o.chunk * self.model.action_in_proj.out_features)
             self.obs_norm = state_norm(state_dim, o, bool(state_dim))
             if o.critic == critics.PRIVILEGED:
-                self.critic = critics.PrivilegedCritic(
-                    critics.privileged_dim(shapes, "policy.critic=privileged"), PRIVILEGED_HIDDEN)
+                self.critic = critics.privileged_critic(env_spec, PRIVILEGED_HIDDEN)
                 self.value_head = None
             else:
                 self.critic = None
