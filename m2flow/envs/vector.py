@@ -41,6 +41,8 @@ class GymVectorEnv(BatchedEnv):
         envs_per_process: with processes, envs each process steps (see :class:`ProcessSlots`).
     """
 
+    skips_frames = True  # passed to each env's step_without_frames where it has one (procs)
+
     def __init__(
         self,
         env_fns: Sequence[Callable[[], gym.Env]],
@@ -112,8 +114,6 @@ class GymVectorEnv(BatchedEnv):
     def step(self, action: torch.Tensor) -> TensorDict:
         self.step_async(action)
         return self.step_wait()
-
-    skips_frames = True
 
     def step_async(self, action: torch.Tensor, *, frames: bool = True) -> None:
         act = self.clip_action(action.detach().float().cpu()).numpy()
