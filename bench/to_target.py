@@ -12,9 +12,11 @@ its seed and its mode's overrides:
 - ``sequential`` / ``overlap``: ``runner.overlap_learner`` off / on;
 - ``confirmed``: a stop needs a second, larger evaluation to confirm it
   (``runner.stop_confirm_episodes=256``: its own 64 episodes first, then 192 more).
-- ``gated`` / ``gated-every-2``: a scheduled evaluation runs only once the iteration's
-  training success reaches 0.7 (``runner.eval_gate``); every 10 iterations, or every 2 (the
-  stop then comes within 2 iterations of the policy reaching it, not 10).
+- ``gated`` / ``gated-every-2``: a scheduled evaluation runs only once the training success
+  since the previous one reaches 0.7 (``runner.eval_gate``); every 10 iterations, or every 2
+  (the stop then comes within 2 iterations of the policy reaching it, not 10).
+- ``screened``: 16-episode evaluations (one round) behind a gate of 0.6, confirmed on 256:
+  ``bench/stop_rules.py``'s cheapest honest rule for the default job.
 
 ``--score N`` scores each run's handed-over ``last.pt`` with ``m2flow-eval ... episodes=N
 seed=0`` (the fixed initial states every policy is scored on): the figure a stop must not
@@ -53,6 +55,7 @@ MODES = {
     "confirmed": ["runner.stop_confirm_episodes=256"],
     "gated": ["runner.eval_gate=0.7"],
     "gated-every-2": ["runner.eval_gate=0.7", "runner.eval_interval=2"],
+    "screened": ["runner.eval_episodes=16", "runner.eval_gate=0.6"],
 }
 
 

@@ -91,12 +91,12 @@ class RunnerConfig(RunnerBaseConfig):
     and the checkpoint is never ``best.pt``). Saves most evaluation time before the policy
     gets close; False: every evaluation runs all ``eval_episodes``."""
     eval_gate: Optional[float] = None
-    """A scheduled evaluation (every ``eval_interval``) runs only when the iteration's training
-    success (``env/<success_metric>``: the episodes that ended in it, sampled actions) is at
-    least this; the last iteration's always runs. The sampled training success follows the
-    mean-action evaluation's but is one iteration's few episodes, and can sit below it, so a
-    gate under the target skips hopeless evaluations at the risk of a later stop. None: every
-    scheduled evaluation runs."""
+    """A scheduled evaluation (every ``eval_interval``) runs only when the training success
+    since the previous scheduled one (``env/<success_metric>`` of every episode that ended in
+    those iterations, sampled actions; ``stop_rules.TrainingSuccess``) is at least this; the
+    last iteration's always runs. The sampled success sits below the mean-action evaluation's,
+    so a gate well under the target skips the evaluations of a policy that is far from it,
+    at the risk of a later stop. None: every scheduled evaluation runs."""
     eval_batch_invariant: bool = True
     """Evaluation with mean actions (training-time and ``m2flow-eval``) runs the policy on one
     env's observation at a time, so an episode's actions never depend on which episodes share

@@ -26,7 +26,7 @@ from m2flow.embodied.algorithms import ALGORITHMS
 from m2flow.embodied.graph import monitor as plan_monitor
 from m2flow.embodied.layout import Layout
 from m2flow.embodied.no_signal import NoSignalWatch
-from m2flow.embodied.stop_rules import SuccessStop, confirms, gate_open
+from m2flow.embodied.stop_rules import SuccessStop, TrainingSuccess, confirms, gate_open
 from m2flow.embodied.workers.env_eval import EvalRound
 from m2flow.embodied.workers.env_worker import EnvWorker
 from m2flow.embodied.workers.episodes import EpisodeStats
@@ -352,9 +352,11 @@ class EmbodiedRunner(RunLoop):
                                          metric=r.success_metric)
         self._plan_watch = plan_monitor(self.cfg, self.layout)  # predicted vs measured
         self.gated_evals = 0  # scheduled evaluations runner.eval_gate skipped
+        self._training_success = TrainingSuccess(r.success_metric)  # the gate's window
         return {}
 
     def watch(self, metrics: dict, logger) -> None:
+        self._training_success.observe(metrics)
         if self._plan_watch is not None:
             metrics.update(self._plan_watch.observe(metrics, self.set_stages, logger.info))
         warning = self._no_signal.update(metrics)
@@ -377,9 +379,9 @@ class EmbodiedRunner(RunLoop):
         return out
 
     def evaluation_wanted(self, metrics: dict) -> bool:
-        """``runner.eval_gate``: the iteration's training success reached it (an iteration in
-        which no episode ended has none, and waits)."""
-        wanted = gate_open(metrics, self.cfg.runner)
+        """``runner.eval_gate``: the training success since the last scheduled evaluation
+        (``TrainingSuccess``, fed by ``watch``) reached it; with no episode ended it waits."""
+        wanted = gate_open(self._training_success.take(), self.cfg.runner)
         self.gated_evals += not wanted
         return wanted
 

@@ -121,24 +121,48 @@ def test_bc_is_not_warned_of_equal_rewards_and_ppo_is():
 
 
 def test_the_eval_gate_waits_for_the_training_success():
-    """runner.eval_gate: hand-worked cases of the runner's rule (at the gate runs, below it and
-    with no episode ended it waits, no gate always runs), counted in the summary."""
+    """runner.eval_gate: hand-worked cases of the runner's rule over the training episodes
+    since the last scheduled evaluation (episode-weighted; at the gate runs, below it and with
+    no episode ended it waits, no gate always runs), counted in the summary. The window's
+    mean differs from its last iteration's, so a gate on one iteration fails these cases."""
     from types import SimpleNamespace
 
     from m2flow.embodied.config import RunnerConfig
     from m2flow.embodied.runner import EmbodiedRunner
+    from m2flow.embodied.stop_rules import TrainingSuccess
 
-    def wanted(gate, metrics, metric="success_once"):
+    def wanted(gate, iterations, metric="success_once"):
         fake = SimpleNamespace(cfg=SimpleNamespace(runner=RunnerConfig(
-            eval_gate=gate, success_metric=metric)), gated_evals=0)
-        return EmbodiedRunner.evaluation_wanted(fake, metrics), fake.gated_evals
+            eval_gate=gate, success_metric=metric)), gated_evals=0,
+            _training_success=TrainingSuccess(metric))
+        for m in iterations:  # what the run loop's watch hands it, iteration by iteration
+            fake._training_success.observe(m)
+        return EmbodiedRunner.evaluation_wanted(fake, iterations[-1]), fake.gated_evals
 
-    assert wanted(0.7, {"env/success_once": 0.7}) == (True, 0)
-    assert wanted(0.7, {"env/success_once": 0.69}) == (False, 1)
-    assert wanted(0.7, {"env/episodes": 0.0}) == (False, 1)  # no episode ended
-    assert wanted(0.7, {"env/success_once": 0.9, "env/success_at_end": 0.5},
-                  metric="success_at_end") == (False, 1)
-    assert wanted(None, {}) == (True, 0)
+    def it(success, episodes=16.0, end=None):
+        m = {"env/episodes": episodes, "env/success_once": success}
+        return m if end is None else {**m, "env/success_at_end": end}
+
+    # 16 episodes at 0.5, then 8 at 1.0: (8 + 8) / 24 = 0.667 (the last iteration alone: 1.0)
+    assert wanted(0.7, [it(0.5), it(1.0, 8.0)]) == (False, 1)
+    assert wanted(0.66, [it(0.5), it(1.0, 8.0)]) == (True, 0)
+    # 16 at 0.9, then 16 at 0.5: 0.7 (the last alone: 0.5)
+    assert wanted(0.7, [it(0.9), it(0.5)]) == (True, 0)
+    assert wanted(0.7, [{"env/episodes": 0.0}]) == (False, 1)  # no episode ended
+    assert wanted(0.7, [it(0.9, end=0.5)], metric="success_at_end") == (False, 1)
+    assert wanted(None, [{}]) == (True, 0)
+
+
+def test_the_gate_window_starts_at_each_scheduled_evaluation():
+    """TrainingSuccess.take empties the window: the next scheduled evaluation sees only the
+    episodes after it."""
+    from m2flow.embodied.stop_rules import TrainingSuccess
+
+    w = TrainingSuccess("success_once")
+    w.observe({"env/episodes": 16.0, "env/success_once": 1.0})
+    assert w.take() == 1.0
+    w.observe({"env/episodes": 4.0, "env/success_once": 0.25})
+    assert w.take() == 0.25 and w.take() is None
 
 
 def test_a_gated_run_skips_its_scheduled_evaluations_and_trains_the_same(tmp_path, capsys):
