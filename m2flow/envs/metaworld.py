@@ -272,6 +272,22 @@ def gl_environ(gl: str) -> tuple:
     return tuple(sorted(env.items()))
 
 
+def release_gl_context(renderer) -> None:
+    """Leaves no EGL context current on this thread after ``renderer`` drew a frame. MuJoCo's
+    renderer makes its context current before each frame and leaves it so; but a Ray actor
+    runs its calls on a pool of threads (``pipelines.launch``: ``max_concurrency``), and EGL
+    refuses to make a context current on one thread while it is current on another
+    (``EGL_BAD_ACCESS`` from ``eglMakeCurrent``: an env built and reset in one call, then
+    rendered in the next). OSMesa binds a context to any thread: nothing to do."""
+    ctx = getattr(renderer, "_gl_context", None)
+    if ctx is None or type(ctx).__module__ != "mujoco.egl":
+        return
+    import mujoco.egl as mjegl
+
+    mjegl.EGL.eglMakeCurrent(mjegl.EGL_DISPLAY, mjegl.EGL.EGL_NO_SURFACE,
+                             mjegl.EGL.EGL_NO_SURFACE, mjegl.EGL.EGL_NO_CONTEXT)
+
+
 class MetaWorldEnv(GymVectorEnv):
     """``MetaWorld/<task or suite>``: ``cfg.num_envs`` envs; env i starts on task
     ``task_ids[i % len(task_ids)]`` and switches at a reset that asks for another."""
@@ -436,6 +452,7 @@ class MetaWorldTaskEnv(gym.Env):
         if cfg.render_quality == "fast":
             self.renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
         frame = self.renderer.render()
+        release_gl_context(self.renderer)
         return np.ascontiguousarray(frame[::-1, ::-1]) if cfg.rotate_image else frame
 
     def close(self):

@@ -250,3 +250,37 @@ def test_bad_configs_raise_env_errors_naming_the_field():
         make_env(env_config(name="MetaWorld/MT10", reward_mode="normalized_dense"))
     with pytest.raises(EnvError, match="env.obs_mode"):
         make_env(env_config(name="MetaWorld/MT10", obs_mode="depth"))
+
+
+def test_an_env_renders_from_any_thread():
+    """A Ray actor runs its calls on a pool of threads: an env reset (and rendered) in one
+    call is stepped in the next, on another thread. EGL refuses a context that is still
+    current on the first thread (EGL_BAD_ACCESS), so each frame leaves its context free;
+    the frames equal those rendered on one thread."""
+    import threading
+
+    def frames(threaded: bool) -> list:
+        env = make_env(env_config(name="MetaWorld/reach-v3", num_envs=2, obs_mode="rgb",
+                                  image_size=32))
+        out = []
+
+        def call(fn):
+            if not threaded:
+                out.append(fn())
+                return
+            t = threading.Thread(target=lambda: out.append(fn()))
+            t.start()
+            t.join()
+
+        try:
+            call(lambda: env.reset(seed=[4, 5])["obs", "rgb"])
+            for _ in range(2):
+                call(lambda: env.step(torch.zeros(2, 4))["next", "obs", "rgb"])
+        finally:
+            env.close()
+        return out
+
+    threaded, plain = frames(True), frames(False)
+    assert len(threaded) == 3  # every call's thread rendered (none raised)
+    assert all(torch.equal(a, b) for a, b in zip(threaded, plain))
+    assert plain[0].float().std() > 10  # a real picture
