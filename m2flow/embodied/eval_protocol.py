@@ -401,7 +401,7 @@ def run_protocol(runner, cfg, progress: bool = True) -> dict:
         "first_episode": ev.first_episode,
         "max_steps": max_steps,
         "tasks": rows,
-        "groups": group_means(rows, spec.task_groups) if multi else [],
+        "groups": group_means(rows, spec.task_groups, spec.task_group_order) if multi else [],
         "mean_success_once": result.mean("success_once"),
         "mean_success_at_end": result.mean("success_at_end"),
         "episodes": result.episodes,
@@ -416,24 +416,28 @@ def run_protocol(runner, cfg, progress: bool = True) -> dict:
     }
 
 
-def group_means(rows: list[dict], labels: tuple) -> list[dict]:
-    """Per group label of the tasks (``EnvSpec.task_groups``, in first-seen order): its task
-    count, episodes, and success_once / success_at_end averaged over its tasks with counted
-    episodes, as the suite's mean is; [] without labels.
+def group_means(rows: list[dict], labels: tuple, order: tuple = ()) -> list[dict]:
+    """Per group label of the tasks (``EnvSpec.task_groups``; in ``order``, then the labels
+    it lacks in first-seen order): its task count, episodes, and success_once /
+    success_at_end averaged over its tasks with counted episodes, as the suite's mean is; []
+    without labels.
 
     >>> rows = [{"episodes": 2, "success_once": 1.0, "success_at_end": 0.5},
     ...         {"episodes": 2, "success_once": 0.0, "success_at_end": 0.0},
     ...         {"episodes": 0, "success_once": 0.0, "success_at_end": 0.0},
     ...         {"episodes": 2, "success_once": 0.5, "success_at_end": 0.5}]
     >>> [(g["group"], g["tasks"], g["episodes"], g["success_once"], g["success_at_end"])
-    ...  for g in group_means(rows, ("easy", "hard", "hard", "easy"))]
-    [('easy', 2, 4, 0.75, 0.5), ('hard', 2, 2, 0.0, 0.0)]
+    ...  for g in group_means(rows, ("hard", "easy", "easy", "hard"))]
+    [('hard', 2, 4, 0.75, 0.5), ('easy', 2, 2, 0.0, 0.0)]
+    >>> [g["group"] for g in group_means(rows, ("hard", "easy", "odd", "hard"), ("easy", "hard"))]
+    ['easy', 'hard', 'odd']
     """
     out: dict[str, list[dict]] = {}
     for row, label in zip(rows, labels):
         out.setdefault(label, []).append(row)
+    rank = {label: i for i, label in enumerate(order)}
     groups = []
-    for label, members in out.items():
+    for label, members in sorted(out.items(), key=lambda kv: rank.get(kv[0], len(rank))):
         counted = [r for r in members if r["episodes"]]
         groups.append({
             "group": label, "tasks": len(members),

@@ -40,6 +40,9 @@ class EnvSpec:
     task_groups: tuple[str, ...] = ()
     """A group label per task of ``tasks`` (Meta-World's difficulty: 'easy', ...), by which
     the evaluation report also averages, as published tables do; empty: no groups."""
+    task_group_order: tuple[str, ...] = ()
+    """The report's order of the groups (Meta-World: easy, medium, hard, very_hard, as the
+    published tables read); empty, or a label not in it: the order the tasks name them."""
 
 
 class BatchedEnv(ABC):

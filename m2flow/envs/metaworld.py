@@ -338,7 +338,8 @@ class MetaWorldEnv(GymVectorEnv):
                          name=cfg.name)
         self.task_names = chosen
         """Meta-World's name of each task of ``spec.tasks`` (e.g. 'reach-v3')."""
-        self.spec = replace(self.spec, task_groups=tuple(difficulty(t) for t in chosen))
+        self.spec = replace(self.spec, task_groups=tuple(difficulty(t) for t in chosen),
+                            task_group_order=tuple(DIFFICULTY))
 
 
 class MetaWorldTaskEnv(gym.Env):

@@ -134,7 +134,7 @@ def _two_task_protocol(episodes, per_task: int, first_episode: int = 0,
 
     class Runner:
         spec = SimpleNamespace(tasks=("push it", "pull it"), max_episode_steps=4,
-                               task_groups=groups)
+                               task_groups=groups, task_group_order=())
         layout = SimpleNamespace(env_workers=1, num_envs=4)  # the run's shape it reads
         session = SimpleNamespace(progress=lambda desc, total, bar=True: Progress(
             desc, total, write=write, every_s=0))

@@ -149,15 +149,22 @@ def test_rgb_is_metaworlds_own_render_from_rlinfs_camera():
 
 def test_mt50_labels_each_task_with_its_difficulty_for_the_report():
     """Seo et al.'s split as RLinf's MT50 table counts it: 28 easy, 11 medium, 6 hard and 5
-    very hard tasks, each label on its own task (the report's per-group means read these)."""
+    very hard tasks, each label on its own task (the report's per-group means read these),
+    reported in the table's order although MT50's first task (assembly) is a hard one."""
     from collections import Counter
+
+    from m2flow.embodied.eval_protocol import group_means
 
     env = make_env(env_config(name="MetaWorld/MT50", num_envs=1, obs_mode="state"))
     try:
-        groups, names = env.spec.task_groups, env.task_names
+        groups, names, order = env.spec.task_groups, env.task_names, env.spec.task_group_order
     finally:
         env.close()
     assert Counter(groups) == {"easy": 28, "medium": 11, "hard": 6, "very_hard": 5}
+    rows = [{"episodes": 1, "success_once": 0.0, "success_at_end": 0.0}] * len(groups)
+    assert [g["group"] for g in group_means(rows, groups, order)] == [
+        "easy", "medium", "hard", "very_hard"]
+    assert groups[0] == "hard"  # first seen: the order alone puts easy first
     label = dict(zip(names, groups))
     assert (label["reach-v3"], label["basketball-v3"], label["pick-place-v3"],
             label["shelf-place-v3"]) == ("easy", "medium", "hard", "very_hard")
