@@ -81,15 +81,17 @@ def training_success(run_dir: str, metric: str = "success_once") -> list[tuple[f
 
 def evaluation(once: list[int], episodes: int, known: int = 0, curtail: bool = True):
     """An evaluation of the first ``episodes`` fixed states in rounds of 16, curtailed once
-    ``TARGET`` is out of reach (``eval_protocol.evaluate``); the rounds wholly within
+    ``TARGET`` is out of reach (``eval_protocol.can_reach``, as the runner curtails); the rounds wholly within
     ``known`` are not run again. -> (rounds run, success rate of the episodes counted, reached)."""
+    from m2flow.embodied.eval_protocol import can_reach
+
     rounds, wins = 0, 0
     for r in range(math.ceil(episodes / 16)):
         chunk = once[r * 16:min(episodes, (r + 1) * 16)]
         rounds += (r + 1) * 16 > known
         wins += sum(chunk)
         done = r * 16 + len(chunk)
-        if curtail and (wins + episodes - done) / episodes < TARGET:
+        if curtail and not can_reach([bool(x) for x in once[:done]], episodes - done, TARGET):
             return rounds, wins / done, False
     return rounds, wins / episodes, wins / episodes >= TARGET
 
